@@ -16,6 +16,7 @@ import time
 import torch
 
 from areal_kit.rl import functional as Fn
+from areal_kit.rl import varlen
 from areal_kit.rl.packing import Packed, min_bins, pack, partition
 
 
@@ -43,7 +44,7 @@ class TrainerWorker:
         deepspeed.init_distributed(dist_backend=plat.dist_backend)
         torch.manual_seed(self.cfg.seed)
         dtype = self._dtype(plat)
-        attn = "flash_attention_2" if plat.device == "cuda" and _has_flash_attn() else "sdpa"
+        attn = varlen.choose(plat.device)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, attn_implementation=attn)
         if self.cfg.actor.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -384,9 +385,3 @@ def _set_rng_state(s: dict) -> None:
     torch.set_rng_state(s["torch"])
     if "cuda" in s and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
-
-
-def _has_flash_attn() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("flash_attn") is not None

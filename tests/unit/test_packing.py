@@ -125,15 +125,25 @@ def test_partition_pads_with_empty_bins_for_short_ranks():
 
 # ------------------------------------------------------------------ packed forward of a real model
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
+def tiny_path(tmp_path_factory):
     from areal_kit.data.tiny_model import TinySpec, build
 
-    path = build(str(tmp_path_factory.mktemp("tiny") / "bpe"), TinySpec(kind="bpe"))
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
-    model.eval()
-    return model
+    # kv_heads < heads: the grouped-query attention real Qwen2 models use
+    return build(str(tmp_path_factory.mktemp("tiny") / "bpe"), TinySpec(kind="bpe", heads=4, kv_heads=2))
+
+
+def _load(path, attn):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).eval()
+
+
+# "varlen" is the trainer's CPU attention (rl/varlen.py); "sdpa" is transformers' block-diagonal mask.
+@pytest.fixture(scope="module", params=["varlen", "sdpa"])
+def tiny_model(request, tiny_path):
+    from areal_kit.rl import varlen
+
+    return _load(tiny_path, varlen.register() if request.param == "varlen" else "sdpa")
 
 
 def test_packed_forward_equals_per_sequence_forwards(tiny_model):
@@ -163,3 +173,54 @@ def test_packed_forward_equals_per_sequence_forwards(tiny_model):
         # without restarting positions the sequences would attend across boundaries: different
         plain = model.model(input_ids=pk.input_ids[None], use_cache=False).last_hidden_state[0]
         assert not torch.allclose(plain[5:], hidden[5:], atol=1e-3)
+
+
+def _random_batch(vocab, lens, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (p,), generator=g).tolist() for p, _ in lens]
+    answers = [torch.randint(0, vocab, (a,), generator=g).tolist() for _, a in lens]
+    return prompts, answers
+
+
+def test_varlen_gradients_equal_per_sequence_gradients(tiny_path):
+    """Training through the varlen attention gives the gradients of running each sequence alone."""
+    from areal_kit.rl import varlen
+
+    model = _load(tiny_path, varlen.register())
+    assert model.config._attn_implementation == varlen.NAME
+    prompts, answers = _random_batch(model.config.vocab_size, [(3, 7), (5, 1), (2, 12)])
+    pk = pack(prompts, answers)
+    head = model.get_output_embeddings()
+    hidden = model.model(input_ids=pk.input_ids[None], position_ids=pk.position_ids[None],
+                         use_cache=False).last_hidden_state[0]
+    lp, _ = Fn.chunked_logprobs(hidden, head, pk.labels(), temperature=1.0)
+    lp[pk.answer_mask].sum().backward()
+    packed = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    for p, a in zip(prompts, answers):
+        ids = torch.tensor(p + a)[None]
+        h = model.model(input_ids=ids, use_cache=False).last_hidden_state[0]
+        ref, _ = Fn.gather_logprobs(head(h[:-1]), ids[0, 1:], temperature=1.0)
+        ref[len(p) - 1:].sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(packed[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_varlen_padded_batch_falls_back_to_sdpa(tiny_path):
+    """A padded batch (attention mask, several rows) under varlen gives stock SDPA's outputs."""
+    from areal_kit.rl import varlen
+    from areal_kit.rl.packing import pad
+
+    ours, stock = _load(tiny_path, varlen.register()), _load(tiny_path, "sdpa")
+    ids, att = pad(*_random_batch(ours.config.vocab_size, [(3, 2), (4, 8), (2, 1)]), pad_id=0)
+    with torch.no_grad():
+        a = ours(input_ids=ids, attention_mask=att, use_cache=False).logits
+        b = stock(input_ids=ids, attention_mask=att, use_cache=False).logits
+    torch.testing.assert_close(a * att[..., None], b * att[..., None], atol=1e-5, rtol=1e-5)
+
+
+def test_varlen_segments():
+    from areal_kit.rl.varlen import segments
+
+    assert segments(torch.tensor([0, 1, 2, 0, 0, 1])) == [(0, 3), (3, 4), (4, 6)]
+    assert segments(torch.tensor([0, 1, 2, 3])) == [(0, 4)]
