@@ -2,7 +2,8 @@
 
 A worker that dies (a killed rollout or trainer actor, a lost node) ends the attempt; the run
 then relaunches from the last recover checkpoint, up to recover_retries times, saying so in the
-log. Bad input raises UserError before any actor starts.
+log. Any other error, including one our code raises inside a worker, ends the run at once: a
+relaunch would only fail the same way. Bad input raises UserError before any actor starts.
 """
 
 from __future__ import annotations
@@ -49,37 +50,66 @@ def launch(cfg, fresh: bool = False) -> int:
              + (f" ({job.n_dropped} dropped: longer than max_prompt_len)" if job.n_dropped else "")
              + f"; logs in {job.paths.log_dir}")
     progress = _Progress(job.total_steps)
-    attempt = 0
+    retries = 0 if cfg.recover_mode == "disabled" else cfg.recover_retries
     try:
-        while True:
-            state = recover.resume_state(job, log, fresh and attempt == 0) if recover else None
-            ctrl = C.Controller(job, log, state, progress)
-            try:
-                ctrl.start()
-                if recover and state is not None:
-                    recover.restore_workers(ctrl)
-                last = ctrl.run()
-                log.info(f"Training finished: {ctrl.state.global_step} steps, "
-                         f"final task_reward {last.get('task_reward', float('nan')):.4f}.")
-                return 0
-            except Exception as e:
-                if not _worker_failure(e) or attempt >= cfg.recover_retries or cfg.recover_mode == "disabled":
-                    raise
-                attempt += 1
-                log.warning(f"Worker failure ({type(e).__name__}: {str(e).splitlines()[0][:200]}); relaunching "
-                            f"from the last recover checkpoint (retry {attempt}/{cfg.recover_retries}).")
-                time.sleep(1)
-            finally:
-                ctrl.stop()
+        return relaunching(lambda attempt: _attempt(job, log, progress, recover, fresh and attempt == 0),
+                           retries, log)
     finally:
         progress.stop()
         log.close()
 
 
-def _worker_failure(e: Exception) -> bool:
+def _attempt(job, log, progress, recover, fresh: bool) -> int:
+    """One launch: start the workers (restored from the recover checkpoint if any), train to the end."""
+    from areal_kit.rl import controller as C
+
+    state = recover.resume_state(job, log, fresh) if recover else None
+    ctrl = C.Controller(job, log, state, progress)
+    try:
+        ctrl.start()
+        if recover and state is not None:
+            recover.restore_workers(ctrl)
+        last = ctrl.run()
+        log.info(f"Training finished: {ctrl.state.global_step} steps, "
+                 f"final task_reward {last.get('task_reward', float('nan')):.4f}.")
+        return 0
+    finally:
+        ctrl.stop()
+
+
+def relaunching(run_once, retries: int, log, pause: float = 1.0):
+    """run_once(attempt) again after a worker death, up to `retries` times; anything else raises at once."""
+    attempt = 0
+    while True:
+        try:
+            return run_once(attempt)
+        except Exception as e:
+            if attempt >= retries or not worker_died(e):
+                raise
+            attempt += 1
+            log.warning(f"Worker failure ({type(e).__name__}: {str(e).splitlines()[0][:200]}); relaunching "
+                        f"from the last recover checkpoint (retry {attempt}/{retries}).")
+            time.sleep(pause)
+
+
+def worker_died(e: BaseException) -> bool:
+    """True when a worker process, actor or node died, so a relaunch can help.
+
+    A RayTaskError only says a remote call raised: its cause may be our own bug (a ValueError in a
+    trainer method), which would fail the same way on every relaunch, so it must surface at once.
+    It counts only when its cause is itself a death, e.g. an actor method whose ray.get met a dead
+    actor. `raise ... from` chains are followed too, so wrapping a death does not hide it.
+    """
     try:
         import ray.exceptions as rex
     except ImportError:
         return False
-    return isinstance(e, (rex.RayActorError, rex.ActorDiedError, rex.WorkerCrashedError,
-                          rex.ActorUnavailableError, rex.RayTaskError))
+    deaths = (rex.RayActorError, rex.WorkerCrashedError, rex.ObjectLostError, rex.NodeDiedError,
+              rex.LocalRayletDiedError)
+    seen = set()
+    while e is not None and id(e) not in seen:  # causes can nest; a cycle must not loop forever
+        seen.add(id(e))
+        if isinstance(e, deaths):
+            return True
+        e = getattr(e, "cause", None) if isinstance(e, rex.RayTaskError) else e.__cause__
+    return False

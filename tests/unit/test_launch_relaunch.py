@@ -1,0 +1,214 @@
+"""Which failures relaunch a run (rl/launch.py): a dead worker does, a bug in our code does not.
+
+The exceptions are real Ray exception objects, built the way Ray raises them from ray.get; the
+relaunch loop and launch() are the real code, driven by stand-in attempts and controllers.
+"""
+
+from typing import ClassVar
+
+import pytest
+import ray.exceptions as rex
+
+from areal_kit.rl import launch as L
+
+
+class Log:
+    def __init__(self):
+        self.warnings, self.infos = [], []
+
+    def info(self, m):
+        self.infos.append(m)
+
+    def warning(self, m):
+        self.warnings.append(m)
+
+    def close(self):
+        pass
+
+
+def remote(cause: BaseException, fn: str = "Trainer.train_step") -> rex.RayTaskError:
+    """What ray.get raises when a remote call raised `cause`: RayTaskError(<cause type>)."""
+    tb = f"ray::{fn}() (pid=1, ip=10.0.0.1)\n  File \"trainer.py\", line 1\n{type(cause).__name__}: {cause}"
+    return rex.RayTaskError(fn, tb, cause).as_instanceof_cause()
+
+
+def _bug():
+    return remote(ValueError("packed batch has 3 rows, expected 4"))
+
+
+def _chained_death():
+    try:
+        raise rex.ActorDiedError()
+    except rex.ActorDiedError as d:
+        try:
+            raise RuntimeError("weight sync lost its peer") from d
+        except RuntimeError as e:
+            return e
+
+
+DEATHS = {
+    "actor died": rex.ActorDiedError,
+    "actor error": lambda: rex.RayActorError(),
+    "worker crashed": rex.WorkerCrashedError,
+    "node died": lambda: rex.NodeDiedError("node 10.0.0.2 died"),
+    "raylet died": lambda: rex.LocalRayletDiedError(),
+    "object lost": lambda: rex.ObjectLostError("ab" * 14, None, ""),
+    "owner died": lambda: rex.OwnerDiedError("ab" * 14, None, ""),
+    # An actor method whose own ray.get met a dead actor: Ray wraps the death in a RayTaskError.
+    "task error caused by actor death": lambda: remote(rex.ActorDiedError(), "Controller.step"),
+    "plain task error caused by death": lambda: rex.RayTaskError("f", "tb", rex.WorkerCrashedError()),
+    "nested task errors": lambda: remote(remote(rex.ActorDiedError()), "Outer.call"),
+    "death re-raised with from": _chained_death,
+}
+BUGS = {
+    "ValueError in a trainer method": _bug,
+    "RuntimeError in a rollout method": lambda: remote(RuntimeError("engine returned no samples"), "Rollout.generate"),
+    "task error without a cause": lambda: rex.RayTaskError("f", "tb", None),
+    "KeyboardInterrupt inside a worker": lambda: remote(KeyboardInterrupt()),
+    "driver-side error": lambda: RuntimeError("sample staleness 3 exceeds max_head_offpolicyness 2"),
+    "other Ray error": lambda: rex.GetTimeoutError("timed out"),
+}
+
+
+@pytest.mark.parametrize("make", DEATHS.values(), ids=DEATHS.keys())
+def test_worker_deaths_count_as_worker_failures(make):
+    assert L.worker_died(make()) is True
+
+
+@pytest.mark.parametrize("make", BUGS.values(), ids=BUGS.keys())
+def test_errors_raised_by_code_do_not(make):
+    assert L.worker_died(make()) is False
+
+
+def test_a_cause_cycle_ends():
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__cause__, b.__cause__ = b, a
+    assert L.worker_died(a) is False
+
+
+def attempts_raising(*errors):
+    """A run_once that raises the given errors on successive attempts, then returns 0."""
+    calls = []
+
+    def run_once(attempt):
+        calls.append(attempt)
+        if attempt < len(errors):
+            raise errors[attempt]
+        return 0
+
+    return run_once, calls
+
+
+@pytest.mark.parametrize("make", DEATHS.values(), ids=DEATHS.keys())
+def test_a_worker_death_relaunches(make):
+    run_once, calls = attempts_raising(make(), make())
+    log = Log()
+    assert L.relaunching(run_once, retries=2, log=log, pause=0) == 0
+    assert calls == [0, 1, 2]
+    assert "(retry 2/2)" in log.warnings[-1] and len(log.warnings) == 2
+
+
+@pytest.mark.parametrize("make", BUGS.values(), ids=BUGS.keys())
+def test_a_bug_surfaces_at_once_with_its_message(make):
+    err = make()
+    run_once, calls = attempts_raising(err)
+    log = Log()
+    with pytest.raises(BaseException) as got:
+        L.relaunching(run_once, retries=3, log=log, pause=0)
+    assert got.value is err and calls == [0] and log.warnings == []
+
+
+def test_the_bug_message_reaches_the_user():
+    run_once, _ = attempts_raising(_bug())
+    with pytest.raises(ValueError, match="packed batch has 3 rows, expected 4"):
+        L.relaunching(run_once, retries=3, log=Log(), pause=0)
+
+
+def test_a_bug_after_a_relaunch_is_not_retried_either():
+    run_once, calls = attempts_raising(rex.ActorDiedError(), _bug())
+    with pytest.raises(rex.RayTaskError):
+        L.relaunching(run_once, retries=5, log=Log(), pause=0)
+    assert calls == [0, 1]
+
+
+def test_deaths_beyond_the_retries_raise_the_last_one():
+    last = rex.ActorDiedError()
+    run_once, calls = attempts_raising(rex.ActorDiedError(), last)
+    with pytest.raises(rex.ActorDiedError) as got:
+        L.relaunching(run_once, retries=1, log=Log(), pause=0)
+    assert got.value is last and calls == [0, 1]
+
+
+# -- launch() wiring: each attempt gets a fresh controller, stopped whatever happened -------------
+class FakeController:
+    failures: ClassVar[list] = []  # what run() raises, one per attempt
+    made: ClassVar[list] = []  # every controller launch() built
+
+    def __init__(self, job, log, state, progress):
+        self.state, self.stopped = state, False
+        FakeController.made.append(self)
+
+    def start(self):
+        pass
+
+    def run(self):
+        if FakeController.failures:
+            raise FakeController.failures.pop(0)
+        self.state.global_step = 4
+        return {"task_reward": 0.5}
+
+    def stop(self):
+        self.stopped = True
+
+
+@pytest.fixture
+def fake_run(monkeypatch):
+    from types import SimpleNamespace
+
+    from areal_kit import logs
+    from areal_kit.rl import controller, recover
+
+    job = SimpleNamespace(total_steps=4, n_dropped=0, rows=[], paths=SimpleNamespace(log_dir="/nowhere"),
+                          loader=SimpleNamespace(steps_per_epoch=4, rows=[1]))
+    fresh_flags = []
+
+    def resume_state(job, log, fresh):
+        fresh_flags.append(fresh)
+        return SimpleNamespace(global_step=0)
+
+    monkeypatch.setattr(controller, "prepare", lambda cfg: job)
+    monkeypatch.setattr(controller, "Controller", FakeController)
+    monkeypatch.setattr(logs, "RunLogger", lambda *a: Log())
+    monkeypatch.setattr(recover, "resume_state", resume_state)
+    monkeypatch.setattr(recover, "restore_workers", lambda ctrl: None)
+    monkeypatch.setattr(L.time, "sleep", lambda s: None)
+    FakeController.made = []
+    return fresh_flags
+
+
+def cfg(mode="auto", retries=1):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(recover_mode=mode, recover_retries=retries, tensorboard=False, wandb_project=None,
+                           experiment_name="e", trial_name="t")
+
+
+def test_launch_relaunches_after_a_death_and_fresh_applies_to_the_first_attempt_only(fake_run):
+    FakeController.failures = [rex.ActorDiedError()]
+    assert L.launch(cfg(), fresh=True) == 0
+    assert fake_run == [True, False]
+    assert [c.stopped for c in FakeController.made] == [True, True]
+
+
+def test_launch_does_not_retry_a_bug(fake_run):
+    FakeController.failures = [_bug()]
+    with pytest.raises(ValueError, match="expected 4"):
+        L.launch(cfg(retries=3))
+    assert len(FakeController.made) == 1 and FakeController.made[0].stopped
+
+
+def test_launch_with_recover_disabled_does_not_retry_a_death(fake_run):
+    FakeController.failures = [rex.ActorDiedError()]
+    with pytest.raises(rex.ActorDiedError):
+        L.launch(cfg(mode="disabled", retries=3))
+    assert len(FakeController.made) == 1
