@@ -250,19 +250,27 @@ def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, p
         _close(cluster)
 
 
+# status and down find and reach the cluster the same way: each of those options is defined once
+# here (flags, help, default) and both signatures use it, so the two commands cannot drift apart.
+_NAME = _O(None, "--name", help="Cluster name given at setup (default areal).")
+_HOSTS = typer.Argument(None, help="Hosts, instead of the saved state of the last setup.")
+_HOSTNAMES = _O(None, "--hostnames", help="Hosts (repeat or comma-separate); default: saved state.")
+_INVENTORY = _O(None, "--inventory", "--cluster-spec", help="YAML inventory or JSON cluster spec.")
+_USERNAME = _O(None, "--username", help="SSH user (default: as at setup, else root).")
+_SSH_PORT = _O(None, "--ssh_port", "--ssh-port", help="SSH port.")
+_KEY_FILE = _O(None, "--private_key_file", "--private-key-file", help="SSH private key.")
+_RUNTIME = _O(None, "--runtime", help="docker | host (default: as at setup).")
+_PYTHON = _O(None, "--python", help="Python with ray (default: as at setup).")
+_KNOWN_HOSTS = _O("~/.ssh/known_hosts", "--known-hosts", help="known_hosts file.")
+_HOST_KEY_POLICY = _O("accept-new", "--host-key-policy", help="accept-new | strict | off.")
+_SSH_WAIT = _O(10.0, "--ssh-wait", help="Seconds to keep retrying unreachable hosts.")
+
+
 def status(
-    name: str = _O(None, "--name", help="Cluster name given at setup (default areal)."),
-    hosts: list[str] = typer.Argument(None, help="Hosts, instead of the saved state of the last setup."),
-    hostnames: list[str] = _O(None, "--hostnames", help="Hosts (repeat or comma-separate); default: saved state."),
-    inventory: str = _O(None, "--inventory", "--cluster-spec", help="YAML inventory or JSON cluster spec."),
-    username: str = _O(None, "--username", help="SSH user (default: as at setup, else root)."),
-    ssh_port: int = _O(None, "--ssh_port", "--ssh-port", help="SSH port."),
-    private_key_file: str = _O(None, "--private_key_file", "--private-key-file", help="SSH private key."),
-    runtime: str = _O(None, "--runtime", help="docker | host (default: as at setup)."),
-    python: str = _O(None, "--python", help="Python with ray (default: as at setup)."),
-    known_hosts: str = _O("~/.ssh/known_hosts", "--known-hosts", help="known_hosts file."),
-    host_key_policy: str = _O("accept-new", "--host-key-policy", help="accept-new | strict | off."),
-    ssh_wait: float = _O(10.0, "--ssh-wait", help="Seconds to keep retrying unreachable hosts."),
+    name: str = _NAME, hosts: list[str] = _HOSTS, hostnames: list[str] = _HOSTNAMES, inventory: str = _INVENTORY,
+    username: str = _USERNAME, ssh_port: int = _SSH_PORT, private_key_file: str = _KEY_FILE,
+    runtime: str = _RUNTIME, python: str = _PYTHON, known_hosts: str = _KNOWN_HOSTS,
+    host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT,
 ) -> int:
     """Report, per host, the Ray process and whether Ray counts it as a live node."""
     return _manage("status", name, hosts, hostnames, inventory, username, ssh_port, private_key_file,
@@ -270,18 +278,10 @@ def status(
 
 
 def down(
-    name: str = _O(None, "--name", help="Cluster name given at setup (default areal)."),
-    hosts: list[str] = typer.Argument(None, help="Hosts, instead of the saved state of the last setup."),
-    hostnames: list[str] = _O(None, "--hostnames", help="Hosts (repeat or comma-separate); default: saved state."),
-    inventory: str = _O(None, "--inventory", "--cluster-spec", help="YAML inventory or JSON cluster spec."),
-    username: str = _O(None, "--username", help="SSH user (default: as at setup, else root)."),
-    ssh_port: int = _O(None, "--ssh_port", "--ssh-port", help="SSH port."),
-    private_key_file: str = _O(None, "--private_key_file", "--private-key-file", help="SSH private key."),
-    runtime: str = _O(None, "--runtime", help="docker | host (default: as at setup)."),
-    python: str = _O(None, "--python", help="Python with ray (default: as at setup)."),
-    known_hosts: str = _O("~/.ssh/known_hosts", "--known-hosts", help="known_hosts file."),
-    host_key_policy: str = _O("accept-new", "--host-key-policy", help="accept-new | strict | off."),
-    ssh_wait: float = _O(10.0, "--ssh-wait", help="Seconds to keep retrying unreachable hosts."),
+    name: str = _NAME, hosts: list[str] = _HOSTS, hostnames: list[str] = _HOSTNAMES, inventory: str = _INVENTORY,
+    username: str = _USERNAME, ssh_port: int = _SSH_PORT, private_key_file: str = _KEY_FILE,
+    runtime: str = _RUNTIME, python: str = _PYTHON, known_hosts: str = _KNOWN_HOSTS,
+    host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT,
     dry_run: bool = _O(False, "--dry-run", help="Print the commands; run nothing."),
 ) -> int:
     """Stop training, Ray and its containers on every host (workers first), remove secrets files."""
