@@ -5,8 +5,8 @@ started by areal_kit's Controller); each sync is exactly the training loop's `Co
 broadcast = trainer rank 0 sends bucketed tensors over the standalone gloo group into the vLLM
 worker extension, which streams them into `reload_weights`; disk = the trainer saves a Hugging
 Face folder with fsync (as a write to shared storage must be) and the engine reloads it.
-The limit is a raw torch.distributed (gloo) broadcast of the same bytes, in the same buckets,
-between this process and a child: no Ray call, no gather, no loading. Syncs alternate, 3 of each.
+The limit is a raw torch.distributed (gloo) broadcast of the same bytes, one flat buffer ready on
+both sides, between this process and a child: no Ray call, no flattening, no loading. Syncs alternate, 3 of each.
 
     python bench/run.py weight_sync
 """
@@ -34,35 +34,38 @@ def _free_port() -> int:
     return port
 
 
-def _raw_receiver(port: int, plan, reps: int) -> None:
+def _raw_receiver(port: int, nbytes: int, reps: int) -> None:
+    import torch
+
     from areal_kit.rl import weight_sync
 
     _, group = weight_sync.init_group("127.0.0.1", port, 1, 2, "gloo")
+    buf = torch.empty(nbytes, dtype=torch.uint8)
     for _ in range(reps):
-        for _ in weight_sync.receive(group, plan, "cpu"):
-            pass
+        weight_sync._broadcast(group, buf).wait()
 
 
 def raw_broadcast(model_path: str, reps: int) -> tuple[float, int]:
-    """Median seconds of a bare gloo broadcast of the model's bytes (the trainer's buckets)."""
+    """Median seconds of one bare gloo broadcast of the weights' bytes, already flat on both sides."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from areal_kit.rl import weight_sync
 
-    state = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()
-    plan = weight_sync.make_plan(list(state.items()))
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    # The bytes a sync sends: every parameter once (the engine ties lm_head itself).
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).view(torch.uint8)
     port = _free_port()
-    child = mp.get_context("spawn").Process(target=_raw_receiver, args=(port, plan, reps), daemon=True)
+    child = mp.get_context("spawn").Process(target=_raw_receiver, args=(port, flat.numel(), reps), daemon=True)
     child.start()
     _, group = weight_sync.init_group("127.0.0.1", port, 0, 2, "gloo")
-    times, nbytes = [], 0
+    times = []
     for _ in range(reps):
         t0 = time.time()
-        nbytes = weight_sync.send(group, plan, state, "cpu")
+        weight_sync._broadcast(group, flat).wait()
         times.append(time.time() - t0)
     child.join(60)
-    return engines.median(times), nbytes
+    return engines.median(times), flat.numel()
 
 
 def _parts(ctrl) -> dict:
@@ -80,8 +83,8 @@ def _parts(ctrl) -> dict:
     ray.get(trainer.save_hf.remote(path))
     save = time.time() - t0
     load = ray.get(rollout.load_from_disk.remote(path, ctrl.state.version))
-    return {"bcast_total": total, "bcast_send": send["sync_send_time"], "bcast_recv_load": recv,
-            "disk_save": save, "disk_load": load}
+    return {"bcast_total": total, "bcast_send": send["sync_send_time"], "bcast_recv_load": recv["recv_time"],
+            "bcast_recv_wait": recv["recv_wire_wait"], "disk_save": save, "disk_load": load}
 
 
 def run() -> Result:
@@ -120,12 +123,12 @@ def run() -> Result:
     rows = [["broadcast (areal-kit)", b, mb / b, f"{b / raw_s:.1f}x raw"],
             ["disk: save + fsync + reload", d, mb / d, f"{d / raw_s:.1f}x raw"],
             ["raw gloo broadcast (limit)", raw_s, mb / raw_s, "1.0x"]]
-    notes = [f"{n / 1e6:.1f}M parameters, {mb:.0f} MB per sync (fp32; tied embeddings are sent as both "
-             f"embed_tokens and lm_head, as the trainer's state_dict has them); disk path on "
-             f"{_fs(fileroot)}. Seconds per sync include the Ray calls and vLLM's weight repacking.",
+    notes = [f"{n / 1e6:.1f}M parameters, {mb:.0f} MB per sync (fp32; the tied lm_head is not sent, the engine "
+             f"ties it); disk path on {_fs(fileroot)}. Seconds per sync include the Ray calls and vLLM's weight "
+             "repacking (common to both paths).",
              f"One sync taken apart: broadcast {parts['bcast_total']:.2f} s = trainer send (gather, flatten, "
              f"broadcast) {parts['bcast_send']:.2f} s, overlapped with the engine's receive + load "
-             f"{parts['bcast_recv_load']:.2f} s; disk = save with fsync {parts['disk_save']:.2f} s + engine "
+             f"{parts['bcast_recv_load']:.2f} s (of which blocked on the wire {parts['bcast_recv_wait']:.2f} s); disk = save with fsync {parts['disk_save']:.2f} s + engine "
              f"reload {parts['disk_load']:.2f} s."]
     return Result("weight_sync", "seconds per sync: in-memory broadcast vs disk save + reload", figures,
                   ratio=d / b, target=3.0, columns=["path", "seconds/sync", "MB/s", "vs raw"], rows=rows,

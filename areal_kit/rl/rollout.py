@@ -138,13 +138,14 @@ class RolloutWorker:
         return self.llm.collective_rpc("init_weight_sync",
                                        args=(host, port, rank_offset, world, backend, plan, local_ip))
 
-    def receive_weights(self, version: int) -> float:
+    def receive_weights(self, version: int) -> dict:
+        """Seconds of the whole receive and of its worst worker's wait on the wire (the rest is loading)."""
         t0 = time.time()
-        self.llm.collective_rpc("receive_weights", args=(version,))
+        waits = self.llm.collective_rpc("receive_weights", args=(version,))
         # Cached prefixes hold KV computed with the old weights.
         self.llm.reset_prefix_cache()
         self.version = version
-        return time.time() - t0
+        return {"recv_time": time.time() - t0, "recv_wire_wait": max(waits)}
 
     def load_from_disk(self, path: str, version: int) -> float:
         t0 = time.time()

@@ -263,13 +263,19 @@ class TrainerWorker:
                 return {k: v.detach().clone() for k, v in m.state_dict().items()} if self.rank == 0 else {}
         return m.state_dict() if self.rank == 0 else {}
 
+    def _sync_state(self) -> dict[str, torch.Tensor]:
+        state = self.full_state()
+        if getattr(self.engine.module.config, "tie_word_embeddings", False):
+            # The same bytes as the embedding (a sixth of Qwen2.5-1.5B's): the engine re-names the
+            # received embedding as lm_head (vllm_ext), so it is never sent twice.
+            state.pop("lm_head.weight", None)
+        return state
+
     def sync_plan(self):
         from areal_kit.rl import weight_sync
 
-        if self.rank != 0:
-            self.full_state()
-            return None
-        return weight_sync.make_plan(list(self.full_state().items()))
+        state = self._sync_state()  # every rank: ZeRO-3 gathers
+        return weight_sync.make_plan(list(state.items())) if self.rank == 0 else None
 
     def init_sync(self, host: str, port: int, world: int, backend: str, plan) -> bool:
         from areal_kit.rl import weight_sync
@@ -282,7 +288,7 @@ class TrainerWorker:
         from areal_kit.rl import weight_sync
 
         t0 = time.time()
-        state = self.full_state()
+        state = self._sync_state()
         if self.rank != 0:
             return {}
         nbytes = weight_sync.send(self.sync_group, self._plan, state, self.device)

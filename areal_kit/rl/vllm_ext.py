@@ -21,14 +21,18 @@ class WeightSyncExtension:
         self._areal_plan = plan
         return rank
 
-    def receive_weights(self, version: int) -> int:
+    def receive_weights(self, version: int) -> float:
+        """Load the next broadcast; returns the seconds spent waiting on the wire."""
         from areal_kit.rl import weight_sync
 
         device = self.model_runner.device if hasattr(self.model_runner, "device") else "cpu"
-        stream = weight_sync.receive(self._areal_group, self._areal_plan, device)
+        stats: dict = {}
+        stream = weight_sync.receive(self._areal_group, self._areal_plan, device, stats)
+        if getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False):
+            stream = _tied_head(stream)
         self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)
         self._areal_version = version
-        return version
+        return stats.get("wait", 0.0)
 
     def load_weights_from_disk(self, path: str, version: int) -> int:
         self.reload_weights(weights_path=path, is_checkpoint_format=True)
@@ -43,3 +47,13 @@ class WeightSyncExtension:
 
     def weight_version(self) -> int:
         return int(getattr(self, "_areal_version", 0))
+
+
+def _tied_head(stream):
+    """The trainer does not send a tied lm_head (the embedding's bytes again), but vLLM's in-place
+    reload restores any weight it was not given to its old value, and lm_head shares the
+    embedding's storage: name the new embedding lm_head too."""
+    for name, tensor in stream:
+        yield name, tensor
+        if name == "model.embed_tokens.weight":
+            yield "lm_head.weight", tensor

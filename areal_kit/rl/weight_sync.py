@@ -6,8 +6,10 @@ to DeepSpeed's training world in the same process. Rank 0 is the trainer; rollou
 engine e is rank 1 + e * tp + w.
 
 Both sides agree on a plan (list of buckets of (name, shape, dtype)) sent once over Ray; then
-each sync is a sequence of broadcasts of flat buffers, one per bucket, so memory stays at one
-bucket however big the model is.
+each sync is a sequence of broadcasts of flat buffers, one per bucket. The buckets are pipelined:
+the sender flattens bucket i+1 while bucket i is on the wire, and the receiver has bucket i+1
+arriving while the engine loads (and on CPU repacks) bucket i, so a sync costs about the slower
+of transfer and load rather than their sum. Memory stays at two buckets however big the model is.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from datetime import timedelta
 
 import torch
 
-DEFAULT_BUCKET_BYTES = 256 << 20
+# Small enough that transfer and load overlap well (a 200 MB model is ~7 buckets), large enough
+# that per-broadcast latency is noise.
+DEFAULT_BUCKET_BYTES = 32 << 20
 
 
 @dataclass
@@ -82,33 +86,55 @@ def init_group(host: str, port: int, rank: int, world: int, backend: str, timeou
     return store, dist.ProcessGroupGloo(store, rank, world, opts)
 
 
-def _broadcast(group, buf: torch.Tensor) -> None:
+def _broadcast(group, buf: torch.Tensor):
+    """Start a broadcast from rank 0; returns its work handle (gloo and NCCL both run it async)."""
     import torch.distributed as dist
 
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
-    group.broadcast([buf], opts).wait()
+    return group.broadcast([buf], opts)
 
 
 def send(group, plan, tensors: dict[str, torch.Tensor], device) -> int:
-    """Rank 0: broadcast every bucket. Returns bytes sent."""
-    sent = 0
+    """Rank 0: broadcast every tensor straight from its storage (no flattening copy), a bucket at
+    a time, the next bucket's broadcasts queued while the last one's finish. Returns bytes."""
+    sent, in_flight = 0, []
     for bucket in plan:
-        bucket = [as_meta(m) for m in bucket]
-        flat = torch.cat([tensors[m.name].detach().reshape(-1) for m in bucket]).to(device)
-        _broadcast(group, flat)
-        sent += flat.numel() * flat.element_size()
+        ts = [tensors[as_meta(m).name].detach().to(device).contiguous() for m in bucket]
+        works = [(_broadcast(group, t), t) for t in ts]  # each tensor must outlive its broadcast
+        for w, _ in in_flight:
+            w.wait()
+        in_flight = works
+        sent += sum(t.numel() * t.element_size() for t in ts)
+    for w, _ in in_flight:
+        w.wait()
     return sent
 
 
-def receive(group, plan, device):
-    """Other ranks: yield (name, tensor) as each bucket arrives (feeds vLLM's weight loader)."""
-    for bucket in plan:
+def receive(group, plan, device, stats: dict | None = None):
+    """Other ranks: yield (name, tensor) bucket by bucket (feeds vLLM's weight loader); the next
+    bucket is already arriving while the caller loads this one. Each bucket gets a fresh buffer:
+    the loader may keep views of it until a layer is complete. stats["wait"] accumulates the
+    seconds spent blocked on the wire (the rest of a sync is the caller's loading)."""
+    import time
+
+    def post(bucket):
         bucket = [as_meta(m) for m in bucket]
-        dtype = getattr(torch, bucket[0].dtype)
-        buf = torch.empty(sum(m.numel for m in bucket), dtype=dtype, device=device)
-        _broadcast(group, buf)
-        offset = 0
+        buf = torch.empty(sum(m.numel for m in bucket), dtype=getattr(torch, bucket[0].dtype), device=device)
+        views, offset = [], 0
         for m in bucket:
-            yield m.name, buf[offset:offset + m.numel].view(m.shape)
+            views.append(buf[offset:offset + m.numel].view(m.shape))
             offset += m.numel
+        return bucket, views, [_broadcast(group, v) for v in views]
+
+    nxt = post(plan[0]) if plan else None
+    for i in range(len(plan)):
+        bucket, views, works = nxt
+        nxt = post(plan[i + 1]) if i + 1 < len(plan) else None
+        t0 = time.perf_counter()
+        for w in works:
+            w.wait()
+        if stats is not None:
+            stats["wait"] = stats.get("wait", 0.0) + time.perf_counter() - t0
+        for m, v in zip(bucket, views):
+            yield m.name, v
