@@ -120,6 +120,21 @@ class Controller:
                       f"(setup {setup['trainer_setup']:.1f}s), {len(self.workers.rollouts)} rollout engine(s) "
                       f"(setup {setup['rollout_setup']:.1f}s), weight sync {self.cfg.weight_sync}.")
 
+    def dead_workers(self, timeout_s: float = 10) -> int:
+        """How many of this attempt's actors are dead (a busy one, still running a call, is alive)."""
+        import ray
+
+        actors = (self.workers.trainers + self.workers.rollouts) if self.workers else []
+        refs = [a.__ray_ready__.remote() for a in actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        dead = 0
+        for r in ready:
+            try:
+                ray.get(r)
+            except ray.exceptions.RayActorError:
+                dead += 1
+        return dead
+
     def stop(self) -> None:
         import ray
 

@@ -73,8 +73,19 @@ def _attempt(job, log, progress, recover, fresh: bool) -> int:
         log.info(f"Training finished: {ctrl.state.global_step} steps, "
                  f"final task_reward {last.get('task_reward', float('nan')):.4f}.")
         return 0
+    except Exception as e:
+        # A peer's death often reaches us first as a live worker's error: the trainer's gloo
+        # broadcast fails when the engine at the other end was killed. Name the death.
+        dead = 0 if worker_died(e) else ctrl.dead_workers()
+        if dead:
+            raise WorkerDied(f"{dead} worker(s) died; first error seen: {describe(e)}") from e
+        raise
     finally:
         ctrl.stop()
+
+
+class WorkerDied(RuntimeError):
+    """A worker of the attempt died while another one's error was what surfaced."""
 
 
 def relaunching(run_once, retries: int, log, pause: float = 1.0):
@@ -87,9 +98,20 @@ def relaunching(run_once, retries: int, log, pause: float = 1.0):
             if attempt >= retries or not worker_died(e):
                 raise
             attempt += 1
-            log.warning(f"Worker failure ({type(e).__name__}: {str(e).splitlines()[0][:200]}); relaunching "
+            log.warning(f"Worker failure ({describe(e)}); relaunching "
                         f"from the last recover checkpoint (retry {attempt}/{retries}).")
             time.sleep(pause)
+
+
+def describe(e: BaseException) -> str:
+    """`Type: first line` of the error a remote call raised (a RayTaskError's first line is only
+    the ray::Actor.method header)."""
+    import ray.exceptions as rex
+
+    while isinstance(e, rex.RayTaskError) and getattr(e, "cause", None) is not None:
+        e = e.cause
+    lines = str(e).splitlines()
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
 
 
 def worker_died(e: BaseException) -> bool:
@@ -105,7 +127,7 @@ def worker_died(e: BaseException) -> bool:
     except ImportError:
         return False
     deaths = (rex.RayActorError, rex.WorkerCrashedError, rex.ObjectLostError, rex.NodeDiedError,
-              rex.LocalRayletDiedError)
+              rex.LocalRayletDiedError, WorkerDied)
     seen = set()
     while e is not None and id(e) not in seen:  # causes can nest; a cycle must not loop forever
         seen.add(id(e))

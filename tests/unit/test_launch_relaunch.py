@@ -144,9 +144,14 @@ class FakeController:
     failures: ClassVar[list] = []  # what run() raises, one per attempt
     made: ClassVar[list] = []  # every controller launch() built
 
+    dead: ClassVar[int] = 0  # what dead_workers() reports after a failure
+
     def __init__(self, job, log, state, progress):
         self.state, self.stopped = state, False
         FakeController.made.append(self)
+
+    def dead_workers(self):
+        return FakeController.dead
 
     def start(self):
         pass
@@ -183,6 +188,7 @@ def fake_run(monkeypatch):
     monkeypatch.setattr(recover, "restore_workers", lambda ctrl: None)
     monkeypatch.setattr(L.time, "sleep", lambda s: None)
     FakeController.made = []
+    FakeController.dead = 0
     return fresh_flags
 
 
@@ -211,4 +217,26 @@ def test_launch_with_recover_disabled_does_not_retry_a_death(fake_run):
     FakeController.failures = [rex.ActorDiedError()]
     with pytest.raises(rex.ActorDiedError):
         L.launch(cfg(mode="disabled", retries=3))
+    assert len(FakeController.made) == 1
+
+
+def test_launch_relaunches_when_an_error_came_from_a_dead_peer(fake_run):
+    """The trainer's broadcast fails with a plain RuntimeError because the engine at the other end
+    was killed: the attempt finds the dead actor and relaunches instead of giving up."""
+    FakeController.failures = [remote(RuntimeError("Connection closed by peer [10.0.0.2]:1234"),
+                                      "TrainerWorker.send_weights")]
+    FakeController.dead = 1
+    log = Log()
+    import areal_kit.logs as logs_mod
+
+    logs_mod.RunLogger = lambda *a: log
+    assert L.launch(cfg()) == 0
+    assert len(FakeController.made) == 2
+    assert "WorkerDied" in log.warnings[0] and "Connection closed" in log.warnings[0]
+
+
+def test_launch_does_not_retry_a_bug_when_every_worker_is_alive(fake_run):
+    FakeController.failures = [remote(RuntimeError("Connection closed by peer"))]
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        L.launch(cfg(retries=3))
     assert len(FakeController.made) == 1
