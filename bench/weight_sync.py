@@ -107,7 +107,7 @@ def run() -> Result:
             for mode in ("broadcast", "disk"):
                 cfg.weight_sync = mode  # _sync reads it each call; the group stays joined
                 ctrl.state.version += 1
-                times[mode].append(ctrl._sync())
+                times[mode].append(ctrl._sync(wait_engines=True))
         parts = _parts(ctrl)
     finally:
         ctrl.stop()

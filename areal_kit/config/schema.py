@@ -311,6 +311,11 @@ class TrainConfig:
     ray_address: str = ""
     # Place trainer and rollout actors on different nodes (multi-node clusters).
     spread_roles: bool = False
+    # CPU only: cores per worker. split = each trainer rank and each engine gets its own cores (as
+    # each gets its own GPU), so overlapped generation and training do not fight over them;
+    # shared = every worker uses every core; auto = split when generation and training overlap
+    # (ppo.max_head_offpolicyness > 0) on a local Ray with a core per worker, else shared.
+    cpu_cores: str = "auto"
     # Weight sync after each update: broadcast (NCCL/gloo, in memory) | disk (save + reload).
     weight_sync: str = "broadcast"
     # Seed for data order, sampling and initialization.
@@ -341,6 +346,7 @@ class TrainConfig:
         check_positive("n_nodes", self.n_nodes)
         check_positive("n_gpus_per_node", self.n_gpus_per_node)
         check_choice("weight_sync", self.weight_sync, ("broadcast", "disk"))
+        check_choice("cpu_cores", self.cpu_cores, ("auto", "split", "shared"))
         check_choice("recover_mode", self.recover_mode, ("auto", "resume", "fault", "disabled"))
         check_positive("recover_retries", self.recover_retries, allow_zero=True)
         check(bool(self.actor.path), "actor.path is empty; expected a model folder or tiny://toy")

@@ -82,17 +82,47 @@ def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
     env = worker_env(cfg, cache_root)
     trainer_node, rollout_nodes = _role_nodes(cfg)
     n_train = alloc.train_gpus
+    cores = core_sets(cfg, n_train, alloc.gen.dp, alloc.gen.tp) if plat.is_cpu else None
     Trainer = ray.remote(TrainerWorker)
-    trainers = [Trainer.options(**_options(plat, 1, trainer_node)).remote(r, n_train, cfg, model_path, env,
-                                                                          total_steps)
-                for r in range(n_train)]
+    trainers = [Trainer.options(**_options(plat, 1, trainer_node)).remote(
+        r, n_train, cfg, model_path, _pinned(env, cores, [r]), total_steps) for r in range(n_train)]
     # Rank 0's node hosts the DeepSpeed rendezvous; the port must be free there, not here.
     master, port = _placed(trainers[0].address.remote(), plat, n_train + alloc.gen.dp * alloc.gen.tp)
     ray.get([t.set_master.remote(master, port) for t in trainers])
     Rollout = ray.remote(RolloutWorker)
-    rollouts = [Rollout.options(**_options(plat, alloc.gen.tp, rollout_nodes[i % len(rollout_nodes)])).remote(
-        i, model_path, cfg, env, alloc.gen.tp) for i in range(alloc.gen.dp)]
+    tp = alloc.gen.tp
+    rollouts = [Rollout.options(**_options(plat, tp, rollout_nodes[i % len(rollout_nodes)])).remote(
+        i, model_path, cfg, _pinned(env, cores, range(n_train + i * tp, n_train + (i + 1) * tp)), tp)
+        for i in range(alloc.gen.dp)]
     return Workers(trainers, rollouts, alloc.gen.tp)
+
+
+def core_sets(cfg, n_train: int, n_engines: int, tp: int) -> list[list[int]] | None:
+    """The cores of each worker slot (trainer ranks, then each engine's tp ranks), or None when
+    every worker shares every core (see cpu_cores in config/schema.py)."""
+    mode = cfg.cpu_cores
+    if mode == "auto":
+        mode = "split" if cfg.ppo.max_head_offpolicyness > 0 and not cfg.ray_address else "shared"
+    if mode == "shared":
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    slots = n_train + n_engines * tp
+    if len(cores) < slots:
+        if cfg.cpu_cores == "split":
+            raise UserError(f"cpu_cores=split needs a core per worker: {n_train} trainer rank(s) + {n_engines} "
+                            f"engine(s) x tp {tp} = {slots}, this machine has {len(cores)}; use cpu_cores=shared")
+        return None
+    # Round-robin deal: every slot gets len(cores) // slots cores, leftovers go to the first slots.
+    return [cores[i::slots] for i in range(slots)]
+
+
+def _pinned(env: dict[str, str], cores: list[list[int]] | None, slots) -> dict[str, str]:
+    """A worker's env bound to its slots' cores: AREAL_CPU_CORES for a trainer rank (applied in its
+    setup), VLLM_CPU_OMP_THREADS_BIND for an engine (one core list per tp rank)."""
+    if cores is None:
+        return env
+    lists = [",".join(map(str, cores[s])) for s in slots]
+    return {**env, "AREAL_CPU_CORES": ",".join(lists), "VLLM_CPU_OMP_THREADS_BIND": "|".join(lists)}
 
 
 def _placed(ref, plat, n_slots: int, timeout_s: float = 600):

@@ -103,6 +103,7 @@ class Controller:
         self.progress = progress
         self.workers = None
         self._failure_kinds: set[str] = set()  # reward failure kinds already logged
+        self._receiving: list = []  # engines' weight loads of the last sync, still running
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -153,7 +154,9 @@ class Controller:
         engines = self.workers.rollouts
         chunks = [rows[i::len(engines)] for i in range(len(engines))]
         futs = [e.generate.remote(c) for e, c in zip(engines, chunks) if c]
-        return epoch, epoch_step, futs
+        # Engines run calls in order, so these loads finish before this generation starts; the
+        # loop checks them when it takes the batch, so a failed load never feeds training.
+        return epoch, epoch_step, futs, self._receiving
 
     def run(self) -> dict:
         import ray
@@ -167,9 +170,10 @@ class Controller:
             t_step = time.time()
             while len(pending) <= k and self._dispatched < job.total_steps:
                 pending.append(self._dispatch())
-            epoch, epoch_step, futs = pending.popleft()
+            epoch, epoch_step, futs, loads_before = pending.popleft()
             t_wait = time.time()
             outs = ray.get(futs)
+            ray.get(loads_before)
             wait_time = time.time() - t_wait
             samples = [s for o in outs for s in o["samples"]]
             stale = st.version - min(s["version"] for s in samples)
@@ -198,6 +202,7 @@ class Controller:
             self._log_step(epoch, epoch_step, row)
             last = row
             self._after_step(epoch, epoch_step)
+        ray.get(self._receiving)
         self._final_save()
         return last
 
@@ -219,22 +224,29 @@ class Controller:
             out[k] = sum(vals) / len(vals)
         return out
 
-    def _sync(self) -> float:
+    def _sync(self, wait_engines: bool = False) -> float:
+        """New weights to every engine; seconds until the trainer is free again.
+
+        The trainer waits for its side only (the broadcast sent, or the folder saved): the engines
+        load while the trainer goes on to its next step. Engines run calls in order, so a load
+        queued behind a generation waits for it, and the next generation waits for the load.
+        """
         import ray
 
         t0 = time.time()
         w = self.workers
         v = self.state.version
         if self.cfg.weight_sync == "broadcast":
-            futs = [t.send_weights.remote() for t in w.trainers] + [r.receive_weights.remote(v) for r in w.rollouts]
+            mine = [t.send_weights.remote() for t in w.trainers]
+            self._receiving = [r.receive_weights.remote(v) for r in w.rollouts]
+            ray.get(mine)
         else:
             path = os.path.join(self.cfg.fileroot, "cache", "weight_sync", self.cfg.experiment_name,
                                 self.cfg.trial_name)
             ray.get([t.save_hf.remote(path) for t in w.trainers])
-            futs = [r.load_from_disk.remote(path, v) for r in w.rollouts]
-        # Engines run calls in order: a receive queued behind a generation waits for it, so the
-        # next queued batch is generated with the weights it was queued for.
-        ray.get(futs)
+            self._receiving = [r.load_from_disk.remote(path, v) for r in w.rollouts]
+        if wait_engines:
+            ray.get(self._receiving)
         return time.time() - t0
 
     def _log_step(self, epoch: int, epoch_step: int, row: dict) -> None:

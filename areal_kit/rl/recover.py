@@ -223,7 +223,7 @@ def restore_workers(ctrl) -> None:
         raise UserError(f"loading the recover checkpoint {path} failed ({_last_line(e)}); re-run with --fresh "
                         "to start over") from None
     # Rollout engines start from the base model; they must sample with the checkpoint's weights.
-    ctrl._sync()
+    ctrl._sync(wait_engines=True)
     ctrl.log.info(f"Restored trainer state (model, optimizer, LR scheduler, RNG) from {engine} and synced "
                   f"weight version {versions[0]} to the rollout engines in {time.time() - t0:.1f}s.")
 

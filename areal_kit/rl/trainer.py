@@ -20,6 +20,16 @@ from areal_kit.rl import varlen
 from areal_kit.rl.packing import Packed, min_bins, pack, partition
 
 
+def _pin_to_cores(cores: str) -> None:
+    """Run this rank's threads on its own cores (cpu_cores=split); before any torch thread starts,
+    since threads inherit the affinity of the thread that creates them."""
+    if not cores:
+        return
+    ids = [int(c) for c in cores.split(",")]
+    os.sched_setaffinity(0, ids)
+    torch.set_num_threads(len(ids))
+
+
 class TrainerWorker:
     def __init__(self, rank: int, world: int, cfg, model_path: str, env: dict[str, str],
                  total_steps: int = 1):
@@ -41,6 +51,7 @@ class TrainerWorker:
 
         plat = platform.detect()
         self.device = torch.device("cuda", 0) if plat.device == "cuda" else torch.device("cpu")
+        _pin_to_cores(os.environ.get("AREAL_CPU_CORES", ""))
         deepspeed.init_distributed(dist_backend=plat.dist_backend)
         torch.manual_seed(self.cfg.seed)
         dtype = self._dtype(plat)

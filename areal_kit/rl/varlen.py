@@ -4,8 +4,9 @@ A packed micro-batch is one row holding several sequences whose position ids res
 flash-attn's varlen kernel attends within each sequence only. Without it, transformers' SDPA path
 builds a dense block-diagonal mask over the whole row and computes every query against every key,
 then masks most of it away: quadratic in the row's length, which ate packing's gain on CPU
-(issue 8: 1.2x over padding at 4096 tokens). Here each sequence runs its own causal SDPA call, so
-attention costs sum(len_i^2) like flash-attn varlen; every other layer still runs on the packed row.
+(issue 8: 1.2x over padding at 4096 tokens). Here attention runs per sequence (one batched causal
+SDPA call per distinct length), so it costs sum(len_i^2) like flash-attn varlen; every other layer
+still runs on the packed row.
 
     from areal_kit.rl import varlen
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=varlen.choose("cpu"))
@@ -67,8 +68,31 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
                                       scaling=scaling, **kwargs)
     gqa = key.shape[1] != query.shape[1]
     p = dropout if module.training else 0.0
-    outs = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=p,
-                                           is_causal=True, scale=scaling, enable_gqa=gqa)
-            for s, e in segments(position_ids[0])]
-    out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
-    return out.transpose(1, 2).contiguous(), None
+    q, k, v = query[0], key[0], value[0]  # [H, T, D]
+    pieces, order = [], []
+    # Sequences of equal length run as one batched call: an RL batch repeats lengths a lot (a
+    # group's short answers, the tiny task's fixed length), and per-call overhead dominates there.
+    for idx, n, length in _groups(segments(position_ids[0]), q.device):
+        grab = lambda x: x[:, idx].unflatten(1, (n, length)).transpose(0, 1)  # [n, H, L, D]
+        o = F.scaled_dot_product_attention(grab(q), grab(k), grab(v), dropout_p=p, is_causal=True,
+                                           scale=scaling, enable_gqa=gqa)
+        pieces.append(o.transpose(0, 1).flatten(1, 2))  # [H, n * L, D]
+        order.append(idx)
+    out = torch.cat(pieces, dim=1)
+    if len(pieces) > 1:  # one group is the whole row in order already
+        perm = torch.cat(order)
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+        out = out[:, inverse]
+    return out.transpose(0, 1)[None].contiguous(), None
+
+
+def _groups(segs: list[tuple[int, int]], device):
+    """(token indices, count, length) per distinct sequence length, indices sequence-major."""
+    by_len: dict[int, list[int]] = {}
+    for s, e in segs:
+        by_len.setdefault(e - s, []).append(s)
+    for length, starts in by_len.items():
+        idx = (torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)).flatten()
+        yield idx, len(starts), length
+

@@ -188,7 +188,8 @@ def test_varlen_gradients_equal_per_sequence_gradients(tiny_path):
 
     model = _load(tiny_path, varlen.register())
     assert model.config._attn_implementation == varlen.NAME
-    prompts, answers = _random_batch(model.config.vocab_size, [(3, 7), (5, 1), (2, 12)])
+    # lengths 10, 6, 14, 10, 6: equal lengths share one batched attention call
+    prompts, answers = _random_batch(model.config.vocab_size, [(3, 7), (5, 1), (2, 12), (4, 6), (1, 5)])
     pk = pack(prompts, answers)
     head = model.get_output_embeddings()
     hidden = model.model(input_ids=pk.input_ids[None], position_ids=pk.position_ids[None],
