@@ -24,14 +24,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def rl_overrides(model_path: str) -> list[str]:
     """`areal-kit train tiny` overrides for the RL-shaped workload on the bench model.
 
-    The tiny preset's prompts and group, with the 10M model, answers up to 256 tokens, and the
-    math reward (the last number of the answer against (a+b) mod 10: a random model gets it
-    now and then, so groups carry signal and the reward curve can move).
-    Micro-batches of at most 1024 tokens, not the preset's 4096: on CPU a packed micro-batch's
-    block-diagonal attention is computed densely, quadratic in its length (bench/packing.py),
-    which made a 4096-token micro-batch's training step 3-4x slower here.
+    The tiny preset's prompts and group (and its 4096-token micro-batches), with the 10M model,
+    answers up to 256 tokens, and the math reward (the last number of the answer against
+    (a+b) mod 10: a random model gets it now and then, so groups carry signal and the reward
+    curve can move).
     """
-    return [f"actor.path={model_path}", "actor_train.mb_spec.max_tokens_per_mb=1024", f"ppo.gen.max_new_tokens={workload.MAX_NEW}",
+    return [f"actor.path={model_path}", f"ppo.gen.max_new_tokens={workload.MAX_NEW}",
             f"dataset.max_prompt_len={workload.PROMPT_LEN}", "ppo.reward_fns=[math]",
             f"ppo.group_size={workload.GROUP}", f"dataset.train_bs_n_seqs={workload.N_PROMPTS}",
             f"ppo.gen.temperature={workload.TEMPERATURE}", "actor.lr=1e-4"]

@@ -112,8 +112,12 @@ def core_sets(cfg, n_train: int, n_engines: int, tp: int) -> list[list[int]] | N
             raise UserError(f"cpu_cores=split needs a core per worker: {n_train} trainer rank(s) + {n_engines} "
                             f"engine(s) x tp {tp} = {slots}, this machine has {len(cores)}; use cpu_cores=shared")
         return None
-    # Round-robin deal: every slot gets len(cores) // slots cores, leftovers go to the first slots.
-    return [cores[i::slots] for i in range(slots)]
+    # Contiguous runs (neighbouring cores share caches and NUMA node); leftovers to the first slots.
+    per, extra = divmod(len(cores), slots)
+    bounds = [0]
+    for s in range(slots):
+        bounds.append(bounds[-1] + per + (s < extra))
+    return [cores[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _pinned(env: dict[str, str], cores: list[list[int]] | None, slots) -> dict[str, str]:
