@@ -2,10 +2,12 @@
 
 `areal-kit train tiny` at ppo.max_head_offpolicyness 0 (on-policy: generate, then train, then
 sync; with both CPU layouts, cores shared and split), 1 and 2 (generation of the next batches
-already queued while the trainer trains), one run after another, 30 steps each. Steps/hour come from the steady steps (after the first
-two, before the last k, which have no generation queued behind them) of metrics.jsonl, with each step's time split into generation (on the engine), waiting
-for generation (idle trainer), training, weight sync and the rest of the loop (rewards,
-advantages, logging). Worker start-up (50-95 s) is not in steps/hour; the wall time is shown.
+already queued while the trainer trains), one run after another, 60 steps each. Steps/hour come
+from the median steady step (after the first two, before the last k, which have no generation
+queued behind them) of metrics.jsonl, with each step's time split into generation (on the
+engine), waiting for generation (idle trainer), training, weight sync and the rest of the loop
+(rewards, advantages, logging). Worker start-up (40-90 s) is not in steps/hour; the wall time is
+shown.
 
     python bench/run.py pipeline
 """
@@ -17,7 +19,7 @@ import tempfile
 from bench import engines
 from bench.report import Result
 
-STEPS = 30
+STEPS = 60
 # (label, max_head_offpolicyness, cpu_cores): each level with the core layout cpu_cores=auto
 # gives it, plus synchronous with split cores, so the baseline is the faster of the two layouts.
 RUNS = (("0", 0, "auto"), ("0 split", 0, "split"), ("1", 1, "auto"), ("2", 2, "auto"))
@@ -29,9 +31,10 @@ def tiny_args(k: int, steps: int = STEPS, cores: str = "auto") -> list[str]:
 
 
 def split(rows: list[dict], k: int) -> dict:
-    """Mean seconds per steady step, by where they went."""
+    """Median seconds per steady step, by where they went (medians: a step slowed by another
+    tenant of the machine moves a mean, not a median)."""
     s = engines.steady(rows, 2, tail=k)
-    m = lambda key: engines.mean(r.get(key, 0.0) for r in s)
+    m = lambda key: engines.median(r.get(key, 0.0) for r in s)
     e2e, wait, train, sync = m("e2e_time"), m("wait_time"), m("train_time"), m("sync_time")
     return {"e2e": e2e, "gen": m("gen_time"), "wait": wait, "train": train, "sync": sync,
             "reward": m("reward_time"), "other": max(e2e - wait - train - sync, 0.0),
