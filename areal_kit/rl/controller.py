@@ -237,6 +237,10 @@ class Controller:
         w = self.workers
         v = self.state.version
         if self.cfg.weight_sync == "broadcast":
+            # Join the collective only once every engine is free to: a generation still running
+            # would hold the trainer inside the broadcast, where a long one (minutes of 16k-token
+            # answers) meets the group's timeout. The version call queues behind generations.
+            ray.get([r.get_version.remote() for r in w.rollouts])
             mine = [t.send_weights.remote() for t in w.trainers]
             self._receiving = [r.receive_weights.remote(v) for r in w.rollouts]
             ray.get(mine)

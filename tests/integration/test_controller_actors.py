@@ -1,0 +1,99 @@
+"""The controller's dealings with its actors, on real Ray actors standing in for the workers.
+
+dead_workers: a killed actor is dead, a busy one alive; it decides whether an error seen during a
+step came from a dead peer, which relaunches the run, or from a bug, which must not (rl/launch.py).
+_sync: the trainer joins the weight broadcast only after the engine's running generation, so a
+long generation never holds it inside the collective until the group's timeout.
+"""
+
+import os
+import time
+
+import pytest
+import ray
+
+from areal_kit.rl.actors import Workers
+from areal_kit.rl.controller import Controller
+
+
+class Worker:
+    def busy(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+@pytest.fixture()
+def ray_local():
+    # Workers import this module by name: put its folder on their path.
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": here}})
+    yield
+    ray.shutdown()
+
+
+def test_dead_workers_counts_killed_actors_only(ray_local):
+    W = ray.remote(num_cpus=0)(Worker)
+    trainer, busy, killed = W.remote(), W.remote(), W.remote()
+    ray.get([a.__ray_ready__.remote() for a in (trainer, busy, killed)])
+    ctrl = Controller.__new__(Controller)  # only the workers matter here
+    ctrl.workers = Workers(trainers=[trainer], rollouts=[busy, killed], gen_tp=1)
+    assert ctrl.dead_workers(timeout_s=2) == 0
+    busy.busy.remote(30)  # still running when asked: alive
+    ray.kill(killed)
+    time.sleep(1)
+    assert ctrl.dead_workers(timeout_s=2) == 1
+
+
+class Engine:
+    """Stands in for a rollout engine's call order only (real Ray actor, ordered calls)."""
+
+    def __init__(self):
+        self.log = []
+
+    def generate(self, seconds: float) -> None:
+        time.sleep(seconds)
+        self.log.append(("generated", time.time()))
+
+    def get_version(self) -> int:
+        return 0
+
+    def receive_weights(self, version: int) -> dict:
+        self.log.append(("received", time.time()))
+        return {}
+
+    def events(self) -> list:
+        return self.log
+
+
+class Trainer:
+    def __init__(self):
+        self.sent_at = []
+
+    def send_weights(self) -> dict:
+        self.sent_at.append(time.time())
+        return {}
+
+    def sends(self) -> list:
+        return self.sent_at
+
+
+def test_trainer_joins_the_broadcast_only_after_the_running_generation(ray_local):
+    """A long generation must not hold the trainer inside the collective (its timeout would fire)."""
+    from types import SimpleNamespace
+
+    from areal_kit.rl.controller import RunState
+
+    engine = ray.remote(num_cpus=0)(Engine).remote()
+    trainer = ray.remote(num_cpus=0)(Trainer).remote()
+    ctrl = Controller.__new__(Controller)
+    ctrl.workers = Workers(trainers=[trainer], rollouts=[engine], gen_tp=1)
+    ctrl.cfg = SimpleNamespace(weight_sync="broadcast")
+    ctrl.state, ctrl._receiving = RunState(), []
+    engine.generate.remote(2.0)
+    time.sleep(0.2)  # the generation is running
+    ctrl._sync(wait_engines=True)
+    events = dict(ray.get(engine.events.remote()))
+    [sent] = ray.get(trainer.sends.remote())
+    assert events["generated"] <= events["received"]
+    assert events["generated"] <= sent
