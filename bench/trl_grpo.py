@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import contextmanager
 
 
 def reward_fn(name: str):
@@ -60,20 +61,22 @@ def main(spec_path: str, out_path: str) -> None:
     )
     timers = {"gen": 0.0, "reward": 0.0}
 
+    @contextmanager
+    def timed(key: str):
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            timers[key] += time.time() - t0
+
     class Timed(GRPOTrainer):
         def _generate_single_turn(self, *a, **k):
-            t0 = time.time()
-            try:
+            with timed("gen"):
                 return super()._generate_single_turn(*a, **k)
-            finally:
-                timers["gen"] += time.time() - t0
 
         def _calculate_rewards(self, *a, **k):
-            t0 = time.time()
-            try:
+            with timed("reward"):
                 return super()._calculate_rewards(*a, **k)
-            finally:
-                timers["reward"] += time.time() - t0
 
     steps: list[dict] = []
 

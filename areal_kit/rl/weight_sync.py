@@ -6,10 +6,11 @@ to DeepSpeed's training world in the same process. Rank 0 is the trainer; rollou
 engine e is rank 1 + e * tp + w.
 
 Both sides agree on a plan (list of buckets of (name, shape, dtype)) sent once over Ray; then
-each sync is a sequence of broadcasts of flat buffers, one per bucket. The buckets are pipelined:
-the sender flattens bucket i+1 while bucket i is on the wire, and the receiver has bucket i+1
-arriving while the engine loads (and on CPU repacks) bucket i, so a sync costs about the slower
-of transfer and load rather than their sum. Memory stays at two buckets however big the model is.
+each sync broadcasts every tensor straight from its storage, a bucket at a time. The buckets
+are pipelined: the sender queues bucket i+1's broadcasts while bucket i's finish, and the receiver
+has bucket i+1 arriving (into one flat buffer per bucket) while the engine loads, and on CPU
+repacks, bucket i. A sync then costs about the slower of transfer and load rather than their sum,
+and the receiver holds two buckets however big the model is.
 """
 
 from __future__ import annotations
