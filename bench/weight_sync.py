@@ -83,9 +83,9 @@ def _parts(ctrl) -> dict:
     t0 = time.time()
     ray.get(trainer.save_hf.remote(path))
     save = time.time() - t0
-    load = ray.get(rollout.load_from_disk.remote(path, ctrl.state.version))
-    return {"bcast_total": total, "bcast_send": send["sync_send_time"], "bcast_recv_load": recv["recv_time"],
-            "bcast_recv_wait": recv["recv_wire_wait"], "disk_save": save, "disk_load": load}
+    load = ray.get(rollout.load_from_disk.remote(path, ctrl.state.version))["load_time"]
+    return {"bcast_total": total, "bcast_send": send["sync_send_time"], "bcast_recv_load": recv["load_time"],
+            "bcast_recv_wait": recv["load_wire_wait"], "disk_save": save, "disk_load": load}
 
 
 def run() -> Result:

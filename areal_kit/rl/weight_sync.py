@@ -9,7 +9,7 @@ Both sides agree on a plan (list of buckets of (name, shape, dtype)) sent once o
 each sync broadcasts every tensor straight from its storage, a bucket at a time. The buckets
 are pipelined: the sender queues bucket i+1's broadcasts while bucket i's finish, and the receiver
 has bucket i+1 arriving (into one flat buffer per bucket) while the engine loads, and on CPU
-repacks, bucket i. A sync then costs about the slower of transfer and load rather than their sum,
+re-packs, the layers of bucket i. A sync then costs about the slower of transfer and load rather than their sum,
 and the receiver holds two buckets however big the model is.
 """
 
@@ -113,10 +113,10 @@ def send(group, plan, tensors: dict[str, torch.Tensor], device) -> int:
 
 
 def receive(group, plan, device, stats: dict | None = None):
-    """Other ranks: yield (name, tensor) bucket by bucket (feeds vLLM's weight loader); the next
-    bucket is already arriving while the caller loads this one. Each bucket gets a fresh buffer:
-    the loader may keep views of it until a layer is complete. stats["wait"] accumulates the
-    seconds spent blocked on the wire (the rest of a sync is the caller's loading)."""
+    """Other ranks: yield each bucket as a list of (name, tensor), to load while the next bucket
+    is already arriving. Each bucket gets a fresh buffer: the loader may keep views of it until a
+    layer is complete. stats["wait"] accumulates the seconds spent blocked on the wire (the rest
+    of a sync is the caller's loading)."""
     import time
 
     def post(bucket):
@@ -137,5 +137,4 @@ def receive(group, plan, device, stats: dict | None = None):
             w.wait()
         if stats is not None:
             stats["wait"] = stats.get("wait", 0.0) + time.perf_counter() - t0
-        for m, v in zip(bucket, views):
-            yield m.name, v
+        yield [(m.name, v) for m, v in zip(bucket, views)]

@@ -21,8 +21,8 @@ def _receiver(port: int, plan, reps: int, out) -> None:
     _, group = weight_sync.init_group("127.0.0.1", port, 1, 2, "gloo", timeout_s=60)
     for _ in range(reps):
         # Keep every yielded view: each bucket has its own buffer, so none is overwritten later.
-        got = list(weight_sync.receive(group, plan, "cpu"))
-    out.put({k: v.clone() for k, v in got})
+        buckets = list(weight_sync.receive(group, plan, "cpu"))
+    out.put(([[name for name, _ in b] for b in buckets], {k: v.clone() for b in buckets for k, v in b}))
 
 
 def test_buckets_arrive_intact_in_order(tmp_path):
@@ -41,10 +41,10 @@ def test_buckets_arrive_intact_in_order(tmp_path):
     child.start()
     _, group = weight_sync.init_group("127.0.0.1", port, 0, 2, "gloo", timeout_s=60)
     sent = [weight_sync.send(group, plan, tensors, "cpu") for _ in range(2)]
-    got = out.get(timeout=60)
+    names, got = out.get(timeout=60)
     child.join(30)
     assert child.exitcode == 0
     assert sent[0] == sent[1] == sum(t.numel() * t.element_size() for t in tensors.values())
-    assert list(got) == [m.name for b in plan for m in b]
+    assert names == [[m.name for m in b] for b in plan]  # one list per bucket, in order
     for k, v in tensors.items():
         assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
