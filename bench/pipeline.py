@@ -36,7 +36,7 @@ def split(rows: list[dict], k: int) -> dict:
     s = engines.steady(rows, 2, tail=k)
     m = lambda key: engines.median(r.get(key, 0.0) for r in s)
     e2e, wait, train, sync = m("e2e_time"), m("wait_time"), m("train_time"), m("sync_time")
-    return {"e2e": e2e, "gen": m("gen_time"), "wait": wait, "train": train, "sync": sync,
+    return {"e2e": e2e, "gen": m("gen_time"), "wait": wait, "train": train, "sync": sync, "load": m("load_time"),
             "reward": m("reward_time"), "other": max(e2e - wait - train - sync, 0.0),
             "steps_per_hour": 3600 / e2e if e2e else float("nan"), "steady_steps": len(s),
             "task_reward": [round(r.get("task_reward", float("nan")), 4) for r in rows]}
@@ -55,15 +55,17 @@ def run() -> Result:
     rows = []
     for label, _, _ in RUNS:
         r, key = res[label], label.replace(" ", "_")
-        for f in ("steps_per_hour", "e2e", "gen", "wait", "train", "sync", "other", "wall"):
+        for f in ("steps_per_hour", "e2e", "gen", "wait", "train", "sync", "load", "other", "wall"):
             figures[f"k{key}_{f}"] = r[f]
         figures[f"k{key}_speedup"] = r["steps_per_hour"] / base
-        rows.append([label, r["steps_per_hour"], r["e2e"], r["gen"], r["wait"], r["train"], r["sync"], r["other"],
+        rows.append([label, r["steps_per_hour"], r["e2e"], r["gen"], r["wait"], r["train"], r["sync"], r["load"], r["other"],
                      f"{r['steps_per_hour'] / base:.2f}x", r["wall"]])
     notes = [f"Steady steps per run: {min(r['steady_steps'] for r in res.values())}-"
              f"{max(r['steady_steps'] for r in res.values())}. gen = generation time on the engine, which overlaps "
              "training when max_head_offpolicyness > 0; wait = trainer idle, waiting for generation (and, when "
-             "synchronous, for the engine's weight load); sync = the trainer's side of the weight sync.",
+             "synchronous, for the engine's weight load); sync = the trainer's side of the weight sync (staging "
+             "the weights: the send runs on the trainer's second thread, and its next optimizer step waits for "
+             "it, inside train); engine load = the engine's receive and load, between its generations.",
              "cpu_cores=auto shares both cores between the roles when synchronous (they take turns) and splits "
              "them when asynchronous (they run at once, one core each, as each role has its own GPUs on a "
              f"cluster). Ratio = best async (max_head_offpolicyness {best}) over the faster synchronous layout "
@@ -71,5 +73,5 @@ def run() -> Result:
     return Result("pipeline", "steps/hour of the tiny preset: async (max_head_offpolicyness 1, 2) vs sync",
                   figures, ratio=res[best]["steps_per_hour"] / base, target=1.3,
                   columns=["max_head_offpolicyness", "steps/hour", "s/step", "gen s", "wait (idle) s",
-                           "train s", "sync s", "other s", "vs sync", "wall incl. start-up s"],
+                           "train s", "sync s", "engine load s", "other s", "vs sync", "wall incl. start-up s"],
                   rows=rows, notes=notes)

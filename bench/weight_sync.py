@@ -77,7 +77,9 @@ def _parts(ctrl) -> dict:
     trainer, rollout = w.trainers[0], w.rollouts[0]
     ctrl.state.version += 1
     t0 = time.time()
-    send, recv = ray.get([trainer.send_weights.remote(), rollout.receive_weights.remote(ctrl.state.version)])
+    ray.get(trainer.stage_weights.remote())
+    send = trainer.send_weights.options(concurrency_group="weights").remote()
+    send, recv = ray.get([send, rollout.receive_weights.remote(ctrl.state.version)])
     total = time.time() - t0
     path = os.path.join(ctrl.cfg.fileroot, "cache", "weight_sync", "parts")
     t0 = time.time()

@@ -83,7 +83,8 @@ def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
     trainer_node, rollout_nodes = _role_nodes(cfg)
     n_train = alloc.train_gpus
     cores = core_sets(cfg, n_train, alloc.gen.dp, alloc.gen.tp) if plat.is_cpu else None
-    Trainer = ray.remote(TrainerWorker)
+    # Weight sends run on their own thread (TrainerWorker.send_weights), beside training.
+    Trainer = ray.remote(concurrency_groups={"weights": 1})(TrainerWorker)
     trainers = [Trainer.options(**_options(plat, 1, trainer_node)).remote(
         r, n_train, cfg, model_path, _pinned(env, cores, [r]), total_steps) for r in range(n_train)]
     # Rank 0's node hosts the DeepSpeed rendezvous; the port must be free there, not here.

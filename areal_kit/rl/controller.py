@@ -172,8 +172,8 @@ class Controller:
                 pending.append(self._dispatch())
             epoch, epoch_step, futs, loads_before = pending.popleft()
             t_wait = time.time()
-            outs = ray.get(futs)
-            loads = ray.get(loads_before)
+            loads = _get_each(loads_before + futs)  # a failed send or load surfaces at once
+            outs, loads = loads[len(loads_before):], loads[:len(loads_before)]
             wait_time = time.time() - t_wait
             samples = [s for o in outs for s in o["samples"]]
             stale = st.version - min(s["version"] for s in samples)
@@ -193,7 +193,8 @@ class Controller:
             row = B.step_stats(samples, shaped, stats)
             row.update(gen_time=max(o["gen_time"] for o in outs), reward_time=max(o["reward_time"] for o in outs),
                        wait_time=wait_time, train_time=train_time, sync_time=sync_time, e2e_time=e2e,
-                       load_time=max((x["load_time"] for x in loads), default=0.0),
+                       load_time=max((x.get("load_time", 0.0) for x in loads), default=0.0),
+                       send_wait_time=stats.get("send_wait_time", 0.0),
                        staleness=stale, epoch=epoch + 1, epoch_step=epoch_step + 1, version=st.version,
                        ref_logp_time=stats.get("ref_logp_time", 0.0),
                        prox_logp_time=stats.get("prox_logp_time", 0.0))
@@ -228,9 +229,10 @@ class Controller:
     def _sync(self, wait_engines: bool = False) -> float:
         """New weights to every engine; seconds until the trainer is free again.
 
-        The trainer waits for its side only (the broadcast sent, or the folder saved): the engines
-        load while the trainer goes on to its next step. Engines run calls in order, so a load
-        queued behind a generation waits for it, and the next generation waits for the load.
+        The trainer waits for its side only (the weights staged, or the folder saved): the send
+        and the engines' loads run while it goes on to its next step, whose optimizer step waits
+        for the send. Engines run calls in order, so a load queued behind a generation waits for
+        it, and the next generation waits for the load.
         """
         import ray
 
@@ -238,13 +240,13 @@ class Controller:
         w = self.workers
         v = self.state.version
         if self.cfg.weight_sync == "broadcast":
-            # Join the collective only once every engine is free to: a generation still running
-            # would hold the trainer inside the broadcast, where a long one (minutes of 16k-token
-            # answers) meets the group's timeout. The version call queues behind generations.
-            ray.get([r.get_version.remote() for r in w.rollouts])
-            mine = [t.send_weights.remote() for t in w.trainers]
-            self._receiving = [r.receive_weights.remote(v) for r in w.rollouts]
-            ray.get(mine)
+            ray.get([t.stage_weights.remote() for t in w.trainers])
+            # get_version queues behind an engine's pending generations: the send starts once every
+            # engine is free to receive, on the trainer's second thread while it trains on. No one
+            # waits inside the collective during a generation (a long one would meet its timeout).
+            free = [r.get_version.remote() for r in w.rollouts]
+            send = w.trainers[0].send_weights.options(concurrency_group="weights").remote(*free)
+            self._receiving = [send] + [r.receive_weights.remote(v) for r in w.rollouts]
         else:
             path = os.path.join(self.cfg.fileroot, "cache", "weight_sync", self.cfg.experiment_name,
                                 self.cfg.trial_name)
@@ -288,6 +290,18 @@ class Controller:
 
         loader = self.job.loader
         saving.save_model(self, loader.epoch, max(loader.position - 1, 0))
+
+
+def _get_each(refs: list) -> list:
+    """ray.get, raising the first error as soon as it is in: a plain ray.get of a list can sit on
+    a generation stuck behind a load whose sender already failed."""
+    import ray
+
+    left = list(refs)
+    while left:
+        done, left = ray.wait(left, num_returns=1)
+        ray.get(done)
+    return ray.get(refs)
 
 
 def _slots(cfg) -> int:

@@ -16,7 +16,7 @@ import time
 import torch
 
 from areal_kit.rl import functional as Fn
-from areal_kit.rl import varlen
+from areal_kit.rl import varlen, weight_sync
 from areal_kit.rl.packing import Packed, min_bins, pack, partition
 
 
@@ -38,6 +38,8 @@ class TrainerWorker:
                            "LOCAL_WORLD_SIZE": "1"})
         self.rank, self.world, self.cfg, self.model_path = rank, world, cfg, model_path
         self.sync_group = None
+        self.outbox = weight_sync.Outbox()
+        self.send_wait = 0.0  # seconds optimizer steps waited for a weight send (this step)
         self.version = 0
         self.total_steps = total_steps
 
@@ -164,6 +166,7 @@ class TrainerWorker:
     # ---------------------------------------------------------------- train
     def train_step(self, samples: list[dict]) -> dict:
         t0 = time.time()
+        self.send_wait = 0.0
         p = self.cfg.ppo
         shard = self._shard(samples)
         mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
@@ -193,6 +196,7 @@ class TrainerWorker:
         # model's logprobs and the recomputed proximal logprobs; the rest is the PPO update.
         stats["ref_logp_time"] = t_ref - t_start_ref
         stats["prox_logp_time"] = t_prox - t_ref
+        stats["send_wait_time"] = self.send_wait
         return stats
 
     def _advantages(self, shard, kls) -> list[torch.Tensor]:
@@ -251,6 +255,7 @@ class TrainerWorker:
                 acc["importance_weight"] += (st["importance_weight"] * w).sum().item()
                 acc["entropy"] += (ent[m] * w).sum().item()
                 acc["n_valid_tokens"] += float(w.sum().item())
+            self.send_wait += self.outbox.wait_sent()  # the step changes the weights being sent
             self.engine.step()
             gn = self.engine.get_global_grad_norm()
             acc["grad_norm"] += float(gn) / n_mini if gn is not None else 0.0
@@ -283,27 +288,29 @@ class TrainerWorker:
         return state
 
     def sync_plan(self):
-        from areal_kit.rl import weight_sync
-
         state = self._sync_state()  # every rank: ZeRO-3 gathers
         return weight_sync.make_plan(list(state.items())) if self.rank == 0 else None
 
     def init_sync(self, host: str, port: int, world: int, backend: str, plan) -> bool:
-        from areal_kit.rl import weight_sync
-
         self._store, self.sync_group = weight_sync.init_group(host, port, 0, world, backend, local_ip=host)
         self._plan = plan
         return True
 
-    def send_weights(self) -> dict:
-        from areal_kit.rl import weight_sync
-
-        t0 = time.time()
+    def stage_weights(self) -> dict:
+        """Stage the new weights for the next send (every rank: ZeRO-3 gathers them here)."""
         state = self._sync_state()
-        if self.rank != 0:
-            return {}
-        nbytes = weight_sync.send(self.sync_group, self._plan, state, self.device)
-        return {"sync_bytes": nbytes, "sync_send_time": time.time() - t0}
+        if self.rank == 0:
+            # ZeRO-3's gathered state is a copy; the other stages hand over the parameters.
+            self.outbox.stage(state, live=self.cfg.actor.zero_stage != 3)
+        return {}
+
+    def send_weights(self, *engines_free) -> dict:
+        """Rank 0, on the actor's "weights" concurrency group: broadcast the staged weights.
+
+        The controller passes each engine's refs that resolve once it is free to receive, so Ray
+        starts this only then, and the main thread goes on training meanwhile.
+        """
+        return self.outbox.send(lambda state: weight_sync.send(self.sync_group, self._plan, state, self.device))
 
     def save_hf(self, path: str) -> str:
         """Hugging Face folder (weights + config + tokenizer), written atomically by rank 0."""
@@ -340,6 +347,7 @@ class TrainerWorker:
 
     def load_recover(self, path: str) -> int:
         """Inverse of save_recover (every rank); returns the weight version it holds."""
+        self.outbox.wait_sent()
         loaded, client = self.engine.load_checkpoint(path, tag="deepspeed", load_optimizer_states=True,
                                                      load_lr_scheduler_states=True)
         if loaded is None:

@@ -3,7 +3,8 @@
 dead_workers: a killed actor is dead, a busy one alive; it decides whether an error seen during a
 step came from a dead peer, which relaunches the run, or from a bug, which must not (rl/launch.py).
 _sync: the trainer joins the weight broadcast only after the engine's running generation, so a
-long generation never holds it inside the collective until the group's timeout.
+long generation never holds it inside the collective until the group's timeout, and it is free
+to train meanwhile (the send waits on the trainer's second concurrency group).
 """
 
 import os
@@ -67,10 +68,15 @@ class Engine:
 
 
 class Trainer:
+    """Stands in for TrainerWorker's sync calls (created with its "weights" concurrency group)."""
+
     def __init__(self):
         self.sent_at = []
 
-    def send_weights(self) -> dict:
+    def stage_weights(self) -> dict:
+        return {}
+
+    def send_weights(self, *engines_free) -> dict:
         self.sent_at.append(time.time())
         return {}
 
@@ -85,15 +91,17 @@ def test_trainer_joins_the_broadcast_only_after_the_running_generation(ray_local
     from areal_kit.rl.controller import RunState
 
     engine = ray.remote(num_cpus=0)(Engine).remote()
-    trainer = ray.remote(num_cpus=0)(Trainer).remote()
+    trainer = ray.remote(num_cpus=0, concurrency_groups={"weights": 1})(Trainer).remote()
     ctrl = Controller.__new__(Controller)
     ctrl.workers = Workers(trainers=[trainer], rollouts=[engine], gen_tp=1)
     ctrl.cfg = SimpleNamespace(weight_sync="broadcast")
     ctrl.state, ctrl._receiving = RunState(), []
     engine.generate.remote(2.0)
     time.sleep(0.2)  # the generation is running
-    ctrl._sync(wait_engines=True)
+    ctrl._sync()
+    free_at = time.time()  # the trainer's side is done: it may train on
+    ray.get(ctrl._receiving)
     events = dict(ray.get(engine.events.remote()))
     [sent] = ray.get(trainer.sends.remote())
+    assert free_at < events["generated"] <= sent
     assert events["generated"] <= events["received"]
-    assert events["generated"] <= sent

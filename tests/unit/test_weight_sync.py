@@ -12,7 +12,9 @@ from areal_kit.rl import weight_sync
 
 def _tensors() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
+    # "big" goes in a broadcast of its own, the small ones in runs (weight_sync.runs).
     return {"a": torch.randn(300, generator=g), "b": torch.randn(20, 10, generator=g),
+            "big": torch.randn(weight_sync.SMALL_BYTES // 4 + 1, generator=g),
             "c": torch.randint(0, 9, (7,), generator=g), "d": torch.randn(5, 4, 3, generator=g),
             "e": torch.randn(1000, generator=g)}
 
@@ -27,8 +29,10 @@ def _receiver(port: int, plan, reps: int, out) -> None:
 
 def test_buckets_arrive_intact_in_order(tmp_path):
     tensors = _tensors()
-    # 1 KiB buckets: float tensors split over several buckets, the int tensor in its own (one dtype each)
-    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=1024)
+    # 2 KiB buckets: float tensors split over several buckets, the int tensor in its own (one dtype
+    # each), two small tensors sharing one broadcast
+    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=2048)
+    assert any(b - a > 1 for bucket in plan for a, b in weight_sync.runs(bucket))
     assert len(plan) >= 4
     assert all(len({m.dtype for m in b}) == 1 for b in plan)
     s = socket.socket()
@@ -48,3 +52,58 @@ def test_buckets_arrive_intact_in_order(tmp_path):
     assert names == [[m.name for m in b] for b in plan]  # one list per bucket, in order
     for k, v in tensors.items():
         assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+
+
+def test_outbox_holds_the_optimizer_step_until_live_weights_are_sent():
+    """Real threads: the trainer's main thread (wait_sent) and its send thread (send)."""
+    import threading
+    import time
+
+    box = weight_sync.Outbox()
+    assert box.wait_sent() >= 0.0  # nothing staged: no wait
+    box.stage({"w": torch.ones(2)}, live=True)
+    order = []
+    release = threading.Event()
+
+    def slow_send(state):
+        release.wait(10)
+        order.append("sent")
+        return sum(t.numel() * 4 for t in state.values())
+
+    sender = threading.Thread(target=lambda: order.append(box.send(slow_send)))
+    sender.start()
+    waiter = threading.Thread(target=lambda: (box.wait_sent(), order.append("step")))
+    waiter.start()
+    time.sleep(0.3)
+    assert order == []  # the step is held while the send is pending
+    release.set()
+    sender.join(10)
+    waiter.join(10)
+    assert order[0] == "sent" and "step" in order
+    assert next(x for x in order if isinstance(x, dict))["sync_bytes"] == 8
+
+
+def test_outbox_copies_do_not_hold_the_step_and_a_failed_send_surfaces():
+    import pytest
+
+    box = weight_sync.Outbox()
+    box.stage({"w": torch.ones(2)}, live=False)  # ZeRO-3's gathered copy
+    assert box.wait_sent() < 1.0
+
+    def broken(state):
+        raise ConnectionError("peer gone")
+
+    with pytest.raises(ConnectionError):
+        box.send(broken)
+    with pytest.raises(RuntimeError, match="the last weight send failed: peer gone"):
+        box.wait_sent()
+    with pytest.raises(RuntimeError, match="no weights staged"):
+        box.send(broken)
+
+
+def test_runs_group_consecutive_small_tensors_only():
+    big = weight_sync.SMALL_BYTES // 4  # float32 elements of one "big" tensor
+    plan = weight_sync.make_plan([("n1", torch.empty(8)), ("n2", torch.empty(8)), ("w", torch.empty(big)),
+                                  ("n3", torch.empty(8)), ("w2", torch.empty(big)), ("n4", torch.empty(4)),
+                                  ("n5", torch.empty(4))], bucket_bytes=1 << 30)
+    assert weight_sync.runs(plan[0]) == [(0, 2), (2, 3), (3, 4), (4, 5), (5, 7)]
