@@ -139,21 +139,22 @@ class RolloutWorker:
                                        args=(host, port, rank_offset, world, backend, plan, local_ip))
 
     def receive_weights(self, version: int) -> dict:
-        """Seconds of the whole receive and load, and of its worst worker's wait on the wire."""
+        """Seconds of the whole receive and load, and of its slowest worker's parts: on the wire,
+        copying into the parameters, re-packing CPU kernels."""
         t0 = time.time()
-        waits = self.llm.collective_rpc("receive_weights", args=(version,))
-        return self._loaded(version, t0, max(waits))
+        parts = self.llm.collective_rpc("receive_weights", args=(version,))
+        return self._loaded(version, t0, {f"load_{k}": max(p[k] for p in parts) for k in parts[0]})
 
     def load_from_disk(self, path: str, version: int) -> dict:
         t0 = time.time()
         self.llm.collective_rpc("load_weights_from_disk", args=(path, version))
-        return self._loaded(version, t0, 0.0)
+        return self._loaded(version, t0, {})
 
-    def _loaded(self, version: int, t0: float, wire_wait: float) -> dict:
+    def _loaded(self, version: int, t0: float, parts: dict) -> dict:
         # Cached prefixes hold KV computed with the old weights.
         self.llm.reset_prefix_cache()
         self.version = version
-        return {"load_time": time.time() - t0, "load_wire_wait": wire_wait}
+        return {"load_time": time.time() - t0, **parts}
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """Logprob of every token after the first of each sequence (engine vs trainer checks)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 
 
 class WeightSyncExtension:
@@ -30,15 +31,16 @@ class WeightSyncExtension:
         self._areal_plan = plan
         return rank
 
-    def receive_weights(self, version: int) -> float:
-        """Load the next broadcast; returns the seconds spent waiting on the wire."""
+    def receive_weights(self, version: int) -> dict:
+        """Load the next broadcast; returns seconds spent on the wire ("wait"), copying ("copy")
+        and re-packing ("repack")."""
         from areal_kit.rl import weight_sync
 
         device = self.model_runner.device if hasattr(self.model_runner, "device") else "cpu"
-        stats: dict = {}
-        self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, device, stats))
+        stats = {"wait": 0.0, "copy": 0.0, "repack": 0.0}
+        self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, device, stats), stats)
         self._areal_version = version
-        return stats.get("wait", 0.0)
+        return stats
 
     def load_weights_from_disk(self, path: str, version: int) -> int:
         self._areal_load(_safetensors(path))
@@ -54,8 +56,8 @@ class WeightSyncExtension:
     def weight_version(self) -> int:
         return int(getattr(self, "_areal_version", 0))
 
-    def _areal_load(self, buckets) -> None:
-        """Load an iterable of buckets, each a list of (name, tensor)."""
+    def _areal_load(self, buckets, stats: dict | None = None) -> None:
+        """Load an iterable of buckets, each a list of (name, tensor); adds seconds to stats."""
         model = self.model_runner.model
         if self.model_runner.model_config.quantization is not None:
             stream = (item for bucket in buckets for item in bucket)
@@ -71,11 +73,16 @@ class WeightSyncExtension:
         for layer in _cpu_layers(model):
             by_weight.setdefault(id(layer.weight), []).append(layer)
         loaded: set = set()
+        stats = stats if stats is not None else {}
         for bucket in buckets:
+            t0 = time.perf_counter()
             names = set(model.load_weights(bucket) or ())
             loaded |= names
+            t1 = time.perf_counter()
             # A layer split across two buckets is re-packed twice: cheaper than waiting for the end.
             _repack([layer for n in names for layer in by_weight.get(id(params.get(n)), ())])
+            stats["copy"] = stats.get("copy", 0.0) + t1 - t0
+            stats["repack"] = stats.get("repack", 0.0) + time.perf_counter() - t1
         missing = params.keys() - loaded
         if missing:
             raise RuntimeError(f"weight update left {len(missing)} parameters unloaded, e.g. {sorted(missing)[:3]}")
