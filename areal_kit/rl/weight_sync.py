@@ -9,12 +9,15 @@ Both sides agree on a plan (list of buckets of (name, shape, dtype)) sent once o
 each sync broadcasts every tensor straight from its storage, a bucket at a time. The buckets
 are pipelined: the sender queues bucket i+1's broadcasts while bucket i's finish, and the receiver
 has bucket i+1 arriving (into one flat buffer per bucket) while the engine loads, and on CPU
-re-packs, the layers of bucket i. A sync then costs about the slower of transfer and load rather than their sum,
-and the receiver holds two buckets however big the model is.
+re-packs, the layers of bucket i. A sync then costs about the slower of transfer and load rather
+than their sum, and the receiver holds two buckets however big the model is. On the trainer, the
+send runs on a second thread while training goes on (`Outbox`).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -139,7 +142,6 @@ def receive(group, plan, device, stats: dict | None = None):
     is already arriving. Each bucket gets a fresh buffer: the loader may keep views of it until a
     layer is complete. stats["wait"] accumulates the seconds spent blocked on the wire (the rest
     of a sync is the caller's loading)."""
-    import time
 
     def post(bucket):
         bucket = [as_meta(m) for m in bucket]
@@ -165,7 +167,6 @@ def receive(group, plan, device, stats: dict | None = None):
         yield [(m.name, v) for m, v in zip(bucket, views)]
 
 
-
 class Outbox:
     """Trainer rank 0's new weights, from the step that made them until they are sent.
 
@@ -176,8 +177,6 @@ class Outbox:
     """
 
     def __init__(self):
-        import threading
-
         self._cv = threading.Condition()
         self._state: dict | None = None
         self._live = False
@@ -191,8 +190,6 @@ class Outbox:
 
     def send(self, send) -> dict:
         """Second thread: send(state) -> bytes; returns the bytes and seconds."""
-        import time
-
         with self._cv:
             state = self._state
         if state is None:
@@ -211,8 +208,6 @@ class Outbox:
 
     def wait_sent(self) -> float:
         """Block while staged live weights are unsent; returns the seconds waited."""
-        import time
-
         t0 = time.time()
         with self._cv:
             while self._live:
