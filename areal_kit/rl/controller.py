@@ -172,8 +172,8 @@ class Controller:
                 pending.append(self._dispatch())
             epoch, epoch_step, futs, loads_before = pending.popleft()
             t_wait = time.time()
-            loads = _get_each(loads_before + futs)  # a failed send or load surfaces at once
-            outs, loads = loads[len(loads_before):], loads[:len(loads_before)]
+            got = _get_each(loads_before + futs)  # a failed send or load surfaces at once
+            loads, outs = got[:len(loads_before)], got[len(loads_before):]
             wait_time = time.time() - t_wait
             samples = [s for o in outs for s in o["samples"]]
             stale = st.version - min(s["version"] for s in samples)

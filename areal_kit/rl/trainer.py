@@ -39,7 +39,6 @@ class TrainerWorker:
         self.rank, self.world, self.cfg, self.model_path = rank, world, cfg, model_path
         self.sync_group = None
         self.outbox = weight_sync.Outbox()
-        self.send_wait = 0.0  # seconds optimizer steps waited for a weight send (this step)
         self.version = 0
         self.total_steps = total_steps
 
@@ -166,7 +165,6 @@ class TrainerWorker:
     # ---------------------------------------------------------------- train
     def train_step(self, samples: list[dict]) -> dict:
         t0 = time.time()
-        self.send_wait = 0.0
         p = self.cfg.ppo
         shard = self._shard(samples)
         mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
@@ -196,7 +194,6 @@ class TrainerWorker:
         # model's logprobs and the recomputed proximal logprobs; the rest is the PPO update.
         stats["ref_logp_time"] = t_ref - t_start_ref
         stats["prox_logp_time"] = t_prox - t_ref
-        stats["send_wait_time"] = self.send_wait
         return stats
 
     def _advantages(self, shard, kls) -> list[torch.Tensor]:
@@ -222,6 +219,7 @@ class TrainerWorker:
         self.engine.train()
         acc = {"actor_loss": 0.0, "ppo_approx_kl": 0.0, "actor_clip_ratio": 0.0,
                "importance_weight": 0.0, "entropy": 0.0, "n_valid_tokens": 0.0, "grad_norm": 0.0}
+        send_wait = 0.0  # seconds the optimizer steps waited for a weight send
         for mini in minis:
             sub = [shard[i] for i in mini]
             n_tok = self._allreduce([sum(float(loss_mask(s).sum()) for s in sub)])[0]
@@ -255,7 +253,7 @@ class TrainerWorker:
                 acc["importance_weight"] += (st["importance_weight"] * w).sum().item()
                 acc["entropy"] += (ent[m] * w).sum().item()
                 acc["n_valid_tokens"] += float(w.sum().item())
-            self.send_wait += self.outbox.wait_sent()  # the step changes the weights being sent
+            send_wait += self.outbox.wait_sent()  # the step changes the weights being sent
             self.engine.step()
             gn = self.engine.get_global_grad_norm()
             acc["grad_norm"] += float(gn) / n_mini if gn is not None else 0.0
@@ -266,6 +264,7 @@ class TrainerWorker:
             out[k] /= n
         out["grad_norm"] = acc["grad_norm"]
         out["lr"] = self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.actor.lr
+        out["send_wait_time"] = send_wait
         return out
 
     # ---------------------------------------------------------------- weights

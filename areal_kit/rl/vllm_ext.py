@@ -69,13 +69,14 @@ class WeightSyncExtension:
                 stream = _tied_head(stream)
             self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)
             return
-        if not getattr(self, "_areal_kept", False):
+        if not hasattr(self, "_areal_layers"):
             _keep_weights(self)
-            self._areal_kept = True
-        params = dict(model.named_parameters())
-        by_weight = {}  # a tied lm_head shares the embedding's weight: both re-pack when it changes
-        for layer in _cpu_layers(model):
-            by_weight.setdefault(id(layer.weight), []).append(layer)
+            # From here on the parameters stay the same objects: index them once.
+            by_weight: dict = {}  # a tied lm_head shares the embedding's weight: both re-pack
+            for layer in _cpu_layers(model):
+                by_weight.setdefault(id(layer.weight), []).append(layer)
+            self._areal_layers = dict(model.named_parameters()), by_weight
+        params, by_weight = self._areal_layers
         loaded: set = set()
         stats = stats if stats is not None else {}
         for bucket in buckets:
