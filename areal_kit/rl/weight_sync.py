@@ -137,23 +137,33 @@ def send(group, plan, tensors: dict[str, torch.Tensor], device) -> int:
     return sent
 
 
-def receive(group, plan, device, stats: dict | None = None):
+def receive(group, plan, device, stats: dict | None = None, into: dict[str, torch.Tensor] | None = None):
     """Other ranks: yield each bucket as a list of (name, tensor), to load while the next bucket
-    is already arriving. Each bucket gets a fresh buffer: the loader may keep views of it until a
-    layer is complete. stats["wait"] accumulates the seconds spent blocked on the wire (the rest
-    of a sync is the caller's loading)."""
+    is already arriving. A tensor broadcast alone whose name is in `into` lands straight in
+    into[name] (the engine's own parameter, see vllm_ext) and is yielded as that tensor; the rest
+    get a fresh buffer per bucket, since the loader may keep views of it until a layer is complete.
+    stats["wait"] accumulates the seconds spent blocked on the wire (the rest of a sync is the
+    caller's loading)."""
+    into = into or {}
 
     def post(bucket):
         bucket = [as_meta(m) for m in bucket]
-        buf = torch.empty(sum(m.numel for m in bucket), dtype=getattr(torch, bucket[0].dtype), device=device)
-        views, starts, offset = [], [], 0
-        for m in bucket:
-            views.append(buf[offset:offset + m.numel].view(m.shape))
-            starts.append(offset)
-            offset += m.numel
-        starts.append(offset)
-        # A run of tensors is one contiguous stretch of the bucket's buffer.
-        return bucket, views, [_broadcast(group, buf[starts[a]:starts[b]]) for a, b in runs(bucket)]
+        spans = runs(bucket)
+        placed = {a for a, b in spans if b - a == 1 and _fits(into.get(bucket[a].name), bucket[a])}
+        size = sum(bucket[i].numel for a, b in spans if a not in placed for i in range(a, b))
+        buf = torch.empty(size, dtype=getattr(torch, bucket[0].dtype), device=device)
+        views, works, offset = [None] * len(bucket), [], 0
+        for a, b in spans:
+            if a in placed:
+                views[a] = into[bucket[a].name]
+                works.append(_broadcast(group, views[a]))
+                continue
+            start = offset  # a run of tensors is one contiguous stretch of the buffer
+            for i in range(a, b):
+                views[i] = buf[offset:offset + bucket[i].numel].view(bucket[i].shape)
+                offset += bucket[i].numel
+            works.append(_broadcast(group, buf[start:offset]))
+        return bucket, views, works
 
     nxt = post(plan[0]) if plan else None
     for i in range(len(plan)):
@@ -165,6 +175,11 @@ def receive(group, plan, device, stats: dict | None = None):
         if stats is not None:
             stats["wait"] = stats.get("wait", 0.0) + time.perf_counter() - t0
         yield [(m.name, v) for m, v in zip(bucket, views)]
+
+
+def _fits(dst: torch.Tensor | None, meta: TensorMeta) -> bool:
+    return (dst is not None and dst.is_contiguous() and tuple(dst.shape) == tuple(meta.shape)
+            and dst.dtype == getattr(torch, meta.dtype))
 
 
 class Outbox:

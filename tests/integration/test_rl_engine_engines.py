@@ -10,9 +10,16 @@ from rl_run import Run, _engine_vs_trainer
 
 @pytest.fixture(scope="module")
 def two_engines(tmp_path_factory):
-    """1 trainer + 2 vLLM engines, synchronous, with a KL term to a reference model (k3)."""
+    """1 trainer + 2 vLLM engines, synchronous, with a KL term to a reference model (k3).
+
+    The model is the tiny preset's, widened so its MLP weights (1 MB each) are broadcast one by one
+    and land straight in the engines' parameters; the rest travel in runs of small tensors."""
+    from areal_kit.data import tiny_model
+
+    model = tiny_model.build(str(tmp_path_factory.mktemp("model")), tiny_model.TinySpec(hidden=256, heads=4,
+                                                                                       kv_heads=2, intermediate=1024))
     run = Run(tmp_path_factory.mktemp("two_engines"), [
-        "n_gpus_per_node=3", "allocation_mode=vllm.d2p1m1+d1p1m1", "exp_ctrl.total_train_steps=3",
+        f"actor.path={model}", "n_gpus_per_node=3", "allocation_mode=vllm.d2p1m1+d1p1m1", "exp_ctrl.total_train_steps=3",
         "ppo.kl_ctl=0.01", "ppo.kl_estimator=k3", "ppo.ppo_n_minibatches=2", "ppo.max_head_offpolicyness=0"])
     yield run
     run.close()
@@ -21,6 +28,21 @@ def two_engines(tmp_path_factory):
 def test_every_engine_gets_the_weights(two_engines):
     for engine in two_engines.ctrl.workers.rollouts:
         assert _engine_vs_trainer(two_engines, engine) < 1e-4
+
+
+def test_engines_receive_every_tensor_straight_into_their_parameters(two_engines):
+    """After the first sync taught them where their loader puts each tensor (tp=1: nothing is
+    sharded), later syncs broadcast into the parameters themselves; the test above checks the
+    weights that arrived that way."""
+    import ray
+
+    from areal_kit.rl import weight_sync
+
+    plan = ray.get(two_engines.ctrl.workers.trainers[0].sync_plan.remote())
+    sent = sorted(weight_sync.as_meta(m).name for bucket in plan for m in bucket)
+    for engine in two_engines.ctrl.workers.rollouts:
+        placed = ray.get(engine.__ray_call__.remote(lambda self: self.llm.collective_rpc("placed_weights")))
+        assert placed == [sent]
 
 
 def test_sync_kl_run_is_on_policy(two_engines):

@@ -27,6 +27,30 @@ def _receiver(port: int, plan, reps: int, out) -> None:
     out.put(([[name for name, _ in b] for b in buckets], {k: v.clone() for b in buckets for k, v in b}))
 
 
+def _placing_receiver(port: int, plan, out) -> None:
+    """Receives with places for a big tensor (broadcast alone), a small one (which travels in a run
+    with others) and one of the wrong shape: only the first can land in place."""
+    _, group = weight_sync.init_group("127.0.0.1", port, 1, 2, "gloo", timeout_s=60)
+    into = {"big": torch.zeros(weight_sync.SMALL_BYTES // 4 + 1), "a": torch.zeros(300), "e": torch.zeros(10, 100)}
+    got = {k: v for b in weight_sync.receive(group, plan, "cpu", into=into) for k, v in b}
+    out.put(({k: got[k].data_ptr() == into[k].data_ptr() for k in into}, {k: v.clone() for k, v in into.items()},
+             {k: v.clone() for k, v in got.items()}))
+
+
+def _serve(target, plan, *args):
+    """A receiving child process and this process as rank 0."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=target, args=(port, plan, *args, out), daemon=True)
+    child.start()
+    _, group = weight_sync.init_group("127.0.0.1", port, 0, 2, "gloo", timeout_s=60)
+    return child, group, out
+
+
 def test_buckets_arrive_intact_in_order(tmp_path):
     tensors = _tensors()
     # 2 KiB buckets: float tensors split over several buckets, the int tensor in its own (one dtype
@@ -35,15 +59,7 @@ def test_buckets_arrive_intact_in_order(tmp_path):
     assert any(b - a > 1 for bucket in plan for a, b in weight_sync.runs(bucket))
     assert len(plan) >= 4
     assert all(len({m.dtype for m in b}) == 1 for b in plan)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    child = ctx.Process(target=_receiver, args=(port, plan, 2, out), daemon=True)
-    child.start()
-    _, group = weight_sync.init_group("127.0.0.1", port, 0, 2, "gloo", timeout_s=60)
+    child, group, out = _serve(_receiver, plan, 2)
     sent = [weight_sync.send(group, plan, tensors, "cpu") for _ in range(2)]
     names, got = out.get(timeout=60)
     child.join(30)
@@ -52,6 +68,21 @@ def test_buckets_arrive_intact_in_order(tmp_path):
     assert names == [[m.name for m in b] for b in plan]  # one list per bucket, in order
     for k, v in tensors.items():
         assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+
+
+def test_tensors_with_a_place_arrive_straight_in_it():
+    tensors = _tensors()
+    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=2048)
+    child, group, out = _serve(_placing_receiver, plan)
+    weight_sync.send(group, plan, tensors, "cpu")
+    in_place, into, got = out.get(timeout=60)
+    child.join(30)
+    assert child.exitcode == 0
+    assert in_place == {"big": True, "a": False, "e": False}
+    assert torch.equal(into["big"], tensors["big"])
+    assert not into["a"].any() and not into["e"].any()  # no place for them: untouched
+    for k, v in tensors.items():
+        assert torch.equal(got[k], v), k
 
 
 def test_outbox_holds_the_optimizer_step_until_live_weights_are_sent():
