@@ -59,6 +59,18 @@ def cpu_env(cache_root: str | None = None, threads: int | None = None) -> dict[s
     return env
 
 
+def vllm_env(platform: Platform, tp: int = 1) -> dict[str, str]:
+    """Environment for a vLLM engine this process is about to start (set before `LLM(...)`).
+
+    On CPU with one worker, vLLM's engine core and its worker run inside the calling process
+    instead of two more processes that hand every step over shared memory, one of them
+    spin-waiting: a tiny-preset batch (256 one-token answers) took 48 ms instead of 95 ms on one
+    core, 45 ms instead of 73 ms on two. GPUs keep the separate engine process, which overlaps
+    scheduling with the GPU's work.
+    """
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if platform.is_cpu and tp == 1 else {}
+
+
 def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: int = 0,
                 tp: int = 1, gpu_memory_utilization: float = 0.85) -> dict:
     """Keyword arguments for vllm.LLM on this platform (same engine, tuned per device)."""

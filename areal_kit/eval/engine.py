@@ -62,6 +62,7 @@ def _make_llm(model_path: str, max_model_len: int, seed: int, tp: int):
         # vLLM reads these at import and engine start: set before importing it.
         for k, v in plat.cpu_env(os.environ.get("AREAL_CACHE_ROOT")).items():
             os.environ.setdefault(k, v)
+    os.environ.update(plat.vllm_env(p, tp))
     from vllm import LLM
 
     return LLM(**plat.vllm_kwargs(p, model_path, max_model_len, seed=seed, tp=tp))

@@ -30,12 +30,13 @@ class RolloutWorker:
 
     def setup(self) -> float:
         t0 = time.time()
-        from transformers import AutoTokenizer
-        from vllm import LLM
-
         from areal_kit import platform
 
         plat = platform.detect()
+        os.environ.update(platform.vllm_env(plat, self.tp))  # before vLLM reads its settings
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
         max_len = self.cfg.dataset.max_prompt_len + self.cfg.ppo.gen.max_new_tokens
         kw = platform.vllm_kwargs(plat, self.model_path, max_len, seed=self.cfg.seed + self.index, tp=self.tp)
         self.llm = LLM(**kw, worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs")

@@ -45,6 +45,16 @@ def test_engines_receive_every_tensor_straight_into_their_parameters(two_engines
         assert placed == [sent]
 
 
+def test_cpu_engines_run_inside_their_actor(two_engines):
+    """platform.vllm_env: on CPU a one-worker engine has no engine-core process of its own (the
+    hand-over between processes doubled the tiny preset's generation time)."""
+    import ray
+
+    for engine in two_engines.ctrl.workers.rollouts:
+        client = ray.get(engine.__ray_call__.remote(lambda self: type(self.llm.llm_engine.engine_core).__name__))
+        assert client == "InprocClient"
+
+
 def test_sync_kl_run_is_on_policy(two_engines):
     assert [r["staleness"] for r in two_engines.rows] == [0, 0, 0]
     assert all(r["n_seqs"] == 32 * 8 for r in two_engines.rows)
