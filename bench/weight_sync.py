@@ -136,7 +136,8 @@ def run() -> Result:
     n = workload.n_params(model_path)
     figures = {"params": n, "megabytes": mb, "broadcast_s": b, "disk_s": d, "raw_broadcast_s": raw_s,
                "broadcast_mb_per_s": mb / b, "raw_mb_per_s": mb / raw_s, "broadcast_over_raw": b / raw_s,
-               "reps": REPS, **{f"part_{k}_s": v for k, v in parts.items()}}
+               "reps": REPS, "tensors": n_tensors, "tensors_placed": parts.pop("bcast_recv_placed"),
+               **{f"part_{k}_s": v for k, v in parts.items()}}
     rows = [["broadcast (areal-kit)", b, mb / b, f"{b / raw_s:.1f}x raw"],
             ["disk: save + fsync + reload", d, mb / d, f"{d / raw_s:.1f}x raw"],
             ["raw gloo broadcast (limit)", raw_s, mb / raw_s, "1.0x"]]
@@ -147,7 +148,7 @@ def run() -> Result:
              f"broadcast) {parts['bcast_send']:.2f} s, overlapped with the engine's receive + load "
              f"{parts['bcast_recv_load']:.2f} s (blocked on the wire {parts['bcast_recv_wait']:.2f} s, copying "
              f"{parts['bcast_recv_copy']:.2f} s, re-packing {parts['bcast_recv_repack']:.2f} s; "
-             f"{parts['bcast_recv_placed']:.0f} of {n_tensors} tensors received straight into the parameters); "
+             f"{figures['tensors_placed']:.0f} of {n_tensors} tensors received straight into the parameters); "
              f"disk = save with fsync {parts['disk_save']:.2f} s + engine reload {parts['disk_load']:.2f} s.",
              "Both paths end in the same re-pack of every linear layer for oneDNN on CPU (0.065 s for this model "
              "on one core, about the cost of transposing the weights; it keeps generation 1.3x faster "
