@@ -254,8 +254,10 @@ class TrainerWorker:
                 acc["entropy"] += (ent[m] * w).sum().item()
                 acc["n_valid_tokens"] += float(w.sum().item())
             send_wait += self.outbox.wait_sent()  # the step changes the weights being sent
+            own = self._grad_norm() if self.cfg.actor.zero_stage == 0 else None
             self.engine.step()
             gn = self.engine.get_global_grad_norm()
+            gn = own if gn is None else gn
             acc["grad_norm"] += float(gn) / n_mini if gn is not None else 0.0
         total = self._allreduce([acc[k] for k in acc])
         out = dict(zip(acc, total))
@@ -266,6 +268,12 @@ class TrainerWorker:
         out["lr"] = self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.actor.lr
         out["send_wait_time"] = send_wait
         return out
+
+    def _grad_norm(self):
+        """2-norm of the gradients on the parameters, before clipping. DeepSpeed reports none at
+        ZeRO-0 (its clipping discards it); there the gradients are already averaged over ranks."""
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads) if grads else None
 
     # ---------------------------------------------------------------- weights
     def full_state(self) -> dict[str, torch.Tensor]:
