@@ -8,10 +8,11 @@ engine e is rank 1 + e * tp + w.
 Both sides agree on a plan (list of buckets of (name, shape, dtype)) sent once over Ray; then
 each sync broadcasts every tensor straight from its storage, a bucket at a time. The buckets
 are pipelined: the sender queues bucket i+1's broadcasts while bucket i's finish, and the receiver
-has bucket i+1 arriving (into one flat buffer per bucket) while the engine loads, and on CPU
-re-packs, the layers of bucket i. A sync then costs about the slower of transfer and load rather
-than their sum, and the receiver holds two buckets however big the model is. On the trainer, the
-send runs on a second thread while training goes on (`Outbox`).
+has bucket i+1 arriving (straight into the engine's parameters where it knows their place, else
+into one flat buffer per bucket) while the engine loads, and on CPU re-packs, the layers of
+bucket i. A sync then costs about the slower of transfer and load rather than their sum, and the
+receiver holds at most two buckets of buffers however big the model is. On the trainer, the send
+runs on a second thread while training goes on (`Outbox`).
 """
 
 from __future__ import annotations
