@@ -316,8 +316,11 @@ class TrainConfig:
     # shared = every worker uses every core; auto = split when generation and training overlap
     # (ppo.max_head_offpolicyness > 0) on a local Ray with a core per worker, else shared.
     cpu_cores: str = "auto"
-    # Weight sync after each update: broadcast (NCCL/gloo, in memory) | disk (save + reload).
-    weight_sync: str = "broadcast"
+    # Weight sync after each update, in memory or through storage. broadcast: rank 0 of the
+    # trainer sends the tensors over a NCCL (GPU) or gloo (CPU) group. auto: the same, except
+    # that on CPU, when every engine is on the trainer's node, it writes them straight into the
+    # engines' parameters (shared memory). disk: save a checkpoint, engines reload it.
+    weight_sync: str = "auto"
     # Seed for data order, sampling and initialization.
     seed: int = 1
     # recover_mode: auto (resume a matching checkpoint) | resume (must resume) | fault (only
@@ -345,7 +348,7 @@ class TrainConfig:
         check_choice("mode", self.mode, ("ray",))
         check_positive("n_nodes", self.n_nodes)
         check_positive("n_gpus_per_node", self.n_gpus_per_node)
-        check_choice("weight_sync", self.weight_sync, ("broadcast", "disk"))
+        check_choice("weight_sync", self.weight_sync, ("auto", "broadcast", "disk"))
         check_choice("cpu_cores", self.cpu_cores, ("auto", "split", "shared"))
         check_choice("recover_mode", self.recover_mode, ("auto", "resume", "fault", "disabled"))
         check_positive("recover_retries", self.recover_retries, allow_zero=True)

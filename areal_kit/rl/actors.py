@@ -152,8 +152,10 @@ def setup(workers: Workers) -> dict[str, float]:
     return {"trainer_setup": max(t[:len(workers.trainers)]), "rollout_setup": max(t[len(workers.trainers):])}
 
 
-def init_weight_sync(workers: Workers) -> None:
-    """Join trainer rank 0 and every rollout worker into the standalone sync group."""
+def init_weight_sync(workers: Workers, shared: bool = False) -> tuple[bool, str]:
+    """Join trainer rank 0 and every rollout worker into the standalone sync group; with shared,
+    try shared memory for CPU engines on the trainer's node (`share_memory`). Returns whether
+    that worked and how the weights will travel, for the log."""
     import ray
 
     backend = platform.detect().dist_backend
@@ -165,3 +167,29 @@ def init_weight_sync(workers: Workers) -> None:
     futs += [r.init_sync.remote(host, port, 1 + i * workers.gen_tp, world, backend, plan)
              for i, r in enumerate(workers.rollouts)]
     ray.get(futs)
+    how = f"broadcast over {backend}"
+    if not (shared and backend == "gloo"):
+        return False, how
+    n, why = share_memory(workers)
+    if not n:
+        return False, f"{how} ({why})"
+    return True, f"shared memory for {n} of {sum(len(b) for b in plan)} tensors, the rest {how}"
+
+
+def share_memory(workers: Workers) -> tuple[int, str]:
+    """Engines on the trainer's node put their parameters in memory the trainer maps, and it
+    writes new weights straight into them: no socket, no receive copy. Only when every engine
+    can (a mixed sync would still have to broadcast those bytes). Returns (tensors shared, why
+    none)."""
+    import ray
+
+    regions = [r for rs in ray.get([r.share_weights.remote() for r in workers.rollouts]) for r in rs]
+    if any(r is None for r in regions):
+        return 0, "an engine is not on the trainer's node"
+    names = sorted(set.intersection(*(set(r["places"]) for r in regions)))
+    try:
+        ray.get(workers.trainers[0].open_shared.remote(regions, names))
+    except ray.exceptions.RayTaskError as e:
+        return 0, str(e.cause)
+    ray.get([r.use_shared.remote(names) for r in workers.rollouts])
+    return len(names), ""

@@ -104,6 +104,7 @@ class Controller:
         self.workers = None
         self._failure_kinds: set[str] = set()  # reward failure kinds already logged
         self._receiving: list = []  # engines' weight loads of the last sync, still running
+        self._shared = False  # engines on this node take weights through shared memory
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -115,11 +116,12 @@ class Controller:
         cache = os.path.join(self.cfg.fileroot, "cache")
         self.workers = actors.create(self.cfg, self.job.model_path, cache, self.job.total_steps)
         setup = actors.setup(self.workers)
-        if self.cfg.weight_sync == "broadcast":
-            actors.init_weight_sync(self.workers)
+        how = "save + reload"
+        if self.cfg.weight_sync != "disk":
+            self._shared, how = actors.init_weight_sync(self.workers, shared=self.cfg.weight_sync == "auto")
         self.log.info(f"Workers ready in {time.time() - t0:.1f}s: {len(self.workers.trainers)} trainer rank(s) "
                       f"(setup {setup['trainer_setup']:.1f}s), {len(self.workers.rollouts)} rollout engine(s) "
-                      f"(setup {setup['rollout_setup']:.1f}s), weight sync {self.cfg.weight_sync}.")
+                      f"(setup {setup['rollout_setup']:.1f}s), weight sync {self.cfg.weight_sync}: {how}.")
 
     def dead_workers(self, timeout_s: float = 10) -> int:
         """How many of this attempt's actors are dead (a busy one, still running a call, is alive)."""
@@ -239,14 +241,15 @@ class Controller:
         t0 = time.time()
         w = self.workers
         v = self.state.version
-        if self.cfg.weight_sync == "broadcast":
+        if self.cfg.weight_sync != "disk":
+            shared = self._shared and self.cfg.weight_sync == "auto"
             ray.get([t.stage_weights.remote() for t in w.trainers])
             # get_version queues behind an engine's pending generations: the send starts once every
             # engine is free to receive, on the trainer's second thread while it trains on. No one
             # waits inside the collective during a generation (a long one would meet its timeout).
             free = [r.get_version.remote() for r in w.rollouts]
-            send = w.trainers[0].send_weights.options(concurrency_group="weights").remote(*free)
-            self._receiving = [send] + [r.receive_weights.remote(v) for r in w.rollouts]
+            send = w.trainers[0].send_weights.options(concurrency_group="weights").remote(*free, shared=shared)
+            self._receiving = [send] + [r.receive_weights.remote(v, shared) for r in w.rollouts]
         else:
             path = os.path.join(self.cfg.fileroot, "cache", "weight_sync", self.cfg.experiment_name,
                                 self.cfg.trial_name)

@@ -139,11 +139,18 @@ class RolloutWorker:
         return self.llm.collective_rpc("init_weight_sync",
                                        args=(host, port, rank_offset, world, backend, plan, local_ip))
 
-    def receive_weights(self, version: int) -> dict:
+    def share_weights(self) -> list:
+        """Each worker's shared parameter memory for the trainer on this node (None where not)."""
+        return self.llm.collective_rpc("share_weights")
+
+    def use_shared(self, names: list[str]) -> list:
+        return self.llm.collective_rpc("use_shared", args=(names,))
+
+    def receive_weights(self, version: int, shared: bool = False) -> dict:
         """Seconds of the whole receive and load, and of its slowest worker's parts: on the wire,
         copying into the parameters, re-packing CPU kernels."""
         t0 = time.time()
-        parts = self.llm.collective_rpc("receive_weights", args=(version,))
+        parts = self.llm.collective_rpc("receive_weights", args=(version, shared))
         return self._loaded(version, t0, {f"load_{k}": max(p[k] for p in parts) for k in parts[0]})
 
     def load_from_disk(self, path: str, version: int) -> dict:

@@ -311,13 +311,23 @@ class TrainerWorker:
             self.outbox.stage(state, live=self.cfg.actor.zero_stage != 3)
         return {}
 
-    def send_weights(self, *engines_free) -> dict:
+    def open_shared(self, regions: list[dict], names: list[str]) -> int:
+        """Rank 0: map the engines' shared parameter memory (engines on this node, see vllm_ext
+        share_weights); sends with shared=True then write `names` straight into it."""
+        bufs = [weight_sync.open_region(r) for r in regions]
+        metas = {weight_sync.as_meta(m).name: m for bucket in self._plan for m in bucket}
+        self._shared = {n: [weight_sync.region_view(b, r["places"][n], metas[n]) for b, r in zip(bufs, regions)]
+                        for n in names}
+        return len(self._shared)
+
+    def send_weights(self, *engines_free, shared: bool = False) -> dict:
         """Rank 0, on the actor's "weights" concurrency group: broadcast the staged weights.
 
         The controller passes each engine's refs that resolve once it is free to receive, so Ray
         starts this only then, and the main thread goes on training meanwhile.
         """
-        return self.outbox.send(lambda state: weight_sync.send(self.sync_group, self._plan, state, self.device))
+        to = getattr(self, "_shared", None) if shared else None
+        return self.outbox.send(lambda state: weight_sync.send(self.sync_group, self._plan, state, self.device, to))
 
     def save_hf(self, path: str) -> str:
         """Hugging Face folder (weights + config + tokenizer), written atomically by rank 0."""

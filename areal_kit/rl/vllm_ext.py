@@ -39,17 +39,44 @@ class WeightSyncExtension:
         self._areal_store, self._areal_group = weight_sync.init_group(host, port, rank, world, backend,
                                                                       local_ip=local_ip)
         self._areal_plan = plan
+        self._areal_local = local_ip is None or local_ip == host  # on the trainer's node
         return rank
 
-    def receive_weights(self, version: int) -> dict:
+    def share_weights(self) -> dict | None:
+        """On the trainer's node, on CPU: move the parameters that tensors have a place in into
+        memory the trainer maps (`weight_sync.new_region`), so that it writes new weights straight
+        into them. Returns the region and each tensor's byte offset in it, or None (another node,
+        a GPU, or no safetensors checkpoint to learn the places from)."""
+        from areal_kit.rl import weight_sync
+
+        if not self._areal_local or _device(self).type != "cpu":
+            return None
+        if not hasattr(self, "_areal_places"):
+            try:  # the same bytes the engine holds: learning the places changes no weight
+                self._areal_load(_safetensors(self.model_runner.model_config.model))
+            except FileNotFoundError:
+                return None
+        params, _ = self._areal_index()
+        self._areal_places, offsets, buf, region = _move_to_region(params, self._areal_places, weight_sync.new_region)
+        self._areal_region = buf  # the memory now under the parameters
+        return {**region, "places": offsets}
+
+    def use_shared(self, names: list[str]) -> int:
+        """The tensors every engine shares: from now on, updates sent with shared=True leave
+        them to the trainer's writes."""
+        self._areal_shared = frozenset(names)
+        return len(self._areal_shared)
+
+    def receive_weights(self, version: int, shared: bool = False) -> dict:
         """Load the next broadcast; returns seconds spent on the wire ("wait"), copying ("copy")
         and re-packing ("repack"), and how many tensors arrived straight in place ("placed")."""
         from areal_kit.rl import weight_sync
 
-        device = self.model_runner.device if hasattr(self.model_runner, "device") else "cpu"
         stats = {"wait": 0.0, "copy": 0.0, "repack": 0.0, "placed": 0}
         places = {name: dst for name, (dst, _) in getattr(self, "_areal_places", {}).items()}
-        self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, device, stats, into=places), stats)
+        names = getattr(self, "_areal_shared", frozenset()) if shared else frozenset()
+        self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, _device(self), stats, into=places,
+                                             shared=names), stats)
         self._areal_version = version
         return stats
 
@@ -171,6 +198,35 @@ def _places(bucket, copies, params: dict) -> dict:
                 and dst.equal(tensor)):
             out[name] = (dst, param)
     return out
+
+
+def _move_to_region(params: dict, places: dict, new_region):
+    """Move every parameter a place lies in into one new shared region (64-byte aligned, views
+    and all), and re-point the places at it. Returns (places, {name: byte offset of its place},
+    the region's bytes, the region's description)."""
+    odd = {owner for dst, owner in places.values() if dst.dtype != params[owner].dtype}
+    owners = sorted({owner for _, owner in places.values() if owner not in odd and params[owner].is_contiguous()})
+    layout, size = {}, 0
+    for name in owners:
+        layout[name] = size
+        size += -(-params[name].numel() * params[name].element_size() // 64) * 64
+    buf, region = new_region(size)
+    moved, offsets = dict(places), {}
+    for owner, start in layout.items():
+        p = params[owner]
+        new = buf[start:start + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
+        new.copy_(p.data)
+        for name, (dst, o) in places.items():
+            if o == owner:
+                rel = dst.storage_offset() - p.data.storage_offset()  # elements, one dtype
+                moved[name] = (new.view(-1)[rel:rel + dst.numel()].view(dst.shape), owner)
+                offsets[name] = start + rel * p.element_size()
+        p.data = new
+    return moved, offsets, buf, region
+
+
+def _device(worker) -> torch.device:
+    return torch.device(getattr(worker.model_runner, "device", "cpu"))
 
 
 def _cpu_layers(model) -> list:

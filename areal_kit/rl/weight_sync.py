@@ -17,8 +17,10 @@ runs on a second thread while training goes on (`Outbox`).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -105,12 +107,16 @@ def _broadcast(group, buf: torch.Tensor):
 SMALL_BYTES = 1 << 20
 
 
-def runs(bucket) -> list[tuple[int, int]]:
+def runs(bucket, skip=frozenset()) -> list[tuple[int, int]]:
     """[start, end) index ranges of a bucket's tensors, one broadcast each: a big tensor alone,
-    consecutive small ones together. Both sides derive the same ranges from the plan."""
+    consecutive small ones together; indices in `skip` (shared memory) travel in none. Both sides
+    derive the same ranges from the plan."""
     out: list[tuple[int, int]] = []
     last_small = False
     for i, m in enumerate(as_meta(m) for m in bucket):
+        if i in skip:
+            last_small = False
+            continue
         small = m.numel * torch.empty(0, dtype=getattr(torch, m.dtype)).element_size() < SMALL_BYTES
         if small and last_small:
             out[-1] = (out[-1][0], i + 1)
@@ -120,36 +126,54 @@ def runs(bucket) -> list[tuple[int, int]]:
     return out
 
 
-def send(group, plan, tensors: dict[str, torch.Tensor], device) -> int:
+def send(group, plan, tensors: dict[str, torch.Tensor], device, shared: dict | None = None) -> int:
     """Rank 0: broadcast every big tensor straight from its storage and each run of small ones as
     one flat copy, a bucket at a time, the next bucket's broadcasts queued while the last one's
-    finish. Returns bytes."""
+    finish. A tensor in `shared` (name -> the engines' own memory for it, see `open_region`) is
+    copied there instead, and the bucket's broadcasts end with a doorbell that tells the engines
+    it is written. Returns bytes."""
+    shared = shared or {}
     sent, in_flight = 0, []
     for bucket in plan:
-        ts = [tensors[as_meta(m).name].detach().to(device).contiguous() for m in bucket]
-        bufs = [ts[a] if b - a == 1 else torch.cat([t.reshape(-1) for t in ts[a:b]]) for a, b in runs(bucket)]
-        works = [(_broadcast(group, t), t) for t in bufs]  # each tensor must outlive its broadcast
-        for w, _ in in_flight:
-            w.wait()
-        in_flight = works
+        metas = [as_meta(m) for m in bucket]
+        ts = [tensors[m.name].detach().to(device).contiguous() for m in metas]
+        skip = {i for i, m in enumerate(metas) if m.name in shared}
+        for i in skip:
+            for dst in shared[metas[i].name]:
+                dst.copy_(ts[i])
+        bufs = [ts[a] if b - a == 1 else torch.cat([t.reshape(-1) for t in ts[a:b]]) for a, b in runs(metas, skip)]
+        works = [(_broadcast(group, t), t) for t in bufs + ([_doorbell(device)] if skip else [])]
+        if bufs:  # each tensor must outlive its broadcast; a bucket in shared memory holds none
+            for w, _ in in_flight:
+                w.wait()
+            in_flight = []
+        in_flight += works
         sent += sum(t.numel() * t.element_size() for t in ts)
     for w, _ in in_flight:
         w.wait()
     return sent
 
 
-def receive(group, plan, device, stats: dict | None = None, into: dict[str, torch.Tensor] | None = None):
+def _doorbell(device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def receive(group, plan, device, stats: dict | None = None, into: dict[str, torch.Tensor] | None = None,
+            shared=frozenset()):
     """Other ranks: yield each bucket as a list of (name, tensor), to load while the next bucket
     is already arriving. A tensor broadcast alone whose name is in `into` lands straight in
     into[name] (the engine's own parameter, see vllm_ext) and is yielded as that tensor; the rest
     get a fresh buffer per bucket, since the loader may keep views of it until a layer is complete.
+    Names in `shared` are written into into[name] by the sender itself (`send`'s shared memory):
+    their bucket is complete when its doorbell arrives.
     stats["wait"] accumulates the seconds spent blocked on the wire (the rest of a sync is the
     caller's loading)."""
     into = into or {}
 
     def post(bucket):
         bucket = [as_meta(m) for m in bucket]
-        spans = runs(bucket)
+        skip = {i for i, m in enumerate(bucket) if m.name in shared}
+        spans = runs(bucket, skip)
         placed = {a for a, b in spans if b - a == 1 and _fits(into.get(bucket[a].name), bucket[a])}
         size = sum(bucket[i].numel for a, b in spans if a not in placed for i in range(a, b))
         buf = torch.empty(size, dtype=getattr(torch, bucket[0].dtype), device=device)
@@ -164,6 +188,10 @@ def receive(group, plan, device, stats: dict | None = None, into: dict[str, torc
                 views[i] = buf[offset:offset + bucket[i].numel].view(bucket[i].shape)
                 offset += bucket[i].numel
             works.append(_broadcast(group, buf[start:offset]))
+        for i in skip:
+            views[i] = into[bucket[i].name]
+        if skip:
+            works.append(_broadcast(group, _doorbell(device)))
         return bucket, views, works
 
     nxt = post(plan[0]) if plan else None
@@ -181,6 +209,43 @@ def receive(group, plan, device, stats: dict | None = None, into: dict[str, torc
 def _fits(dst: torch.Tensor | None, meta: TensorMeta) -> bool:
     return (dst is not None and dst.is_contiguous() and tuple(dst.shape) == tuple(meta.shape)
             and dst.dtype == getattr(torch, meta.dtype))
+
+
+# ------------------------------------------------------------ one node: shared memory
+def new_region(nbytes: int) -> tuple[torch.Tensor, dict]:
+    """Engine side: nbytes that a process on this node can map with `open_region` (a memfd: no
+    file to leak, and gone with the last process holding it). The memory is reserved up front, so
+    a full node fails here, with an error, rather than at a later write (SIGBUS)."""
+    tag = f"areal-kit-weights-{uuid.uuid4().hex}"
+    fd = os.memfd_create(tag)
+    try:
+        os.posix_fallocate(fd, 0, max(nbytes, 1))
+    except OSError:
+        os.close(fd)
+        raise
+    buf = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=nbytes, dtype=torch.uint8)
+    return buf, {"pid": os.getpid(), "fd": fd, "tag": tag, "nbytes": nbytes}
+
+
+def open_region(region: dict) -> torch.Tensor:
+    """Trainer side: map an engine's `new_region`. Raises RuntimeError when that engine is not on
+    this node (or not in this container): its /proc entry is missing or names another file."""
+    path = f"/proc/{region['pid']}/fd/{region['fd']}"
+    try:
+        target = os.readlink(path)
+    except OSError as e:
+        raise RuntimeError(f"engine memory {path} is not visible here ({e.strerror})") from None
+    if not target.startswith(f"/memfd:{region['tag']}"):
+        raise RuntimeError(f"engine memory {path} is {target!r}, not {region['tag']}: another process")
+    return torch.from_file(path, shared=True, size=region["nbytes"], dtype=torch.uint8)
+
+
+def region_view(buf: torch.Tensor, offset: int, meta) -> torch.Tensor:
+    """The tensor of plan entry `meta` at byte `offset` of a region."""
+    meta = as_meta(meta)
+    dtype = getattr(torch, meta.dtype)
+    nbytes = meta.numel * torch.empty(0, dtype=dtype).element_size()
+    return buf[offset:offset + nbytes].view(dtype).view(meta.shape)
 
 
 class Outbox:
