@@ -57,7 +57,7 @@ class WeightSyncExtension:
             except FileNotFoundError:
                 return None
         params, _ = self._areal_index()
-        self._areal_places, offsets, buf, region = _move_to_region(params, self._areal_places, weight_sync.new_region)
+        self._areal_places, offsets, buf, region = _move_to_region(params, self._areal_places)
         self._areal_region = buf  # the memory now under the parameters
         return {**region, "places": offsets}
 
@@ -200,7 +200,7 @@ def _places(bucket, copies, params: dict) -> dict:
     return out
 
 
-def _move_to_region(params: dict, places: dict, new_region):
+def _move_to_region(params: dict, places: dict):
     """Move every parameter a place lies in into one new shared region (64-byte aligned, views
     and all), and re-point the places at it. Returns (places, {name: byte offset of its place},
     the region's bytes, the region's description)."""
@@ -210,7 +210,9 @@ def _move_to_region(params: dict, places: dict, new_region):
     for name in owners:
         layout[name] = size
         size += -(-params[name].numel() * params[name].element_size() // 64) * 64
-    buf, region = new_region(size)
+    from areal_kit.rl import weight_sync
+
+    buf, region = weight_sync.new_region(size)
     moved, offsets = dict(places), {}
     for owner, start in layout.items():
         p = params[owner]
@@ -219,8 +221,9 @@ def _move_to_region(params: dict, places: dict, new_region):
         for name, (dst, o) in places.items():
             if o == owner:
                 rel = dst.storage_offset() - p.data.storage_offset()  # elements, one dtype
-                moved[name] = (new.view(-1)[rel:rel + dst.numel()].view(dst.shape), owner)
                 offsets[name] = start + rel * p.element_size()
+                meta = weight_sync.TensorMeta(name, tuple(dst.shape), str(dst.dtype).removeprefix("torch."))
+                moved[name] = (weight_sync.region_view(buf, offsets[name], meta), owner)  # as the trainer sees it
         p.data = new
     return moved, offsets, buf, region
 

@@ -131,7 +131,8 @@ def send(group, plan, tensors: dict[str, torch.Tensor], device, shared: dict | N
     one flat copy, a bucket at a time, the next bucket's broadcasts queued while the last one's
     finish. A tensor in `shared` (name -> the engines' own memory for it, see `open_region`) is
     copied there instead, and the bucket's broadcasts end with a doorbell that tells the engines
-    it is written. Returns bytes."""
+    it is written: the caller must know they are done loading the last sync (the controller starts
+    a send only once every engine is free). Returns bytes."""
     shared = shared or {}
     sent, in_flight = 0, []
     for bucket in plan:

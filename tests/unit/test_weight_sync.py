@@ -138,3 +138,58 @@ def test_runs_group_consecutive_small_tensors_only():
                                   ("n3", torch.empty(8)), ("w2", torch.empty(big)), ("n4", torch.empty(4)),
                                   ("n5", torch.empty(4))], bucket_bytes=1 << 30)
     assert weight_sync.runs(plan[0]) == [(0, 2), (2, 3), (3, 4), (4, 5), (5, 7)]
+    # Shared-memory tensors travel in no broadcast and break a run of small ones.
+    assert weight_sync.runs(plan[0], skip={1, 2}) == [(0, 1), (3, 4), (4, 5), (5, 7)]
+
+
+def _shared_receiver(port: int, plan, names, out) -> None:
+    """Puts `names` in shared memory (as an engine's parameters), tells rank 0 where, then takes
+    two syncs: the shared tensors are written by rank 0, the rest arrive over gloo."""
+    _, group = weight_sync.init_group("127.0.0.1", port, 1, 2, "gloo", timeout_s=60)
+    metas = {weight_sync.as_meta(m).name: weight_sync.as_meta(m) for b in plan for m in b}
+    sizes = {n: metas[n].numel * 4 for n in names}  # float32 only
+    starts = dict(zip(names, [sum(list(sizes.values())[:i]) for i in range(len(names))]))
+    buf, region = weight_sync.new_region(sum(sizes.values()))
+    into = {n: weight_sync.region_view(buf, starts[n], metas[n]) for n in names}
+    out.put({**region, "places": starts})
+    for _ in range(2):
+        got = {k: v for b in weight_sync.receive(group, plan, "cpu", into=into, shared=set(names)) for k, v in b}
+        out.put(({k: v.clone() for k, v in got.items()}, {n: got[n].data_ptr() == into[n].data_ptr() for n in names}))
+
+
+def test_shared_tensors_are_written_straight_into_the_receivers_memory():
+    """Rank 0 maps the receiver's region (a memfd, through /proc) and writes the shared tensors
+    there; a doorbell per bucket tells the receiver they are in. Two syncs with different values,
+    so a second write that did not land would show."""
+    tensors = _tensors()
+    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=2048)
+    names = ["big", "a", "d"]  # one alone, two that would otherwise travel in runs
+    child, group, out = _serve(_shared_receiver, plan, names)
+    region = out.get(timeout=60)
+    buf = weight_sync.open_region(region)
+    metas = {weight_sync.as_meta(m).name: m for b in plan for m in b}
+    shared = {n: [weight_sync.region_view(buf, region["places"][n], metas[n])] for n in names}
+    second = {k: v * 2 for k, v in tensors.items()}
+    syncs = []
+    for t in (tensors, second):
+        weight_sync.send(group, plan, t, "cpu", shared)
+        syncs.append(out.get(timeout=60))  # as the controller does: no send while a receiver still loads
+    child.join(30)
+    assert child.exitcode == 0
+    for (got, in_place), sent in zip(syncs, (tensors, second)):
+        assert in_place == {n: True for n in names}
+        for k, v in sent.items():
+            assert torch.equal(got[k], v), k
+
+
+def test_a_region_opens_only_as_the_memory_it_names():
+    import pytest
+
+    buf, region = weight_sync.new_region(64)
+    other = weight_sync.open_region(region)
+    other[:8] = 7  # the same bytes, seen through a second mapping
+    assert buf[:8].tolist() == [7] * 8
+    with pytest.raises(RuntimeError, match="another process"):
+        weight_sync.open_region({**region, "tag": "areal-kit-weights-someone-else"})
+    with pytest.raises(RuntimeError, match="not visible here"):
+        weight_sync.open_region({**region, "fd": 10**6})  # as an engine in another container
