@@ -173,7 +173,8 @@ def init_weight_sync(workers: Workers, shared: bool = False) -> tuple[bool, str]
     n, why = share_memory(workers)
     if not n:
         return False, f"{how} ({why})"
-    return True, f"shared memory for {n} of {sum(len(b) for b in plan)} tensors, the rest {how}"
+    total = sum(len(b) for b in plan)
+    return True, f"shared memory for {n} of {total} tensors" + (f", the rest {how}" if n < total else "")
 
 
 def share_memory(workers: Workers) -> tuple[int, str]:
@@ -184,9 +185,12 @@ def share_memory(workers: Workers) -> tuple[int, str]:
     import ray
 
     regions = [r for rs in ray.get([r.share_weights.remote() for r in workers.rollouts]) for r in rs]
-    if any(r is None for r in regions):
-        return 0, "an engine is not on the trainer's node"
+    why = [r["why"] for r in regions if "why" in r]
+    if why:
+        return 0, why[0]
     names = sorted(set.intersection(*(set(r["places"]) for r in regions)))
+    if not names:
+        return 0, "no tensor has a place in every engine"
     try:
         ray.get(workers.trainers[0].open_shared.remote(regions, names))
     except ray.exceptions.RayTaskError as e:

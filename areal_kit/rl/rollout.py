@@ -140,7 +140,7 @@ class RolloutWorker:
                                        args=(host, port, rank_offset, world, backend, plan, local_ip))
 
     def share_weights(self) -> list:
-        """Each worker's shared parameter memory for the trainer on this node (None where not)."""
+        """Each worker's shared parameter memory for the trainer on this node, or {"why": ...}."""
         return self.llm.collective_rpc("share_weights")
 
     def use_shared(self, names: list[str]) -> list:

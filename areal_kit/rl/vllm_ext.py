@@ -42,20 +42,20 @@ class WeightSyncExtension:
         self._areal_local = local_ip is None or local_ip == host  # on the trainer's node
         return rank
 
-    def share_weights(self) -> dict | None:
+    def share_weights(self) -> dict:
         """On the trainer's node, on CPU: move the parameters that tensors have a place in into
         memory the trainer maps (`weight_sync.new_region`), so that it writes new weights straight
-        into them. Returns the region and each tensor's byte offset in it, or None (another node,
-        a GPU, or no safetensors checkpoint to learn the places from)."""
-        from areal_kit.rl import weight_sync
-
-        if not self._areal_local or _device(self).type != "cpu":
-            return None
+        into them. Returns the region and each tensor's byte offset in it, or {"why": ...} when
+        this engine cannot."""
+        if not self._areal_local:
+            return {"why": "an engine is on another node"}
+        if _device(self).type != "cpu":
+            return {"why": "engines on GPUs take NCCL broadcasts"}
         if not hasattr(self, "_areal_places"):
             try:  # the same bytes the engine holds: learning the places changes no weight
                 self._areal_load(_safetensors(self.model_runner.model_config.model))
-            except FileNotFoundError:
-                return None
+            except FileNotFoundError as e:
+                return {"why": str(e)}
         params, _ = self._areal_index()
         self._areal_places, offsets, buf, region = _move_to_region(params, self._areal_places)
         self._areal_region = buf  # the memory now under the parameters

@@ -118,6 +118,8 @@ def test_train_tiny_across_hosts(docker_cluster, testbed):
                        f"fileroot={root} 2>&1'", check=False, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "(global step 3) finishes" in r.stdout
+    # weight_sync=auto falls back to the gloo broadcast: no shared memory across hosts.
+    assert "weight sync auto: broadcast over gloo (an engine is on another node)" in r.stdout
     actors = json.loads(head_python(testbed, RAY_ACTORS))
     trainer_ips = {ip for cls, ip in actors if "Trainer" in (cls or "")}
     rollout_ips = {ip for cls, ip in actors if "Rollout" in (cls or "")}
