@@ -59,7 +59,7 @@ class Engine:
     def get_version(self) -> int:
         return 0
 
-    def receive_weights(self, version: int) -> dict:
+    def receive_weights(self, version: int, shared: bool = False) -> dict:
         self.log.append(("received", time.time()))
         return {}
 
@@ -76,7 +76,7 @@ class Trainer:
     def stage_weights(self) -> dict:
         return {}
 
-    def send_weights(self, *engines_free) -> dict:
+    def send_weights(self, *engines_free, shared: bool = False) -> dict:
         self.sent_at.append(time.time())
         return {}
 
@@ -95,7 +95,7 @@ def test_trainer_joins_the_broadcast_only_after_the_running_generation(ray_local
     ctrl = Controller.__new__(Controller)
     ctrl.workers = Workers(trainers=[trainer], rollouts=[engine], gen_tp=1)
     ctrl.cfg = SimpleNamespace(weight_sync="broadcast")
-    ctrl.state, ctrl._receiving = RunState(), []
+    ctrl.state, ctrl._receiving, ctrl._shared = RunState(), [], False
     engine.generate.remote(2.0)
     time.sleep(0.2)  # the generation is running
     ctrl._sync()
