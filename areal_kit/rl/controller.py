@@ -247,6 +247,8 @@ class Controller:
             # get_version queues behind an engine's pending generations: the send starts once every
             # engine is free to receive, on the trainer's second thread while it trains on. No one
             # waits inside the collective during a generation (a long one would meet its timeout).
+            # With shared memory the trainer writes into the engines' parameters from then on:
+            # safe, as each engine's next call is the receive_weights queued here.
             free = [r.get_version.remote() for r in w.rollouts]
             send = w.trainers[0].send_weights.options(concurrency_group="weights").remote(*free, shared=shared)
             self._receiving = [send] + [r.receive_weights.remote(v, shared) for r in w.rollouts]

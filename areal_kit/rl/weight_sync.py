@@ -13,6 +13,12 @@ into one flat buffer per bucket) while the engine loads, and on CPU re-packs, th
 bucket i. A sync then costs about the slower of transfer and load rather than their sum, and the
 receiver holds at most two buckets of buffers however big the model is. On the trainer, the send
 runs on a second thread while training goes on (`Outbox`).
+
+On one CPU node the bytes need no socket (weight_sync=auto): each engine moves its parameters
+into a memfd (`new_region`) that rank 0 maps (`open_region`), rank 0 writes every tensor straight
+into them, and the group carries one doorbell a bucket. For a 50M model that sync takes 0.09 s
+against 0.13 s over gloo: no kernel copies on either side, which leaves the engine's core to
+its re-pack (bench/weight_sync.py).
 """
 
 from __future__ import annotations
