@@ -20,12 +20,12 @@ step.
 from __future__ import annotations
 
 import re
-import signal
 import sys
 import threading
-from contextlib import contextmanager
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
+
+from areal_kit.reward.alarm import alarm
 
 __all__ = ["extract_answer", "grade", "gsm8k_reference", "normalize", "parsed_form"]
 
@@ -156,21 +156,9 @@ class _Timeout(BaseException):
     own `except Exception` blocks cannot swallow it and keep computing."""
 
 
-@contextmanager
 def _alarm(seconds: float):
-    """SIGALRM after `seconds` (main thread only); restores any previous handler/timer."""
-    def on_alarm(signum, frame):
-        raise _Timeout()
-
-    old_handler = signal.signal(signal.SIGALRM, on_alarm)
-    old_delay, _ = signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old_handler)
-        if old_delay:
-            signal.setitimer(signal.ITIMER_REAL, old_delay)
+    """_Timeout after `seconds` (main thread only; see reward/alarm.py)."""
+    return alarm(seconds, _Timeout)
 
 
 def _mv_parse(text: str):

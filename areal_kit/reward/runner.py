@@ -23,13 +23,14 @@ import math
 import os
 import pickle
 import select
-import signal
 import struct
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+from areal_kit.reward.alarm import alarm
 
 STARTUP_GRACE_S = 60.0  # a fresh worker imports the plug-in (and maybe sympy) on a busy machine
 KILL_GRACE_S = 2.0  # beyond the worker's own alarm, before we kill it
@@ -224,10 +225,6 @@ class RewardRunner:
             pass
 
 
-def _on_alarm(signum, frame):
-    raise RewardTimeout()
-
-
 def _serve() -> None:
     from areal_kit.reward import plugins
 
@@ -241,7 +238,6 @@ def _serve() -> None:
             fns[spec] = plugins.load_reward(spec)
         except Exception as e:  # noqa: BLE001 - reported per call
             load_errors[spec] = str(e)
-    signal.signal(signal.SIGALRM, _on_alarm)
     while True:
         try:
             spec, prompt, completion, sample, timeout_s = _read(inp)
@@ -251,11 +247,8 @@ def _serve() -> None:
             res = ("import error", load_errors[spec])
         else:
             try:
-                signal.setitimer(signal.ITIMER_REAL, timeout_s)
-                try:
+                with alarm(timeout_s, RewardTimeout):
                     value = fns[spec](prompt, completion, sample)
-                finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
                 res = ("ok", value if isinstance(value, (int, float, dict)) else repr(value)[:80])
             except RewardTimeout:
                 res = ("timeout", f"took longer than {timeout_s:g}s")
