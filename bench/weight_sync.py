@@ -145,21 +145,22 @@ def run() -> Result:
             ["in memory, broadcast (gloo, as across nodes)", b, mb / b, f"{b / raw_s:.1f}x raw"],
             ["disk: save + fsync + reload", d, mb / d, f"{d / raw_s:.1f}x raw"],
             ["raw gloo broadcast", raw_s, mb / raw_s, "1.0x"]]
-    notes = [f"{n / 1e6:.1f}M parameters, {mb:.0f} MB per sync (fp32; the tied lm_head is not sent, the engine "
+    notes = [(f"{n / 1e6:.1f}M parameters, {mb:.0f} MB per sync (fp32; the tied lm_head is not sent, the engine "
              f"ties it); disk path on {_fs(fileroot)}. Seconds per sync include the Ray calls and vLLM's weight "
              "re-packing (every path pays it). The ratio is disk over auto; broadcast alone is "
-             f"{d / b:.2f}x the disk path.",
-             f"One auto sync taken apart (medians of 3): {parts['mem_total']:.2f} s = trainer writes "
-             f"{parts['mem_send']:.2f} s (paced by the engine: it writes a bucket ahead), overlapped with the "
+             f"{d / b:.2f}x the disk path."),
+             (f"One auto sync taken apart (medians of 3): {parts['mem_total']:.2f} s = trainer send "
+             f"{parts['mem_send']:.2f} s (its writes run ahead; it ends when the engine takes the last "
+             "doorbell), overlapped with the "
              f"engine's load {parts['mem_recv_load']:.2f} s (waiting for writes {parts['mem_recv_wait']:.2f} s, "
              f"re-packing {parts['mem_recv_repack']:.2f} s; {figures['tensors_in_place']:.0f} of {n_tensors} "
              f"tensors written straight into the parameters); disk = save with fsync {parts['disk_save']:.2f} s "
-             f"+ engine reload {parts['disk_load']:.2f} s.",
-             "Every path ends in the same re-pack of every linear layer for oneDNN on CPU (0.07 s for this model "
+             f"+ engine reload {parts['disk_load']:.2f} s."),
+             ("Every path ends in the same re-pack of every linear layer for oneDNN on CPU (0.07 s for this model "
              "on the engine's one core: the tiny preset gives trainer and engine a core each; a transposing "
              "copy at heart, and it keeps generation 1.3x faster than torch's linear). That re-pack is now "
              "most of an auto sync, so the ratio stays under (save + reload) / re-pack. Writing to real shared "
-             "storage, and GPUs (NCCL, no re-pack), change that balance."]
+             "storage, and GPUs (NCCL, no re-pack), change that balance.")]
     return Result("weight_sync", "seconds per sync: in memory vs disk save + reload", figures,
                   ratio=d / m, target=3.0, columns=["path", "seconds/sync", "MB/s", "vs raw"], rows=rows,
                   notes=notes, checks={"in memory (auto) within 2x of the raw broadcast": m / raw_s <= 2.0})

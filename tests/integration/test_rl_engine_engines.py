@@ -72,7 +72,8 @@ def test_auto_puts_the_engines_parameters_in_memory_the_trainer_writes(two_engin
 
     shares = [ray.get(e.__ray_call__.remote(lambda self: self.llm.collective_rpc(_memfd_share)))[0]
               for e in two_engines.ctrl.workers.rollouts]
-    log = open(two_engines.job.paths.log_file).read()
+    with open(two_engines.job.paths.log_file) as f:
+        log = f.read()
     if mode == "auto":
         assert shares == [1.0, 1.0]
         assert "weight sync auto: shared memory for " in log

@@ -150,12 +150,11 @@ def test_a_time_limit_that_is_swallowed_once_comes_again():
         pass
 
     swallowed = []
-    with pytest.raises(Late):
-        with alarm(0.05, Late):
-            try:
-                time.sleep(5)  # the first alarm lands here
-            except Late:
-                swallowed.append(True)
-            time.sleep(5)  # a one-shot alarm would let this run to the end
+    with pytest.raises(Late), alarm(0.05, Late):
+        try:
+            time.sleep(5)  # the first alarm lands here
+        except Late:
+            swallowed.append(True)
+        time.sleep(5)  # a one-shot alarm would let this run to the end
     assert swallowed == [True]
     time.sleep(0.2)  # and once the block is over, nothing fires any more
