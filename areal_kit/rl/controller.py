@@ -21,6 +21,7 @@ from areal_kit import logs
 from areal_kit.errors import UserError
 from areal_kit.rl import batch as B
 from areal_kit.rl import evaluate
+from areal_kit.rl.plan import weight_sync_dir
 
 
 @dataclass
@@ -253,8 +254,7 @@ class Controller:
             send = w.trainers[0].send_weights.options(concurrency_group="weights").remote(*free, shared=shared)
             self._receiving = [send] + [r.receive_weights.remote(v, shared) for r in w.rollouts]
         else:
-            path = os.path.join(self.cfg.fileroot, "cache", "weight_sync", self.cfg.experiment_name,
-                                self.cfg.trial_name)
+            path = weight_sync_dir(self.cfg)
             ray.get([t.save_hf.remote(path) for t in w.trainers])
             self._receiving = [r.load_from_disk.remote(path, v) for r in w.rollouts]
         if wait_engines:

@@ -32,6 +32,22 @@ def dataset_size(cfg) -> tuple[int | None, str]:
     return len(rows), note
 
 
+def weight_sync_dir(cfg) -> str:
+    """Where weight_sync=disk saves the weights each step (the engines reload them from there)."""
+    return os.path.join(cfg.fileroot, "cache", "weight_sync", cfg.experiment_name, cfg.trial_name)
+
+
+def weight_sync_line(cfg, n_workers: int) -> str:
+    from areal_kit.rl.weight_sync import DEFAULT_BUCKET_BYTES
+
+    if cfg.weight_sync == "disk":
+        return (f"weight sync: disk: trainer rank 0 saves a Hugging Face folder in {weight_sync_dir(cfg)}, "
+                f"{n_workers} engine worker(s) reload it")
+    line = (f"weight sync: {cfg.weight_sync}: trainer rank 0 broadcasts to {n_workers} engine worker(s) in "
+            f"{DEFAULT_BUCKET_BYTES >> 20} MB buckets (NCCL on GPUs, gloo on CPU)")
+    return line + ("; on CPU it writes engines on its node through shared memory" if cfg.weight_sync == "auto" else "")
+
+
 def plan_lines(cfg) -> list[str]:
     a = parse_allocation(cfg.allocation_mode)
     p, d = cfg.ppo, cfg.dataset
@@ -54,6 +70,7 @@ def plan_lines(cfg) -> list[str]:
         "tokens a batch",
         f"off-policyness: {p.max_head_offpolicyness}" + (" (synchronous, on-policy)" if p.max_head_offpolicyness == 0
                                                         else f" (decoupled loss: {p.use_decoupled_loss})"),
+        weight_sync_line(cfg, a.gen.dp * a.gen.tp),
     ]
     if n is not None:
         spe = n // d.train_bs_n_seqs

@@ -118,6 +118,16 @@ def test_dry_run_numbers_for_1p5b_n4(capsys):
     assert "generation: 16 GPUs as 16 vLLM engine(s), tensor parallel 1" in out
     assert "training: 16 GPUs, DeepSpeed ZeRO-3 over 16 rank(s)" in out
     assert "batch: 1024 prompts x 8 answers = 8192 sequences" in out
+    assert "weight sync: broadcast: trainer rank 0 broadcasts to 16 engine worker(s) in 32 MB buckets" in out
+
+
+def test_dry_run_names_the_weight_sync_path(capsys, tmp_path):
+    out = dry_run(["train", "tiny", "--dry-run"], capsys)
+    assert "weight sync: auto: trainer rank 0 broadcasts to 1 engine worker(s)" in out
+    assert "on CPU it writes engines on its node through shared memory" in out
+    out = dry_run(["train", "7B_n4", "--dry-run", "weight_sync=disk", f"fileroot={tmp_path}"], capsys)
+    assert f"weight sync: disk: trainer rank 0 saves a Hugging Face folder in {tmp_path}/cache/weight_sync/" \
+           "ppo-r1-distill/7B_n4, 16 engine worker(s) reload it" in out
 
 
 def test_dry_run_applies_overrides(capsys):
