@@ -124,7 +124,11 @@ def core_sets(cfg, n_train: int, n_engines: int, tp: int) -> list[list[int]] | N
 def _pinned(env: dict[str, str], cores: list[list[int]] | None, slots) -> dict[str, str]:
     """A worker's env bound to its slots' cores: AREAL_CPU_CORES for a trainer rank (applied in its
     setup), VLLM_CPU_OMP_THREADS_BIND for an engine (one core list per tp rank)."""
-    if cores is None:
+    slots = list(slots)
+    if cores is None:  # shared: each of an engine's tp ranks binds to every core
+        bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "")
+        if len(slots) > 1 and bind and "|" not in bind:
+            return {**env, "VLLM_CPU_OMP_THREADS_BIND": "|".join([bind] * len(slots))}
         return env
     lists = [",".join(map(str, cores[s])) for s in slots]
     return {**env, "AREAL_CPU_CORES": ",".join(lists), "VLLM_CPU_OMP_THREADS_BIND": "|".join(lists)}

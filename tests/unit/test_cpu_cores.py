@@ -57,3 +57,12 @@ def test_pinned_env_binds_trainers_and_each_tp_rank_of_an_engine():
     e = actors._pinned(env, sets, range(2, 4))
     assert e["VLLM_CPU_OMP_THREADS_BIND"] == "4,5|6,7"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-7"  # the shared env is not changed
+
+
+def test_shared_cores_give_every_tp_rank_of_an_engine_every_core():
+    """vLLM wants one core list per tp rank (it failed to start a tp=2 engine on "0-1")."""
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    assert actors._pinned(env, None, range(1, 3))["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|0-1"
+    assert actors._pinned(env, None, [1]) is env
+    mine = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # the user's own lists stay
+    assert actors._pinned(mine, None, range(1, 3)) is mine
