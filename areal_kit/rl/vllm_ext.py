@@ -228,8 +228,8 @@ def _move_to_region(params: dict, places: dict):
             if o == owner:
                 rel = dst.storage_offset() - p.data.storage_offset()  # elements, one dtype
                 offsets[name] = start + rel * p.element_size()
-                meta = weight_sync.TensorMeta(name, tuple(dst.shape), str(dst.dtype).removeprefix("torch."))
-                moved[name] = (weight_sync.region_view(buf, offsets[name], meta), owner)  # as the trainer sees it
+                moved[name] = (weight_sync.region_view(buf, offsets[name], weight_sync.TensorMeta.of(name, dst)),
+                               owner)  # the view the trainer computes
         p.data = new
     return moved, offsets, buf, region
 

@@ -43,12 +43,20 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: str  # torch dtype name, e.g. "float32"
 
+    @classmethod
+    def of(cls, name: str, t: torch.Tensor) -> TensorMeta:
+        return cls(name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+
     @property
     def numel(self) -> int:
         n = 1
         for s in self.shape:
             n *= s
         return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
 
 
 def as_meta(m) -> TensorMeta:
@@ -66,8 +74,8 @@ def make_plan(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT
     buckets: list[list[TensorMeta]] = []
     size = 0
     for name, t in named:
-        meta = TensorMeta(name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
-        nbytes = t.numel() * t.element_size()
+        meta = TensorMeta.of(name, t)
+        nbytes = meta.nbytes
         last = buckets[-1] if buckets else None
         if last is None or size + nbytes > bucket_bytes or last[0].dtype != meta.dtype:
             buckets.append([meta])
@@ -123,7 +131,7 @@ def runs(bucket, skip=frozenset()) -> list[tuple[int, int]]:
         if i in skip:
             last_small = False
             continue
-        small = m.numel * torch.empty(0, dtype=getattr(torch, m.dtype)).element_size() < SMALL_BYTES
+        small = m.nbytes < SMALL_BYTES
         if small and last_small:
             out[-1] = (out[-1][0], i + 1)
         else:
@@ -250,9 +258,7 @@ def open_region(region: dict) -> torch.Tensor:
 def region_view(buf: torch.Tensor, offset: int, meta) -> torch.Tensor:
     """The tensor of plan entry `meta` at byte `offset` of a region."""
     meta = as_meta(meta)
-    dtype = getattr(torch, meta.dtype)
-    nbytes = meta.numel * torch.empty(0, dtype=dtype).element_size()
-    return buf[offset:offset + nbytes].view(dtype).view(meta.shape)
+    return buf[offset:offset + meta.nbytes].view(getattr(torch, meta.dtype)).view(meta.shape)
 
 
 class Outbox:

@@ -147,7 +147,7 @@ def _shared_receiver(port: int, plan, names, out) -> None:
     two syncs: the shared tensors are written by rank 0, the rest arrive over gloo."""
     _, group = weight_sync.init_group("127.0.0.1", port, 1, 2, "gloo", timeout_s=60)
     metas = {weight_sync.as_meta(m).name: weight_sync.as_meta(m) for b in plan for m in b}
-    sizes = {n: metas[n].numel * 4 for n in names}  # float32 only
+    sizes = {n: metas[n].nbytes for n in names}
     starts = dict(zip(names, [sum(list(sizes.values())[:i]) for i in range(len(names))]))
     buf, region = weight_sync.new_region(sum(sizes.values()))
     into = {n: weight_sync.region_view(buf, starts[n], metas[n]) for n in names}
