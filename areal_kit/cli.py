@@ -14,7 +14,7 @@ import sys
 import click
 import typer
 
-from areal_kit.errors import UserError
+from areal_kit.errors import RunFailed, UserError
 
 # typer >= 0.2x vendors click as typer._click and raises its exceptions (and typer.Exit/Abort),
 # older typer raises click's own: catch both, or a usage error escapes as a traceback.
@@ -56,17 +56,17 @@ def _register() -> None:
 _register()
 
 
-def fail(message: str) -> None:
-    """Print one error line and exit 2 (what callers use for bad input)."""
+def fail(message: str, code: int = 2) -> None:
+    """Print one error line and exit with code (2, bad input, unless told otherwise)."""
     print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
         rc = app(args=argv, prog_name="areal-kit", standalone_mode=False)
-    except UserError as e:
-        fail(str(e))
+    except (UserError, RunFailed) as e:
+        fail(str(e), e.exit_code)
     except _NO_ARGS_HELP as e:  # `areal-kit` alone: the help (typer has printed it already)
         if e.format_message().strip():
             print(e.format_message(), file=sys.stderr)

@@ -97,6 +97,10 @@ class RunLogger:
         fh = logging.FileHandler(paths.log_file)
         fh.setFormatter(fmt)
         self.log.addHandler(fh)
+        # Tracebacks go to train.log only: the terminal gets the CLI's one error line.
+        self.file_log = logging.getLogger(f"{self.log.name}.file")
+        self.file_log.propagate = False
+        self.file_log.addHandler(fh)
         if console:
             ch = logging.StreamHandler(sys.stdout)
             ch.setFormatter(fmt)
@@ -122,6 +126,10 @@ class RunLogger:
     def warning(self, msg: str) -> None:
         self.log.warning(msg)
 
+    def failure(self, msg: str, exc: BaseException) -> None:
+        """msg and the full traceback of exc, into train.log only."""
+        self.file_log.error(msg, exc_info=exc)
+
     def step(self, global_step: int, row: dict) -> None:
         row = {"global_step": global_step, "time": time.time(), **row}
         self.metrics.write(json.dumps(row) + "\n")
@@ -138,9 +146,10 @@ class RunLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
-        for h in list(self.log.handlers):
-            h.close()
-            self.log.removeHandler(h)
+        for lg in (self.log, self.file_log):
+            for h in list(lg.handlers):
+                h.close()
+                lg.removeHandler(h)
 
 
 def read_metrics(path: str) -> list[dict]:

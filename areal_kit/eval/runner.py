@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from areal_kit.errors import UserError
+from areal_kit.errors import RunFailed, UserError, describe
 from areal_kit.eval import data as evdata
 from areal_kit.eval.engine import GenRequest
 
@@ -174,12 +174,26 @@ def run(cfg: EvalConfig, console=None) -> dict:
     console.print(f"eval: {n_total} samples over {len(cfg.data_names)} datasets, "
                   f"{n_total - len(todo)} already done, {len(todo)} to generate")
     if todo:
-        _generate_all(cfg, todo, out, done, console)
+        try:
+            _generate_all(cfg, todo, out, done, console)
+        except Exception as e:  # an engine that fails to start or dies: one line, the traceback kept
+            raise _failed(e, out, sum(map(len, done.values())) - (n_total - len(todo))) from e
     agg = report.aggregate(cfg, questions, done)
     report.write(out, agg)
+    (out / "error.log").unlink(missing_ok=True)  # an earlier failure's, now resumed past
     console.print(report.rich_table(agg))
     console.print(f"wrote {out}/aggregate.json, results.md, results.csv, <dataset>/samples.jsonl")
     return agg
+
+
+def _failed(e: Exception, out: Path, n_new: int) -> RunFailed:
+    """The error for a failed generation, its traceback written to OUT/error.log."""
+    import traceback
+
+    log = out / "error.log"
+    log.write_text("".join(traceback.format_exception(e)), encoding="utf-8")
+    kept = f"; the {n_new} sample(s) graded before it are kept, a re-run resumes after them" if n_new else ""
+    return RunFailed(f"eval failed: {describe(e)} (traceback in {log}{kept})")
 
 
 def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None:

@@ -3,13 +3,17 @@
 A worker that dies (a killed rollout or trainer actor, a lost node) ends the attempt; the run
 then relaunches from the last recover checkpoint, up to recover_retries times, saying so in the
 log. Any other error, including one our code raises inside a worker, ends the run at once: a
-relaunch would only fail the same way. Bad input raises UserError before any actor starts.
+relaunch would only fail the same way. It reaches the terminal as one line naming the worker
+call it came from (RunFailed, exit code 1), its full traceback in train.log. Bad input raises
+UserError before any actor starts.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+
+from areal_kit.errors import RunFailed, UserError, describe
 
 
 class _Progress:
@@ -54,6 +58,12 @@ def launch(cfg, fresh: bool = False) -> int:
     try:
         return relaunching(lambda attempt: _attempt(job, log, progress, recover, fresh and attempt == 0),
                            retries, log)
+    except UserError:
+        raise
+    except Exception as e:
+        log.failure(f"Run failed: {describe(e)}", e)
+        raise RunFailed(f"run {cfg.experiment_name}/{cfg.trial_name} failed: {describe(e)} "
+                        f"(traceback in {job.paths.log_file})") from e
     finally:
         progress.stop()
         log.close()
@@ -101,17 +111,6 @@ def relaunching(run_once, retries: int, log, pause: float = 1.0):
             log.warning(f"Worker failure ({describe(e)}); relaunching "
                         f"from the last recover checkpoint (retry {attempt}/{retries}).")
             time.sleep(pause)
-
-
-def describe(e: BaseException) -> str:
-    """`Type: first line` of the error a remote call raised (a RayTaskError's first line is only
-    the ray::Actor.method header)."""
-    import ray.exceptions as rex
-
-    while isinstance(e, rex.RayTaskError) and getattr(e, "cause", None) is not None:
-        e = e.cause
-    lines = str(e).splitlines()
-    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
 
 
 def worker_died(e: BaseException) -> bool:

@@ -190,3 +190,22 @@ def test_show_args_lists_every_key_with_value_and_help(capsys, monkeypatch):
     assert "8192" in line and "Most tokens generated per answer" in line
     line = next(x for x in out.splitlines() if x.startswith("│ ppo.kl_ctl "))
     assert "0.001" in line and "KL coefficient" in line
+
+
+def test_a_failed_run_is_one_line_exit_1(capsys, monkeypatch):
+    """A run that started and failed (not bad input): exit 1, one `error:` line, no traceback."""
+    from areal_kit.errors import RunFailed
+    from areal_kit.rl import launch
+
+    def failing(cfg, fresh=False):
+        try:
+            raise ValueError("kv cache larger than memory")
+        except ValueError as e:
+            raise RunFailed("run tiny/run0 failed: RolloutWorker.setup: ValueError: kv cache larger than memory "
+                            "(traceback in /x/train.log)") from e
+
+    monkeypatch.setattr(launch, "launch", failing)
+    code, out, err = run(["train", "tiny"], capsys)
+    assert code == 1 and out == ""
+    assert err == ("error: run tiny/run0 failed: RolloutWorker.setup: ValueError: kv cache larger than memory "
+                   "(traceback in /x/train.log)\n")

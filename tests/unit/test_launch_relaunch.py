@@ -9,12 +9,16 @@ from typing import ClassVar
 import pytest
 import ray.exceptions as rex
 
+from areal_kit.errors import RunFailed, UserError
 from areal_kit.rl import launch as L
 
 
 class Log:
     def __init__(self):
-        self.warnings, self.infos = [], []
+        self.warnings, self.infos, self.failures = [], [], []
+
+    def failure(self, m, exc):
+        self.failures.append((m, exc))
 
     def info(self, m):
         self.infos.append(m)
@@ -173,7 +177,8 @@ def fake_run(monkeypatch):
     from areal_kit import logs
     from areal_kit.rl import controller, recover
 
-    job = SimpleNamespace(total_steps=4, n_dropped=0, rows=[], paths=SimpleNamespace(log_dir="/nowhere"),
+    job = SimpleNamespace(total_steps=4, n_dropped=0, rows=[],
+                          paths=SimpleNamespace(log_dir="/nowhere", log_file="/nowhere/train.log"),
                           loader=SimpleNamespace(steps_per_epoch=4, rows=[1]))
     fresh_flags = []
 
@@ -183,13 +188,14 @@ def fake_run(monkeypatch):
 
     monkeypatch.setattr(controller, "prepare", lambda cfg: job)
     monkeypatch.setattr(controller, "Controller", FakeController)
-    monkeypatch.setattr(logs, "RunLogger", lambda *a: Log())
+    log = Log()
+    monkeypatch.setattr(logs, "RunLogger", lambda *a: log)
     monkeypatch.setattr(recover, "resume_state", resume_state)
     monkeypatch.setattr(recover, "restore_workers", lambda ctrl: None)
     monkeypatch.setattr(L.time, "sleep", lambda s: None)
     FakeController.made = []
     FakeController.dead = 0
-    return fresh_flags
+    return SimpleNamespace(fresh=fresh_flags, log=log)
 
 
 def cfg(mode="auto", retries=1):
@@ -202,22 +208,40 @@ def cfg(mode="auto", retries=1):
 def test_launch_relaunches_after_a_death_and_fresh_applies_to_the_first_attempt_only(fake_run):
     FakeController.failures = [rex.ActorDiedError()]
     assert L.launch(cfg(), fresh=True) == 0
-    assert fake_run == [True, False]
+    assert fake_run.fresh == [True, False]
     assert [c.stopped for c in FakeController.made] == [True, True]
 
 
-def test_launch_does_not_retry_a_bug(fake_run):
-    FakeController.failures = [_bug()]
-    with pytest.raises(ValueError, match="expected 4"):
+def test_launch_does_not_retry_a_bug_and_names_the_call_it_came_from(fake_run):
+    """The user gets one line (RunFailed): which worker call failed, the error, and where the
+    traceback is; the log gets the error itself, traceback and all."""
+    bug = _bug()
+    FakeController.failures = [bug]
+    with pytest.raises(RunFailed) as got:
         L.launch(cfg(retries=3))
     assert len(FakeController.made) == 1 and FakeController.made[0].stopped
+    msg = str(got.value)
+    assert msg == ("run e/t failed: Trainer.train_step: ValueError: packed batch has 3 rows, expected 4 "
+                   "(traceback in /nowhere/train.log)")
+    assert "\n" not in msg and got.value.__cause__ is bug
+    assert fake_run.log.failures == [("Run failed: Trainer.train_step: ValueError: packed batch has 3 rows, expected 4",
+                                      bug)]
 
 
 def test_launch_with_recover_disabled_does_not_retry_a_death(fake_run):
     FakeController.failures = [rex.ActorDiedError()]
-    with pytest.raises(rex.ActorDiedError):
+    with pytest.raises(RunFailed, match="ActorDiedError") as got:
         L.launch(cfg(mode="disabled", retries=3))
+    assert isinstance(got.value.__cause__, rex.ActorDiedError)
     assert len(FakeController.made) == 1
+
+
+def test_launch_passes_bad_input_through_as_it_is(fake_run):
+    """A UserError (say, a recover checkpoint of another format) keeps its exit code 2 and text."""
+    FakeController.failures = [UserError("the recover checkpoint has format 9")]
+    with pytest.raises(UserError, match="format 9"):
+        L.launch(cfg())
+    assert fake_run.log.failures == []
 
 
 def test_launch_relaunches_when_an_error_came_from_a_dead_peer(fake_run):
@@ -226,17 +250,14 @@ def test_launch_relaunches_when_an_error_came_from_a_dead_peer(fake_run):
     FakeController.failures = [remote(RuntimeError("Connection closed by peer [10.0.0.2]:1234"),
                                       "TrainerWorker.send_weights")]
     FakeController.dead = 1
-    log = Log()
-    import areal_kit.logs as logs_mod
-
-    logs_mod.RunLogger = lambda *a: log
     assert L.launch(cfg()) == 0
     assert len(FakeController.made) == 2
-    assert "WorkerDied" in log.warnings[0] and "Connection closed" in log.warnings[0]
+    warning = fake_run.log.warnings[0]
+    assert "WorkerDied" in warning and "TrainerWorker.send_weights: RuntimeError: Connection closed" in warning
 
 
 def test_launch_does_not_retry_a_bug_when_every_worker_is_alive(fake_run):
     FakeController.failures = [remote(RuntimeError("Connection closed by peer"))]
-    with pytest.raises(RuntimeError, match="Connection closed"):
+    with pytest.raises(RunFailed, match="Trainer.train_step: RuntimeError: Connection closed"):
         L.launch(cfg(retries=3))
     assert len(FakeController.made) == 1

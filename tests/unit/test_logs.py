@@ -99,3 +99,18 @@ def test_run_logger_writes_lines_and_metrics(tmp_path):
     assert [r["global_step"] for r in rows] == [1, 2]
     assert [r["task_reward"] for r in rows] == [0.25, 0.5]
     assert logs.read_metrics(str(tmp_path / "none.jsonl")) == []
+
+
+def test_a_failure_goes_to_train_log_with_its_traceback_and_not_to_the_console(tmp_path, capsys):
+    paths = run_paths(str(tmp_path), "exp", "t", user="u")
+    log = logs.RunLogger(paths, tensorboard=False, console=True)
+    try:
+        raise ValueError("kv cache larger than memory")
+    except ValueError as e:
+        log.failure("Run failed: ValueError: kv cache larger than memory", e)
+    log.close()
+    with open(paths.log_file) as f:
+        text = f.read()
+    assert " ERROR Run failed: ValueError: kv cache larger than memory\nTraceback (most recent call last):" in text
+    assert text.rstrip().endswith("ValueError: kv cache larger than memory")
+    assert capsys.readouterr().out == ""

@@ -16,7 +16,7 @@ from areal_kit.cli import main
 T0 = 1_700_000_000.0
 
 
-def make_run(root, steps=6, resumed_at=None, finished=False, pid=None, recover_step=4, saves=(2, 4)):
+def make_run(root, steps=6, resumed_at=None, finished=False, pid=None, recover_step=4, saves=(2, 4), failed=""):
     p = L.run_paths(str(root), "tiny", "run0", "u")
     os.makedirs(p.log_dir)
     lines = [f"20231114-22:13:20 INFO Run tiny/run0: 10 steps, 100 per epoch, 3200 prompts; logs in {p.log_dir}"]
@@ -36,6 +36,9 @@ def make_run(root, steps=6, resumed_at=None, finished=False, pid=None, recover_s
             rows.append({**rows[g - 1], "task_reward": 0.9, "time": T0 + 100 + g})
     if finished:
         lines.append("20231114-22:15:00 INFO Training finished: 10 steps, final task_reward 0.9000.")
+    if failed:  # launch.py's line, then the traceback
+        lines += [f"20231114-22:15:00 ERROR Run failed: {failed}", "Traceback (most recent call last):",
+                  '  File "x.py", line 1', failed.split(": ", 1)[1]]
     torn = '{"global_step": 7, "task_'  # a crash mid-write
     Path(p.metrics_file).write_text("".join(json.dumps(r) + "\n" for r in rows) + torn)
     Path(p.log_file).write_text("\n".join(lines) + "\n")
@@ -65,6 +68,19 @@ def test_dead_run_shows_last_step_recover_point_eta_and_how_to_resume(tmp_path):
     assert "epoch1epochstep4globalstep4 (+1 earlier)" in text
     assert "eta        4s when it was last running" in text
     assert "resumes at global step 5" in text
+
+
+def test_failed_run_names_its_error_and_how_to_resume(tmp_path):
+    error = "TrainerWorker.train_step: ValueError: packed batch has 3 rows, expected 4"
+    p = make_run(tmp_path, failed=error, pid=os.getpid())  # even while the driver is still exiting
+    st = runview.read_status(runview.resolve_run(p.log_dir))
+    assert (st.state, st.why) == ("failed", error)
+    text = "\n".join(runview.summary_lines(st, now=T0 + 200))
+    assert f"state      failed ({error})" in text and "it resumes at global step 5" in text
+    # A new launch of the same trial starts over: the old failure no longer counts.
+    with open(p.log_file, "a") as f:
+        f.write("20231114-22:16:00 INFO Run tiny/run0: 10 steps, 100 per epoch, 3200 prompts; logs in x\n")
+    assert runview.read_status(runview.resolve_run(p.log_dir)).state == "running"
 
 
 def test_running_and_finished(tmp_path):

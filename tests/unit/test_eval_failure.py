@@ -1,0 +1,72 @@
+"""An evaluation whose engine fails part-way: one line (exit 1), the traceback in OUT/error.log,
+the samples graded before it kept, and a re-run that resumes after them.
+
+The engine is a stand-in (an engine that dies on its second chunk cannot be made on demand); the
+runner, the records and the CLI are the real code. The real engine refusing to start is in
+tests/integration/test_eval_tiny.py.
+"""
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from areal_kit.errors import RunFailed
+from areal_kit.eval import engine as E
+from areal_kit.eval.runner import EvalConfig, run
+
+ROWS = [{"idx": i, "question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}
+        for i in range(6)]
+
+
+class DiesOnChunk:
+    """Answers every request with the right boxed answer, until its chunk number `dies`."""
+
+    num_engines = 1
+
+    def __init__(self, dies: int | None):
+        self.dies, self.calls = dies, 0
+
+    def generate(self, requests):
+        self.calls += 1
+        if self.calls == self.dies:
+            raise RuntimeError("EngineCore died unexpectedly")
+        return [E.GenResult(r.key, "\\boxed{0}", 3, "stop") for r in requests]
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from areal_kit.data.tiny_model import TinySpec, build
+
+    return build(str(tmp_path_factory.mktemp("tiny") / "bpe"), TinySpec(kind="bpe", heads=2, kv_heads=1))
+
+
+def test_a_failed_engine_keeps_what_was_graded_and_a_rerun_resumes(model, tmp_path, monkeypatch):
+    data = tmp_path / "data" / "gsm8k"
+    data.mkdir(parents=True)
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = tmp_path / "out"
+    cfg = EvalConfig(model_path=model, output_path=str(out), data_dir=str(tmp_path / "data"), data_names=["gsm8k"],
+                     num_samples=0, max_gen_tokens=4, prompt_type="plain", chunk_size=4)  # 4 graded, then death
+    engine = DiesOnChunk(dies=2)
+    monkeypatch.setattr(E, "open_engines", lambda *a, **k: engine)
+    with pytest.raises(RunFailed) as got:
+        run(cfg, console=Console(file=io.StringIO()))
+    assert str(got.value) == (f"eval failed: RuntimeError: EngineCore died unexpectedly (traceback in "
+                              f"{out}/error.log; the 4 sample(s) graded before it are kept, a re-run resumes "
+                              "after them)")
+    assert "Traceback (most recent call last):" in (out / "error.log").read_text()
+    assert len((out / "gsm8k" / "samples.jsonl").read_text().splitlines()) == 4
+    assert not (out / "aggregate.json").exists()
+
+    engine = DiesOnChunk(dies=None)
+    monkeypatch.setattr(E, "open_engines", lambda *a, **k: engine)
+    printed = io.StringIO()
+    agg = run(cfg, console=Console(file=printed, width=200))
+    assert "4 already done, 2 to generate" in printed.getvalue()
+    assert engine.calls == 1 and not (out / "error.log").exists()
+    assert agg["results"]["gsm8k"]["num_questions"] == 6
