@@ -48,7 +48,7 @@ def run_paths(fileroot: str, experiment: str, trial: str, user: str | None = Non
 def epoch_line(epoch: int, n_epochs: int, step: int, steps_per_epoch: int, global_step: int,
                avg_tokens: float, e2e: float, total: float, eta: float | None) -> str:
     line = (f"Epoch {epoch}/{n_epochs} step {step}/{steps_per_epoch} (global step {global_step}) finishes. "
-            f"Average #tokens per batch is {int(round(avg_tokens))}. "
+            f"Average #tokens per batch is {round(avg_tokens)}. "
             f"#End to end# execution time: *{e2e:.3f}*s. Total time consumption: {total:.3f}s.")
     if eta is not None:
         line += f" Estimated remaining time: {eta:.3f}s."
@@ -105,7 +105,7 @@ class RunLogger:
             ch = logging.StreamHandler(sys.stdout)
             ch.setFormatter(fmt)
             self.log.addHandler(ch)
-        self.metrics = open(paths.metrics_file, "a", buffering=1)
+        self.metrics = open(paths.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run; close() shuts it)
         self.tb = None
         if tensorboard:
             try:
@@ -134,9 +134,8 @@ class RunLogger:
         row = {"global_step": global_step, "time": time.time(), **row}
         self.metrics.write(json.dumps(row) + "\n")
         for k, v in row.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                if self.tb is not None:
-                    self.tb.add_scalar(k, v, global_step)
+            if self.tb is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.tb.add_scalar(k, v, global_step)
         if self.wandb is not None:
             self.wandb.log(row, step=global_step)
 

@@ -11,10 +11,12 @@ benchmark measures the code a user runs, with the settings of areal_kit.platform
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from bench import workload
 
@@ -56,10 +58,8 @@ def close_llm(llm) -> None:
     """Stop a vLLM engine's EngineCore process now (not whenever the garbage collector runs)."""
     import gc
 
-    try:
+    with contextlib.suppress(Exception):  # best effort: an engine that already stopped
         llm.llm_engine.engine_core.shutdown()
-    except Exception:  # best effort: an engine that already stopped
-        pass
     del llm
     gc.collect()
 
@@ -107,10 +107,10 @@ def train_run(args: list[str], workdir: str, name: str, timeout: float = 900) ->
     t0 = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.run([areal_kit_bin(), "train", *args, "--fresh"], cwd=workdir, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+                              stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
     wall = time.time() - t0
     if proc.returncode != 0:
-        tail = open(log_path).read()[-2000:]
+        tail = Path(log_path).read_text()[-2000:]
         raise RuntimeError(f"areal-kit train {' '.join(args)} exited {proc.returncode}; log {log_path}:\n{tail}")
     exp = _value(args, "experiment_name") or "tiny"
     paths = logs.run_paths(fileroot, exp, name, user="bench")

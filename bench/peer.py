@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import tempfile
+from pathlib import Path
 
 from bench import engines, pipeline, workload
 from bench.report import Result
@@ -68,7 +69,7 @@ def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str) -> dict:
             "seed": cfg.seed, "lr": a.lr, "weight_decay": a.weight_decay, "adam_betas": list(a.adam_betas),
             "gradient_clipping": a.gradient_clipping, "workdir": os.path.join(workdir, name)}
     spec_path, out_path = os.path.join(workdir, f"{name}.json"), os.path.join(workdir, f"{name}.out.json")
-    json.dump(spec, open(spec_path, "w"))
+    Path(spec_path).write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": engines.ROOT, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     log_path = os.path.join(workdir, f"{name}.log")
@@ -77,10 +78,11 @@ def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str) -> dict:
     t0 = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.run([py, os.path.join(engines.ROOT, "bench", "trl_grpo.py"), spec_path, out_path],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
+                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1800, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"TRL run {name} exited {proc.returncode}; log {log_path}:\n{open(log_path).read()[-2000:]}")
-    out = json.load(open(out_path))
+        tail = Path(log_path).read_text()[-2000:]
+        raise RuntimeError(f"TRL run {name} exited {proc.returncode}; log {log_path}:\n{tail}")
+    out = json.loads(Path(out_path).read_text())
     return {"rows": out["steps"], "wall": time.time() - t0}
 
 
@@ -132,14 +134,14 @@ def run() -> Result:
     est = results["rl"]["areal-kit"]["sync_estimate"]
     figures["rl_ours_sync_estimate_s"] = est
     figures["rl_ratio_sync_estimate"] = results["rl"]["TRL"]["s_per_step"] / est
-    notes = [f"Synchronous areal-kit (max_head_offpolicyness 0) would take about gen + train + sync = {est:.1f} s "
+    notes = [(f"Synchronous areal-kit (max_head_offpolicyness 0) would take about gen + train + sync = {est:.1f} s "
              f"a step on the RL-shaped workload ({figures['rl_ratio_sync_estimate']:.2f}x TRL), an estimate "
-             "from the same run; with 2 shared cores, overlapped generation and training slow each other.",
-             f"Tiny preset ratio {figures['tiny_ratio']:.2f}x (reported, no target). Reward curves are per step "
-             "(mean task reward); a few steps of a random-init model show throughput, not learning.",
-             "TRL's gen = its transformers generate; train = the rest of its step (logprobs, loss, backward, "
+             "from the same run; with 2 shared cores, overlapped generation and training slow each other."),
+             (f"Tiny preset ratio {figures['tiny_ratio']:.2f}x (reported, no target). Reward curves are per step "
+             "(mean task reward); a few steps of a random-init model show throughput, not learning."),
+             ("TRL's gen = its transformers generate; train = the rest of its step (logprobs, loss, backward, "
              "optimizer); other = rewards. Ours: gen on the vLLM engine (overlapping training), train on the "
-             "DeepSpeed actor, other = idle wait + sync + loop. The full reward curves are in latest.json."]
+             "DeepSpeed actor, other = idle wait + sync + loop. The full reward curves are in latest.json.")]
     return Result("peer", "steps/hour: areal-kit vs TRL GRPOTrainer on the RL-shaped workload", figures,
                   ratio=figures["rl_ratio"], target=2.0,
                   columns=["workload", "toolkit", "s/step", "steps/hour", "gen s", "train s", "other s",

@@ -137,7 +137,7 @@ def run_all(registry: dict[str, Callable[[], Result]], names: list[str], out_dir
     for name in names:
         try:
             res = registry[name]()
-        except Exception as e:  # report and go on: one broken benchmark must not hide the rest
+        except Exception as e:  # noqa: BLE001 (report and go on: one broken benchmark must not hide the rest)
             err = f"{type(e).__name__}: {e}"
             print(json.dumps({"name": name, "error": err}), flush=True)
             console.print(f"[red]{name} failed[/]: {err}")
@@ -183,8 +183,8 @@ def write_markdown(latest: dict, path: str, about: dict[str, str], intro: str = 
         lines += ["", f"### {name.replace('_', '-')}", ""]
         if about.get(name):
             lines += [about[name].strip(), ""]
-        lines += [f"Command: `python bench/run.py {name}` — measured {rec.get('measured_at', '?')} "
-                  f"on {rec.get('machine', '?')}.", ""]
+        lines += [(f"Command: `python bench/run.py {name}` — measured {rec.get('measured_at', '?')} "
+                  f"on {rec.get('machine', '?')}."), ""]
         cols = rec.get("columns") or []
         if cols:
             lines.append("| " + " | ".join(str(c) for c in cols) + " |")

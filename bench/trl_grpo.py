@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 
 def reward_fn(name: str):
@@ -38,7 +39,7 @@ def main(spec_path: str, out_path: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    spec = json.load(open(spec_path))
+    spec = json.loads(Path(spec_path).read_text())
     torch.manual_seed(spec["seed"])
     tok = AutoTokenizer.from_pretrained(spec["model"])
     tok.padding_side = "left"
@@ -100,7 +101,7 @@ def main(spec_path: str, out_path: str) -> None:
                     processing_class=tok, callbacks=[StepLog()])
     t0 = time.time()
     trainer.train()
-    json.dump({"steps": steps, "wall": time.time() - t0}, open(out_path, "w"))
+    Path(out_path).write_text(json.dumps({"steps": steps, "wall": time.time() - t0}))
 
 
 if __name__ == "__main__":

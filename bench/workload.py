@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from areal_kit.data.tiny_model import TinySpec, build, save_atomic
 
@@ -49,7 +50,7 @@ def rl_model(eos_rate: float = EOS_RATE) -> str:
     """The ~10M-parameter model of the RL-shaped workload, its eos calibrated to eos_rate."""
     out = os.path.join(CACHE, "models", f"rl-10m-eos{round(1 / eos_rate)}")
     marker = os.path.join(out, "bench_eos.json")
-    if os.path.exists(marker) and json.load(open(marker)).get("eos_rate") == eos_rate:
+    if os.path.exists(marker) and json.loads(Path(marker).read_text()).get("eos_rate") == eos_rate:
         return out
     base = build(os.path.join(CACHE, "models", "rl-10m-base"), RL_SPEC)
     _calibrate_eos(base, out, eos_rate)
@@ -122,7 +123,7 @@ def n_params(path: str) -> int:
 
     total = 0
     with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
-        for k in f.keys():  # safe_open has no __iter__
+        for k in f:  # safe_open has no __iter__
             total += _prod(f.get_slice(k).get_shape())
     return total
 

@@ -18,11 +18,10 @@ import re
 from pathlib import Path
 
 import typer
+from typer import Option as _O  # every flag below is one
 
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec, load_cluster_spec
 from areal_kit.errors import UserError
-
-_O = typer.Option
 
 
 def _spec(hosts, hostnames, inventory, username, ssh_port, key, storage, name, n_gpus) -> ClusterSpec:

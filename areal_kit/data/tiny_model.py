@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 SPECIALS = ["<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOY_WORDS = [str(d) for d in range(10)] + ["+", "-", "=", "answer", "is", "the", "what", "?"]
@@ -112,7 +113,7 @@ def build(out_dir: str, spec: TinySpec | None = None) -> str:
     hf_logging.disable_progress_bar()  # a progress bar on stderr for a 1 MB file is noise
     spec = spec or TinySpec()
     marker = os.path.join(out_dir, "tiny_spec.json")
-    if os.path.exists(marker) and json.load(open(marker)) == asdict(spec):
+    if os.path.exists(marker) and json.loads(Path(marker).read_text()) == asdict(spec):
         return out_dir
     tok = build_tokenizer(spec)
     # bpe: a multiple of 16 like real checkpoints. toy: exactly the tokenizer, so no probability

@@ -83,7 +83,7 @@ def grade(
     pred: str | None = typer.Argument(None, help="Predicted answer, or a whole completion "
                                                     "(its last \\boxed{} is taken)."),
     ref: str | None = typer.Argument(None, help="Reference answer."),
-    file: Path | None = typer.Option(None, "--file",  # noqa: B008 (typer idiom)
+    file: Path | None = typer.Option(None, "--file",
                                         help="jsonl of {pred, ref[, expected]} rows: one JSON "
                                              "verdict line each and an 'N passed, M failed' summary."),
     timeout: float = typer.Option(5.0, "--timeout", help="Seconds math-verify may spend on one answer."),

@@ -7,6 +7,7 @@ vLLM engines and one DeepSpeed rank, the same actors a GPU cluster would get.
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -118,7 +119,7 @@ def core_sets(cfg, n_train: int, n_engines: int, tp: int) -> list[list[int]] | N
     bounds = [0]
     for s in range(slots):
         bounds.append(bounds[-1] + per + (s < extra))
-    return [cores[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [cores[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def _pinned(env: dict[str, str], cores: list[list[int]] | None, slots) -> dict[str, str]:

@@ -235,7 +235,10 @@ class TrainerWorker:
                 lp, ent = self._logprobs(self.engine.module, pk, grad=True)
                 m = pk.answer_mask.to(self.device)
                 logp = lp[m]
-                cat = lambda xs: torch.cat([xs[i] for i in rows]).to(self.device)  # noqa: E731
+
+                def cat(xs, rows=rows):  # this micro-batch's rows of a per-sequence list
+                    return torch.cat([xs[i] for i in rows]).to(self.device)
+
                 w = torch.cat([loss_mask(shard[i]) for i in rows]).to(self.device)
                 old = logp.detach() if prox is None else cat(prox)
                 loss_tok, st = Fn.ppo_loss(logp, old, cat(adv), p.eps_clip,

@@ -73,7 +73,9 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     # Sequences of equal length run as one batched call: an RL batch repeats lengths a lot (a
     # group's short answers, the tiny task's fixed length), and per-call overhead dominates there.
     for idx, n, length in _groups(segments(position_ids[0]), q.device):
-        grab = lambda x: x[:, idx].unflatten(1, (n, length)).transpose(0, 1)  # [n, H, L, D]
+        def grab(x, idx=idx, n=n, length=length):  # [n, H, L, D]
+            return x[:, idx].unflatten(1, (n, length)).transpose(0, 1)
+
         o = F.scaled_dot_product_attention(grab(q), grab(k), grab(v), dropout_p=p, is_causal=True,
                                            scale=scaling, enable_gqa=gqa)
         pieces.append(o.transpose(0, 1).flatten(1, 2))  # [H, n * L, D]

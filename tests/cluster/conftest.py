@@ -14,13 +14,12 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from image import IMAGE_TAG, build, venv_mounts
+from image import IMAGE_TAG, build
 from kit import Kit
 from testbed import Testbed
 

@@ -36,7 +36,7 @@ class Kit:
         env = dict(os.environ, AREAL_KIT_HOME=str(self.home), COLUMNS="200")
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-m", "areal_kit.cli", *args], capture_output=True, text=True,
-                           env=env, timeout=timeout)
+                           env=env, timeout=timeout, check=False)
         r.seconds = time.monotonic() - t0
         print(f"\n$ areal-kit {' '.join(args)}  [{r.seconds:.1f}s rc={r.returncode}]\n{r.stdout[-6000:]}"
               f"{r.stderr[-3000:]}", file=sys.stderr)

@@ -5,7 +5,6 @@ both through shared memory (weight_sync=auto, one node) and over the gloo group 
 """
 
 import pytest
-
 from rl_run import Run, _engine_vs_trainer
 
 

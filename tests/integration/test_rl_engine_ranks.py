@@ -7,7 +7,6 @@ module starts its own workers, so runs never compete for Ray's slots.
 """
 
 import pytest
-
 from rl_run import Run, _engine_vs_trainer
 
 

@@ -7,7 +7,6 @@ weights split across the workers still arrive whole, part through shared memory,
 import re
 
 import pytest
-
 from rl_run import Run, _engine_vs_trainer
 
 

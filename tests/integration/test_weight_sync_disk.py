@@ -4,7 +4,6 @@
 """
 
 import pytest
-
 from rl_run import Run, _engine_vs_trainer
 
 
