@@ -75,7 +75,7 @@ def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: i
                 tp: int = 1, gpu_memory_utilization: float = 0.85) -> dict:
     """Keyword arguments for vllm.LLM on this platform (same engine, tuned per device)."""
     kw = {"model": model_path, "seed": seed, "max_model_len": max_model_len,
-              "tensor_parallel_size": tp, "enable_prefix_caching": True}
+          "tensor_parallel_size": tp, "enable_prefix_caching": True}
     if platform.is_cpu:
         # block_size 32: prompts shorter than the default 128-token block are then shared
         # across a group by prefix caching (1.2x measured on RL-shaped rollouts).

@@ -116,9 +116,9 @@ def run() -> Result:
             [f"padded, {per_mb} sequences/mb", sq, padded_tokens, n, n / sq]]
     lens = [len(a) for a in answers]
     notes = [(f"Answer lengths {min(lens)}..{max(lens)} (mean {sum(lens) / len(lens):.0f}), same {MAX_TOKENS}-token "
-             "budget for every layout. The trainer attends within each packed sequence (rl/varlen.py: a batched "
-             "causal SDPA call per distinct length, as flash-attn's varlen kernel does on GPU); stock SDPA on the same packed row "
-             f"builds a dense block-diagonal mask, quadratic in the row's length ({sq / sd:.2f}x padded only).")]
+              "budget for every layout. The trainer attends within each packed sequence (rl/varlen.py: a batched "
+              "causal SDPA call per distinct length, as flash-attn's varlen kernel does on GPU); stock SDPA on the same packed row "
+              f"builds a dense block-diagonal mask, quadratic in the row's length ({sq / sd:.2f}x padded only).")]
     return Result("packing", "trainer tokens/s: packed vs padded micro-batches", figures, ratio=sq / sp,
                   target=1.5, columns=["layout", "seconds", "tokens computed", "real tokens", "real tokens/s"],
                   rows=rows, notes=notes)

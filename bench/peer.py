@@ -135,13 +135,13 @@ def run() -> Result:
     figures["rl_ours_sync_estimate_s"] = est
     figures["rl_ratio_sync_estimate"] = results["rl"]["TRL"]["s_per_step"] / est
     notes = [(f"Synchronous areal-kit (max_head_offpolicyness 0) would take about gen + train + sync = {est:.1f} s "
-             f"a step on the RL-shaped workload ({figures['rl_ratio_sync_estimate']:.2f}x TRL), an estimate "
-             "from the same run; with 2 shared cores, overlapped generation and training slow each other."),
+              f"a step on the RL-shaped workload ({figures['rl_ratio_sync_estimate']:.2f}x TRL), an estimate "
+              "from the same run; with 2 shared cores, overlapped generation and training slow each other."),
              (f"Tiny preset ratio {figures['tiny_ratio']:.2f}x (reported, no target). Reward curves are per step "
-             "(mean task reward); a few steps of a random-init model show throughput, not learning."),
+              "(mean task reward); a few steps of a random-init model show throughput, not learning."),
              ("TRL's gen = its transformers generate; train = the rest of its step (logprobs, loss, backward, "
-             "optimizer); other = rewards. Ours: gen on the vLLM engine (overlapping training), train on the "
-             "DeepSpeed actor, other = idle wait + sync + loop. The full reward curves are in latest.json.")]
+              "optimizer); other = rewards. Ours: gen on the vLLM engine (overlapping training), train on the "
+              "DeepSpeed actor, other = idle wait + sync + loop. The full reward curves are in latest.json.")]
     return Result("peer", "steps/hour: areal-kit vs TRL GRPOTrainer on the RL-shaped workload", figures,
                   ratio=figures["rl_ratio"], target=2.0,
                   columns=["workload", "toolkit", "s/step", "steps/hour", "gen s", "train s", "other s",

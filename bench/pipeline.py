@@ -61,15 +61,15 @@ def run() -> Result:
         rows.append([label, r["steps_per_hour"], r["e2e"], r["gen"], r["wait"], r["train"], r["sync"], r["load"], r["other"],
                      f"{r['steps_per_hour'] / base:.2f}x", r["wall"]])
     notes = [(f"Steady steps per run: {min(r['steady_steps'] for r in res.values())}-"
-             f"{max(r['steady_steps'] for r in res.values())}. gen = generation time on the engine, which overlaps "
-             "training when max_head_offpolicyness > 0; wait = trainer idle, waiting for generation (and, when "
-             "synchronous, for the engine's weight load); sync = the trainer's side of the weight sync (staging "
-             "the weights: the send runs on the trainer's second thread, and its next optimizer step waits for "
-             "it, inside train); engine load = the engine's receive and load, between its generations."),
+              f"{max(r['steady_steps'] for r in res.values())}. gen = generation time on the engine, which overlaps "
+              "training when max_head_offpolicyness > 0; wait = trainer idle, waiting for generation (and, when "
+              "synchronous, for the engine's weight load); sync = the trainer's side of the weight sync (staging "
+              "the weights: the send runs on the trainer's second thread, and its next optimizer step waits for "
+              "it, inside train); engine load = the engine's receive and load, between its generations."),
              ("cpu_cores=auto shares both cores between the roles when synchronous (they take turns) and splits "
-             "them when asynchronous (they run at once, one core each, as each role has its own GPUs on a "
-             f"cluster). Ratio = best async (max_head_offpolicyness {best}) over the faster synchronous layout "
-             f"({sync_label}).")]
+              "them when asynchronous (they run at once, one core each, as each role has its own GPUs on a "
+              f"cluster). Ratio = best async (max_head_offpolicyness {best}) over the faster synchronous layout "
+              f"({sync_label}).")]
     return Result("pipeline", "steps/hour of the tiny preset: async (max_head_offpolicyness 1, 2) vs sync",
                   figures, ratio=res[best]["steps_per_hour"] / base, target=1.3,
                   columns=["max_head_offpolicyness", "steps/hour", "s/step", "gen s", "wait (idle) s",

@@ -184,7 +184,7 @@ def write_markdown(latest: dict, path: str, about: dict[str, str], intro: str = 
         if about.get(name):
             lines += [about[name].strip(), ""]
         lines += [(f"Command: `python bench/run.py {name}` — measured {rec.get('measured_at', '?')} "
-                  f"on {rec.get('machine', '?')}."), ""]
+                   f"on {rec.get('machine', '?')}."), ""]
         cols = rec.get("columns") or []
         if cols:
             lines.append("| " + " | ".join(str(c) for c in cols) + " |")

@@ -90,8 +90,8 @@ def run() -> Result:
     rows_t = [["areal-kit rollout (vLLM)", sec_o, tok_o, o, "-"],
               ["transformers generate", sec_b, tok_b, b, f"{slot:.0%}"]]
     notes = [(f"{n / 1e6:.1f}M-parameter model, {len(rows)} prompts x {cfg.ppo.group_size}, up to "
-             f"{g.max_new_tokens} tokens, mean answer {engines.mean(r['mean_len'] for r in ours):.0f} tokens; "
-             f"transformers uses {slot:.0%} of its decode slots (the rest wait for the longest answer).")]
+              f"{g.max_new_tokens} tokens, mean answer {engines.mean(r['mean_len'] for r in ours):.0f} tokens; "
+              f"transformers uses {slot:.0%} of its decode slots (the rest wait for the longest answer).")]
     return Result("rollout", "generated tokens/s: our vLLM rollout vs transformers generate", figures,
                   ratio=o / b, target=3.0,
                   columns=["engine", "seconds", "tokens", "tokens/s", "decode slots used"], rows=rows_t,

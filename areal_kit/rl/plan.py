@@ -57,17 +57,17 @@ def plan_lines(cfg) -> list[str]:
     lines = [
         f"experiment {cfg.experiment_name} / trial {cfg.trial_name}",
         (f"cluster: {cfg.n_nodes} node(s) x {cfg.n_gpus_per_node} GPU(s) = {cfg.n_gpus} GPUs; "
-        f"{a.describe(cfg.n_nodes, cfg.n_gpus_per_node)}"),
+         f"{a.describe(cfg.n_nodes, cfg.n_gpus_per_node)}"),
         f"generation: {a.gen_gpus} GPUs as {a.gen.dp} vLLM engine(s), tensor parallel {a.gen.tp} ({a.gen})",
         f"training: {a.train_gpus} GPUs, DeepSpeed ZeRO-{cfg.actor.zero_stage} over {a.train.world} rank(s) ({a.train})"
         + (" sharing the generation GPUs" if a.kind != "decoupled" else ""),
         f"model: {cfg.actor.path}" + (f"; reference: {cfg.ref.path or cfg.actor.path} (kl_ctl {p.kl_ctl}, "
                                        f"{p.kl_estimator}, in {p.kl_mode})" if p.kl_ctl > 0 else "; no reference model"),
         (f"batch: {d.train_bs_n_seqs} prompts x {p.group_size} answers = {n_seqs} sequences; "
-        f"{p.ppo_n_minibatches} optimizer step(s) per batch"),
+         f"{p.ppo_n_minibatches} optimizer step(s) per batch"),
         (f"tokens: prompt <= {d.max_prompt_len}, answer <= {p.gen.max_new_tokens}; micro-batches <= "
-        f"{cfg.actor_train.mb_spec.max_tokens_per_mb} tokens; at most {n_seqs * (d.max_prompt_len + p.gen.max_new_tokens):,} "
-        "tokens a batch"),
+         f"{cfg.actor_train.mb_spec.max_tokens_per_mb} tokens; at most {n_seqs * (d.max_prompt_len + p.gen.max_new_tokens):,} "
+         "tokens a batch"),
         f"off-policyness: {p.max_head_offpolicyness}" + (" (synchronous, on-policy)" if p.max_head_offpolicyness == 0
                                                         else f" (decoupled loss: {p.use_decoupled_loss})"),
         weight_sync_line(cfg, a.gen.dp * a.gen.tp),

@@ -282,7 +282,7 @@ def _safetensors(path: str):
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
     for f in files:
         with safe_open(f, framework="pt") as st:
-            yield [(name, st.get_tensor(name)) for name in st]
+            yield [(name, st.get_tensor(name)) for name in st.keys()]  # noqa: SIM118 (safe_open is not iterable)
 
 
 def _tied_head(stream):
