@@ -14,7 +14,7 @@ import sys
 import click
 import typer
 
-from areal_kit.errors import RunFailed, UserError
+from areal_kit.errors import Interrupted, RunFailed, UserError
 
 # typer >= 0.2x vendors click as typer._click and raises its exceptions (and typer.Exit/Abort),
 # older typer raises click's own: catch both, or a usage error escapes as a traceback.
@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> None:
         sub = e.ctx.command_path.split(" ", 1)[1:] if e.ctx else []  # drop the program name
         hint = f" (see: {' '.join(['areal-kit', *sub, '--help'])})" if e.ctx else ""
         fail(" ".join(e.format_message().split()) + hint)
+    except Interrupted as e:
+        print(f"interrupted ({e.signame})", file=sys.stderr)
+        raise SystemExit(e.exit_code) from None
     except _ABORTS:
         print("aborted", file=sys.stderr)
         raise SystemExit(130)

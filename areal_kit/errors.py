@@ -34,3 +34,13 @@ def describe(e: BaseException) -> str:
         e = e.cause
     lines = str(e).splitlines()
     return where + (f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__)
+
+
+class Interrupted(BaseException):
+    """A run stopped by a signal other than Ctrl-C (SIGTERM: `kill`, a scheduler's stop). Like Ctrl-C's
+    KeyboardInterrupt it is no Exception, so no handler of errors takes it: it unwinds, workers are
+    stopped and logs closed, and the CLI exits with 128 + the signal number."""
+
+    def __init__(self, signame: str, exit_code: int):
+        super().__init__(signame)
+        self.signame, self.exit_code = signame, exit_code

@@ -26,6 +26,7 @@ from areal_kit.logs import RunPaths
 
 FINISHED = "Training finished"
 FAILED = re.compile(r" ERROR Run failed: (.*)$")  # launch.py's line; the traceback follows it
+INTERRUPTED = re.compile(r" WARNING Run interrupted \((.*?)\)")
 RUN_LINE = re.compile(r"INFO Run (\S+): (\d+) steps, (\d+) per epoch")
 ETA_LINE = re.compile(r"^(\d{8}-\d\d:\d\d:\d\d) .*\(global step (\d+)\) finishes\..*Estimated remaining time: "
                       r"([\d.]+)s")
@@ -87,7 +88,7 @@ class Status:
     saves: list = field(default_factory=list)
     eta: float | None = None
     eta_time: float | None = None
-    state: str = "unknown"  # running | finished | failed | dead | probably running | probably dead | unknown
+    state: str = "unknown"  # running | finished | failed | interrupted | dead | probably running | probably dead | unknown
     why: str = ""
     relaunches: int = 0
     resumes: int = 0
@@ -110,7 +111,7 @@ def read_status(files: RunFiles, now: float | None = None, tail: int = 5) -> Sta
         m = RUN_LINE.search(line)
         if m:
             st.total_steps, st.steps_per_epoch, started_at = int(m.group(2)), int(m.group(3)), i
-    finished, failed = False, ""
+    finished, failed, interrupted = False, "", ""
     for line in lines[started_at:]:
         m = ETA_LINE.search(line)
         if m:
@@ -119,6 +120,8 @@ def read_status(files: RunFiles, now: float | None = None, tail: int = 5) -> Sta
         finished = finished or FINISHED in line
         m = FAILED.search(line)
         failed = m.group(1) if m else failed
+        m = INTERRUPTED.search(line)
+        interrupted = m.group(1) if m else interrupted
         st.relaunches += "relaunching from the last recover checkpoint" in line
         st.resumes += "Will recover from:" in line
     st.last_lines = lines[-tail:] if tail > 0 else []
@@ -128,7 +131,10 @@ def read_status(files: RunFiles, now: float | None = None, tail: int = 5) -> Sta
     if actor and os.path.isdir(actor):
         st.saves = sorted((d for d in os.listdir(actor) if re.search(r"globalstep\d+$", d)),
                           key=lambda d: int(re.search(r"(\d+)$", d).group(1)))
-    st.state, st.why = ("failed", failed) if failed else _liveness(files, st, finished, now)
+    if failed or interrupted:
+        st.state, st.why = ("failed", failed) if failed else ("interrupted", interrupted)
+    else:
+        st.state, st.why = _liveness(files, st, finished, now)
     return st
 
 
@@ -233,7 +239,7 @@ def summary_lines(st: Status, now: float | None = None) -> list[str]:
         out.append(f"eta        {_dur(max(left, 0))}{note}")
     else:
         out.append("eta        unknown (shown from global step 3 on)")
-    if st.state in ("failed", "dead", "probably dead") and st.recover is not None:
+    if st.state in ("failed", "interrupted", "dead", "probably dead") and st.recover is not None:
         out.append(f"resume     re-run the same `areal-kit train` command: it resumes at global step "
                    f"{st.recover.global_step + 1}")
     return out
@@ -309,7 +315,7 @@ def _follow(files: RunFiles, st: Status, interval: float) -> None:
                 if chunk:
                     print(chunk, end="", flush=True)
             st = read_status(files, tail=0)
-            if st.state in ("finished", "failed", "dead", "probably dead"):
+            if st.state in ("finished", "failed", "interrupted", "dead", "probably dead"):
                 break
     except KeyboardInterrupt:
         pass

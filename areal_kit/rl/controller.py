@@ -108,12 +108,17 @@ class Controller:
         self._shared = False  # engines on this node take weights through shared memory
 
     # ------------------------------------------------------------ lifecycle
+    def start_ray(self) -> None:
+        """Join (or start) the Ray cluster; start() does it too, when it was not done."""
+        from areal_kit.rl import actors
+
+        actors.start_ray(self.cfg, _slots(self.cfg))
+
     def start(self) -> None:
         from areal_kit.rl import actors
 
         t0 = time.time()
-        alloc_slots = _slots(self.cfg)
-        actors.start_ray(self.cfg, alloc_slots)
+        self.start_ray()
         cache = os.path.join(self.cfg.fileroot, "cache")
         self.workers = actors.create(self.cfg, self.job.model_path, cache, self.job.total_steps)
         setup = actors.setup(self.workers)

@@ -5,15 +5,18 @@ then relaunches from the last recover checkpoint, up to recover_retries times, s
 log. Any other error, including one our code raises inside a worker, ends the run at once: a
 relaunch would only fail the same way. It reaches the terminal as one line naming the worker
 call it came from (RunFailed, exit code 1), its full traceback in train.log. Bad input raises
-UserError before any actor starts.
+UserError before any actor starts. Ctrl-C and SIGTERM stop the run cleanly (workers stopped, the
+log says so); the same command then resumes it from the last recover checkpoint.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 
-from areal_kit.errors import RunFailed, UserError, describe
+from areal_kit.errors import Interrupted, RunFailed, UserError, describe
 
 
 class _Progress:
@@ -55,9 +58,14 @@ def launch(cfg, fresh: bool = False) -> int:
              + f"; logs in {job.paths.log_dir}")
     progress = _Progress(job.total_steps)
     retries = 0 if cfg.recover_mode == "disabled" else cfg.recover_retries
+    previous = _sigterm_interrupts()
     try:
         return relaunching(lambda attempt: _attempt(job, log, progress, recover, fresh and attempt == 0),
                            retries, log)
+    except (KeyboardInterrupt, Interrupted) as e:
+        how = e.signame if isinstance(e, Interrupted) else "Ctrl-C"
+        log.warning(f"Run interrupted ({how}); the same command resumes it from the last recover checkpoint.")
+        raise
     except UserError:
         raise
     except Exception as e:
@@ -65,8 +73,23 @@ def launch(cfg, fresh: bool = False) -> int:
         raise RunFailed(f"run {cfg.experiment_name}/{cfg.trial_name} failed: {describe(e)} "
                         f"(traceback in {job.paths.log_file})") from e
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         progress.stop()
         log.close()
+
+
+def _sigterm_interrupts():
+    """Make SIGTERM unwind the run as Ctrl-C does (a second one kills at once); returns the handler
+    it replaced, or None off the main thread, where Python cannot take signals."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Interrupted("SIGTERM", 128 + signum)
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _attempt(job, log, progress, recover, fresh: bool) -> int:
@@ -76,6 +99,8 @@ def _attempt(job, log, progress, recover, fresh: bool) -> int:
     state = recover.resume_state(job, log, fresh) if recover else None
     ctrl = C.Controller(job, log, state, progress)
     try:
+        ctrl.start_ray()
+        _sigterm_interrupts()  # ray.init put its own SIGTERM handler in place (it aborts the driver): ours again
         ctrl.start()
         if recover and state is not None:
             recover.restore_workers(ctrl)

@@ -1,17 +1,21 @@
-"""Runs that fail after they started: the real vLLM engine refuses to start (its KV cache asks for
-more memory than the machine has), through the installed command, for train and for eval.
+"""Runs that end early, through the installed command.
 
-The user must get one line naming where it failed and vLLM's own reason, exit code 1 and no
-traceback on the terminal; the traceback must be in the run's log (train.log, OUT/error.log), and
-`areal-kit logs` must say failed.
+1. Failures: the real vLLM engine refuses to start (its KV cache asks for more memory than the
+   machine has), for train and for eval. The user must get one line naming where it failed and
+   vLLM's own reason, exit code 1 and no traceback on the terminal; the traceback must be in the
+   run's log (train.log, OUT/error.log), and `areal-kit logs` must say failed.
+2. SIGTERM (a scheduler's stop) during training: exit code 143, the log says so, no process of
+   the run is left, and `areal-kit logs` says interrupted.
 
     .venv/bin/python -m pytest tests/integration/test_run_failure.py
 """
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 TOO_BIG = {"VLLM_CPU_KVCACHE_SPACE": "99999"}  # GiB: more than any node here
@@ -58,3 +62,37 @@ def test_eval_whose_engine_cannot_start_fails_in_one_line(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("error: eval failed: ValueError: "), proc.stderr[-2000:]
     assert "VLLM_CPU_KVCACHE_SPACE" in errors[0] and errors[0].endswith(f"(traceback in {out}/error.log)")
     assert "determine_available_memory" in (out / "error.log").read_text()
+
+
+def test_sigterm_during_training_stops_every_process_of_the_run(tmp_path):
+    exe = str(Path(sys.executable).with_name("areal-kit"))
+    run = tmp_path / "areal_runs" / "logs" / "ci" / "tiny" / "run0"
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen([exe, "train", "tiny"], cwd=tmp_path, stdout=out, stderr=err,
+                                env={**os.environ, "AREAL_USER": "ci"}, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().count("\n") >= 3:
+            assert proc.poll() is None and time.time() < deadline, "training never reached step 3"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 143
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert (tmp_path / "err.txt").read_text().strip().splitlines()[-1] == "interrupted (SIGTERM)"
+    assert "Traceback" not in (tmp_path / "err.txt").read_text() + (tmp_path / "out.txt").read_text()
+    assert " WARNING Run interrupted (SIGTERM); the same command resumes it" in (run / "train.log").read_text()
+    deadline = time.time() + 30  # Ray's own processes exit right after the driver
+    while (left := [p for p in os.listdir("/proc") if p.isdigit() and _sid(p) == proc.pid]) and time.time() < deadline:
+        time.sleep(0.5)
+    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in left]
+    status = subprocess.run([exe, "logs", str(run)], capture_output=True, text=True, timeout=60, check=False)
+    assert "state      interrupted (SIGTERM)" in status.stdout
+
+
+def _sid(pid: str) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])  # state ppid pgrp session
+    except (OSError, IndexError, ValueError):  # gone meanwhile
+        return -1

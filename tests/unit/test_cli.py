@@ -209,3 +209,18 @@ def test_a_failed_run_is_one_line_exit_1(capsys, monkeypatch):
     assert code == 1 and out == ""
     assert err == ("error: run tiny/run0 failed: RolloutWorker.setup: ValueError: kv cache larger than memory "
                    "(traceback in /x/train.log)\n")
+
+
+def test_sigterm_and_ctrl_c_exit_codes(capsys, monkeypatch):
+    """SIGTERM (Interrupted) exits 143 and says so; Ctrl-C exits 130 (typer's code for it)."""
+    from areal_kit.errors import Interrupted
+    from areal_kit.rl import launch
+
+    for exc, code, said in ((Interrupted("SIGTERM", 143), 143, "interrupted (SIGTERM)\n"),
+                            (KeyboardInterrupt(), 130, "")):
+        def interrupted(cfg, fresh=False, exc=exc):
+            raise exc
+
+        monkeypatch.setattr(launch, "launch", interrupted)
+        got, _, err = run(["train", "tiny"], capsys)
+        assert (got, err.strip()) == (code, said.strip())

@@ -9,7 +9,7 @@ from typing import ClassVar
 import pytest
 import ray.exceptions as rex
 
-from areal_kit.errors import RunFailed, UserError
+from areal_kit.errors import Interrupted, RunFailed, UserError
 from areal_kit.rl import launch as L
 
 
@@ -157,6 +157,9 @@ class FakeController:
     def dead_workers(self):
         return FakeController.dead
 
+    def start_ray(self):
+        pass
+
     def start(self):
         pass
 
@@ -261,3 +264,35 @@ def test_launch_does_not_retry_a_bug_when_every_worker_is_alive(fake_run):
     with pytest.raises(RunFailed, match="Trainer.train_step: RuntimeError: Connection closed"):
         L.launch(cfg(retries=3))
     assert len(FakeController.made) == 1
+
+
+def test_ctrl_c_stops_the_workers_and_the_log_says_so(fake_run):
+    FakeController.failures = [KeyboardInterrupt()]
+    with pytest.raises(KeyboardInterrupt):
+        L.launch(cfg(retries=3))
+    assert len(FakeController.made) == 1 and FakeController.made[0].stopped  # no relaunch
+    said = "Run interrupted (Ctrl-C); the same command resumes it from the last recover checkpoint."
+    assert fake_run.log.warnings == [said]
+
+
+def test_sigterm_unwinds_like_ctrl_c_and_the_handler_is_put_back(fake_run, monkeypatch):
+    """A real SIGTERM to this process while the run trains: it ends as Interrupted (exit code 143),
+    the workers stopped, and afterwards SIGTERM does what it did before."""
+    import os
+    import signal
+    import time
+
+    def stop_here():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+        raise AssertionError("SIGTERM did not interrupt the run")
+
+    FakeController.failures = []
+    monkeypatch.setattr(FakeController, "run", lambda self: stop_here())
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as got:
+        L.launch(cfg())
+    assert (got.value.signame, got.value.exit_code) == ("SIGTERM", 143)
+    assert FakeController.made[0].stopped and len(FakeController.made) == 1
+    assert fake_run.log.warnings[-1].startswith("Run interrupted (SIGTERM)")
+    assert signal.getsignal(signal.SIGTERM) is before

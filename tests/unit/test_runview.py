@@ -16,7 +16,8 @@ from areal_kit.cli import main
 T0 = 1_700_000_000.0
 
 
-def make_run(root, steps=6, resumed_at=None, finished=False, pid=None, recover_step=4, saves=(2, 4), failed=""):
+def make_run(root, steps=6, resumed_at=None, finished=False, pid=None, recover_step=4, saves=(2, 4), failed="",
+             interrupted=""):
     p = L.run_paths(str(root), "tiny", "run0", "u")
     os.makedirs(p.log_dir)
     lines = [f"20231114-22:13:20 INFO Run tiny/run0: 10 steps, 100 per epoch, 3200 prompts; logs in {p.log_dir}"]
@@ -36,6 +37,9 @@ def make_run(root, steps=6, resumed_at=None, finished=False, pid=None, recover_s
             rows.append({**rows[g - 1], "task_reward": 0.9, "time": T0 + 100 + g})
     if finished:
         lines.append("20231114-22:15:00 INFO Training finished: 10 steps, final task_reward 0.9000.")
+    if interrupted:
+        lines.append(f"20231114-22:15:00 WARNING Run interrupted ({interrupted}); the same command resumes it "
+                     "from the last recover checkpoint.")
     if failed:  # launch.py's line, then the traceback
         lines += [f"20231114-22:15:00 ERROR Run failed: {failed}", "Traceback (most recent call last):",
                   '  File "x.py", line 1', failed.split(": ", 1)[1]]
@@ -81,6 +85,13 @@ def test_failed_run_names_its_error_and_how_to_resume(tmp_path):
     with open(p.log_file, "a") as f:
         f.write("20231114-22:16:00 INFO Run tiny/run0: 10 steps, 100 per epoch, 3200 prompts; logs in x\n")
     assert runview.read_status(runview.resolve_run(p.log_dir)).state == "running"
+
+
+def test_interrupted_run_says_by_what(tmp_path):
+    p = make_run(tmp_path, interrupted="SIGTERM", pid=os.getpid())
+    st = runview.read_status(runview.resolve_run(p.log_dir))
+    assert (st.state, st.why) == ("interrupted", "SIGTERM")
+    assert "it resumes at global step 5" in "\n".join(runview.summary_lines(st, now=T0 + 200))
 
 
 def test_running_and_finished(tmp_path):
