@@ -6,11 +6,15 @@ log. Any other error, including one our code raises inside a worker, ends the ru
 relaunch would only fail the same way. It reaches the terminal as one line naming the worker
 call it came from (RunFailed, exit code 1), its full traceback in train.log. Bad input raises
 UserError before any actor starts. Ctrl-C and SIGTERM stop the run cleanly (workers stopped, the
-log says so); the same command then resumes it from the last recover checkpoint.
+log says so); the same command then resumes it from the last recover checkpoint. One driver per
+run: a second launch of a running experiment/trial is refused before it writes anything.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import signal
 import sys
 import threading
@@ -47,6 +51,7 @@ def launch(cfg, fresh: bool = False) -> int:
     from areal_kit.rl import controller as C
 
     job = C.prepare(cfg)
+    lock = hold_run_lock(job.paths.log_dir, f"{cfg.experiment_name}/{cfg.trial_name}")
     log = logs.RunLogger(job.paths, cfg.tensorboard, cfg.wandb_project, f"{cfg.experiment_name}/{cfg.trial_name}")
     try:
         from areal_kit.rl import recover
@@ -77,6 +82,32 @@ def launch(cfg, fresh: bool = False) -> int:
             signal.signal(signal.SIGTERM, previous)
         progress.stop()
         log.close()
+        os.close(lock)
+
+
+def hold_run_lock(log_dir: str, name: str) -> int:
+    """An exclusive lock on the run's log folder, held (by the returned descriptor) until it is
+    closed or this process ends: the kernel drops it even after kill -9, so a crash never leaves a
+    stale lock. A second driver of the same run gets a UserError naming the first."""
+    os.makedirs(log_dir, exist_ok=True)
+    fd = os.open(os.path.join(log_dir, ".driver.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UserError(f"run {name} is already running{_driver(log_dir)}; stop it first, or give this one "
+                        "another trial_name=") from None
+    return fd
+
+
+def _driver(log_dir: str) -> str:
+    """' (driver pid N on HOST)' from driver.json, which the running driver wrote, if readable."""
+    try:
+        with open(os.path.join(log_dir, "driver.json")) as f:
+            info = json.load(f)
+        return f" (driver pid {info['pid']} on {info['host']})"
+    except (OSError, ValueError, KeyError):
+        return ""
 
 
 def _sigterm_interrupts():

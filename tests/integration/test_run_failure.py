@@ -4,8 +4,9 @@
    machine has), for train and for eval. The user must get one line naming where it failed and
    vLLM's own reason, exit code 1 and no traceback on the terminal; the traceback must be in the
    run's log (train.log, OUT/error.log), and `areal-kit logs` must say failed.
-2. SIGTERM (a scheduler's stop) during training: exit code 143, the log says so, no process of
-   the run is left, and `areal-kit logs` says interrupted.
+2. A second launch of the running trial is refused (exit 2, naming the first driver) before it
+   writes a line; then SIGTERM (a scheduler's stop) during training: exit code 143, the log says
+   so, no process of the run is left, and `areal-kit logs` says interrupted.
 
     .venv/bin/python -m pytest tests/integration/test_run_failure.py
 """
@@ -64,7 +65,7 @@ def test_eval_whose_engine_cannot_start_fails_in_one_line(tmp_path):
     assert "determine_available_memory" in (out / "error.log").read_text()
 
 
-def test_sigterm_during_training_stops_every_process_of_the_run(tmp_path):
+def test_a_second_driver_is_refused_and_sigterm_stops_every_process_of_the_run(tmp_path):
     exe = str(Path(sys.executable).with_name("areal-kit"))
     run = tmp_path / "areal_runs" / "logs" / "ci" / "tiny" / "run0"
     with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
@@ -75,6 +76,12 @@ def test_sigterm_during_training_stops_every_process_of_the_run(tmp_path):
         while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().count("\n") >= 3:
             assert proc.poll() is None and time.time() < deadline, "training never reached step 3"
             time.sleep(0.2)
+        second = subprocess.run([exe, "train", "tiny"], cwd=tmp_path, capture_output=True, text=True,
+                                env={**os.environ, "AREAL_USER": "ci"}, timeout=120, check=False)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr == (f"error: run tiny/run0 is already running (driver pid {proc.pid} on "
+                                 f"{os.uname().nodename}); stop it first, or give this one another trial_name=\n")
+        assert (run / "train.log").read_text().count(" INFO Run tiny/run0: ") == 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 143
     finally:

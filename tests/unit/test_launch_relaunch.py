@@ -174,14 +174,14 @@ class FakeController:
 
 
 @pytest.fixture
-def fake_run(monkeypatch):
+def fake_run(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from areal_kit import logs
     from areal_kit.rl import controller, recover
 
     job = SimpleNamespace(total_steps=4, n_dropped=0, rows=[],
-                          paths=SimpleNamespace(log_dir="/nowhere", log_file="/nowhere/train.log"),
+                          paths=SimpleNamespace(log_dir=str(tmp_path), log_file=str(tmp_path / "train.log")),
                           loader=SimpleNamespace(steps_per_epoch=4, rows=[1]))
     fresh_flags = []
 
@@ -198,7 +198,7 @@ def fake_run(monkeypatch):
     monkeypatch.setattr(L.time, "sleep", lambda s: None)
     FakeController.made = []
     FakeController.dead = 0
-    return SimpleNamespace(fresh=fresh_flags, log=log)
+    return SimpleNamespace(fresh=fresh_flags, log=log, dir=tmp_path)
 
 
 def cfg(mode="auto", retries=1):
@@ -225,7 +225,7 @@ def test_launch_does_not_retry_a_bug_and_names_the_call_it_came_from(fake_run):
     assert len(FakeController.made) == 1 and FakeController.made[0].stopped
     msg = str(got.value)
     assert msg == ("run e/t failed: Trainer.train_step: ValueError: packed batch has 3 rows, expected 4 "
-                   "(traceback in /nowhere/train.log)")
+                   f"(traceback in {fake_run.dir}/train.log)")
     assert "\n" not in msg and got.value.__cause__ is bug
     assert fake_run.log.failures == [("Run failed: Trainer.train_step: ValueError: packed batch has 3 rows, expected 4",
                                       bug)]
@@ -296,3 +296,24 @@ def test_sigterm_unwinds_like_ctrl_c_and_the_handler_is_put_back(fake_run, monke
     assert FakeController.made[0].stopped and len(FakeController.made) == 1
     assert fake_run.log.warnings[-1].startswith("Run interrupted (SIGTERM)")
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_driver_of_a_running_run_is_refused_before_it_writes(fake_run):
+    """The lock is a real flock on the log folder: held by the first driver (here, a descriptor of
+    this process), refused to the second with the first one's pid and host, free once released."""
+    import json
+
+    (fake_run.dir / "driver.json").write_text(json.dumps({"pid": 4242, "host": "node-a"}))
+    first = L.hold_run_lock(str(fake_run.dir), "e/t")
+    try:
+        with pytest.raises(UserError) as got:
+            L.launch(cfg())
+        assert str(got.value) == ("run e/t is already running (driver pid 4242 on node-a); stop it first, or give "
+                                  "this one another trial_name=")
+        assert FakeController.made == [] and fake_run.log.infos == []  # nothing started, nothing logged
+    finally:
+        import os
+
+        os.close(first)
+    assert L.launch(cfg()) == 0  # the lock died with its holder
+    assert L.launch(cfg()) == 0  # and each launch gives its own back
