@@ -97,6 +97,8 @@ def hold_run_lock(log_dir: str, name: str) -> int:
         os.close(fd)
         raise UserError(f"run {name} is already running{_driver(log_dir)}; stop it first, or give this one "
                         "another trial_name=") from None
+    except OSError:  # a filesystem without locks (an NFS mount with nolock): nothing to enforce with
+        pass
     return fd
 
 

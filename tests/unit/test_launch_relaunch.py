@@ -317,3 +317,17 @@ def test_a_second_driver_of_a_running_run_is_refused_before_it_writes(fake_run):
         os.close(first)
     assert L.launch(cfg()) == 0  # the lock died with its holder
     assert L.launch(cfg()) == 0  # and each launch gives its own back
+
+
+def test_a_filesystem_without_locks_does_not_stop_a_run(tmp_path, monkeypatch):
+    """NFS mounted with nolock answers flock with ENOLCK (stand-in: no such mount here): the run
+    goes on, unguarded, rather than failing."""
+    import errno
+    import os
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(L.fcntl, "flock", no_locks)
+    fd = L.hold_run_lock(str(tmp_path), "e/t")
+    os.close(fd)
