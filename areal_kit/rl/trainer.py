@@ -385,8 +385,10 @@ class TrainerWorker:
         return [t.tolist() for t in self._pass(self.engine.module, shard, bins)]
 
     def local_checksum(self) -> float:
-        """Sum of this rank's parameters (full replicas under ZeRO 0-2)."""
-        return float(sum(p.detach().double().sum().item() for p in self.engine.module.parameters()))
+        """Sum of this rank's parameters: full replicas under ZeRO 0-2, its shards under ZeRO-3
+        (padded with zeros, so the ranks' sums add up to the model's)."""
+        return float(sum(getattr(p, "ds_tensor", p).detach().double().sum().item()
+                         for p in self.engine.module.parameters()))
 
 
 

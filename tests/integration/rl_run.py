@@ -34,7 +34,8 @@ def _engine_vs_trainer(run, engine):
     import ray
 
     prompts, answers = _fixed_sequences(run)
-    trainer_lp = ray.get(run.ctrl.workers.trainers[0].logprobs.remote(prompts, answers))
+    # Every rank runs the forward: ZeRO-3 gathers each layer's parameters from all of them.
+    trainer_lp = ray.get([t.logprobs.remote(prompts, answers) for t in run.ctrl.workers.trainers])[0]
     seqs = [p + a for p, a in zip(prompts, answers)]
     engine_lp = ray.get(engine.prompt_logprobs.remote(seqs))
     diffs = []
