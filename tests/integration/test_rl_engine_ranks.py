@@ -53,3 +53,19 @@ def test_weights_changed_from_init(two_ranks):
     now = sums[0] if two_ranks.zero_stage < 3 else sum(sums)  # ZeRO-3: the halves add up to the model
     assert abs(now - init_sum) > 1e-3
     assert abs(now - init_sum) < 0.05 * abs(init_sum) + 10  # moved by training, not garbage
+
+
+def test_final_save_holds_the_trained_weights(two_ranks):
+    """The save gathers the full model (under ZeRO-3 a group of parameters at a time): the folder
+    loads, and its weights add up to what the ranks hold."""
+    import glob
+
+    import ray
+    from transformers import AutoModelForCausalLM
+
+    saves = glob.glob(f"{two_ranks.job.paths.ckpt_dir}/actor/epoch*epochstep*globalstep4")
+    assert len(saves) == 1
+    saved = sum(p.double().sum().item() for p in AutoModelForCausalLM.from_pretrained(saves[0]).parameters())
+    sums = ray.get([t.local_checksum.remote() for t in two_ranks.ctrl.workers.trainers])
+    held = sums[0] if two_ranks.zero_stage < 3 else sum(sums)
+    assert saved == pytest.approx(held, rel=1e-9)
