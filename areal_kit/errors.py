@@ -6,6 +6,7 @@ code 1; its message names where it failed and the log holding the full traceback
 """
 
 import re
+from contextlib import contextmanager
 
 
 class UserError(Exception):
@@ -37,10 +38,20 @@ def describe(e: BaseException) -> str:
 
 
 class Interrupted(BaseException):
-    """A run stopped by a signal other than Ctrl-C (SIGTERM: `kill`, a scheduler's stop). Like Ctrl-C's
-    KeyboardInterrupt it is no Exception, so no handler of errors takes it: it unwinds, workers are
-    stopped and logs closed, and the CLI exits with 128 + the signal number."""
+    """A run stopped by a signal: SIGTERM (`kill`, a scheduler's stop), or Ctrl-C once the run has
+    unwound. Like KeyboardInterrupt it is no Exception, so no handler of errors takes it: it
+    unwinds, workers are stopped and logs closed, and the CLI says so and exits with 128 + the
+    signal number (typer would turn a KeyboardInterrupt into a silent exit 130)."""
 
     def __init__(self, signame: str, exit_code: int):
         super().__init__(signame)
         self.signame, self.exit_code = signame, exit_code
+
+
+@contextmanager
+def ctrl_c_says_so():
+    """Ctrl-C inside the block leaves it as Interrupted("Ctrl-C", 130)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted("Ctrl-C", 130) from None

@@ -42,6 +42,9 @@ def train(
             console.print(line, highlight=False, soft_wrap=True)
         console.print("[green]dry run: configuration is valid[/green]")
         return
+    from areal_kit.errors import ctrl_c_says_so
     from areal_kit.rl.launch import launch
 
-    raise typer.Exit(launch(cfg, fresh=fresh))
+    with ctrl_c_says_so():
+        rc = launch(cfg, fresh=fresh)
+    raise typer.Exit(rc)

@@ -212,12 +212,13 @@ def test_a_failed_run_is_one_line_exit_1(capsys, monkeypatch):
 
 
 def test_sigterm_and_ctrl_c_exit_codes(capsys, monkeypatch):
-    """SIGTERM (Interrupted) exits 143 and says so; Ctrl-C exits 130 (typer's code for it)."""
+    """SIGTERM (Interrupted) exits 143 and Ctrl-C 130, each saying so (typer alone would turn Ctrl-C
+    into a silent 130)."""
     from areal_kit.errors import Interrupted
     from areal_kit.rl import launch
 
     for exc, code, said in ((Interrupted("SIGTERM", 143), 143, "interrupted (SIGTERM)\n"),
-                            (KeyboardInterrupt(), 130, "")):
+                            (KeyboardInterrupt(), 130, "interrupted (Ctrl-C)\n")):
         def interrupted(cfg, fresh=False, exc=exc):
             raise exc
 

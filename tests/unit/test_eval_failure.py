@@ -25,13 +25,14 @@ class DiesOnChunk:
 
     num_engines = 1
 
-    def __init__(self, dies: int | None):
+    def __init__(self, dies: int | None, error: BaseException | None = None):
         self.dies, self.calls = dies, 0
+        self.error = error or RuntimeError("EngineCore died unexpectedly")
 
     def generate(self, requests):
         self.calls += 1
         if self.calls == self.dies:
-            raise RuntimeError("EngineCore died unexpectedly")
+            raise self.error
         return [E.GenResult(r.key, "\\boxed{0}", 3, "stop") for r in requests]
 
     def close(self):
@@ -70,3 +71,18 @@ def test_a_failed_engine_keeps_what_was_graded_and_a_rerun_resumes(model, tmp_pa
     assert "4 already done, 2 to generate" in printed.getvalue()
     assert engine.calls == 1 and not (out / "error.log").exists()
     assert agg["results"]["gsm8k"]["num_questions"] == 6
+
+
+def test_ctrl_c_during_generation_says_so(model, tmp_path, monkeypatch, capsys):
+    from areal_kit.cli import main
+
+    data = tmp_path / "data" / "gsm8k"
+    data.mkdir(parents=True)
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    monkeypatch.setattr(E, "open_engines", lambda *a, **k: DiesOnChunk(dies=1, error=KeyboardInterrupt()))
+    with pytest.raises(SystemExit) as got:
+        main(["eval", "--model_path", model, "--output_path", str(tmp_path / "out"), "--data_dir",
+              str(tmp_path / "data"), "--data_names", "gsm8k", "--num_samples", "0", "--prompt_type", "plain"])
+    assert got.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted (Ctrl-C)"
+    assert not (tmp_path / "out" / "error.log").exists()  # an interruption is no failure
