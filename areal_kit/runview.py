@@ -25,6 +25,7 @@ from areal_kit.errors import UserError
 from areal_kit.logs import RunPaths
 
 FINISHED = "Training finished"
+STOPPED = ("failed", "interrupted", "dead", "probably dead")  # states a re-run resumes from
 FAILED = re.compile(r" ERROR Run failed: (.*)$")  # launch.py's line; the traceback follows it
 INTERRUPTED = re.compile(r" WARNING Run interrupted \((.*?)\)")
 RUN_LINE = re.compile(r"INFO Run (\S+): (\d+) steps, (\d+) per epoch")
@@ -239,7 +240,7 @@ def summary_lines(st: Status, now: float | None = None) -> list[str]:
         out.append(f"eta        {_dur(max(left, 0))}{note}")
     else:
         out.append("eta        unknown (shown from global step 3 on)")
-    if st.state in ("failed", "interrupted", "dead", "probably dead") and st.recover is not None:
+    if st.state in STOPPED and st.recover is not None:
         out.append(f"resume     re-run the same `areal-kit train` command: it resumes at global step "
                    f"{st.recover.global_step + 1}")
     return out
@@ -315,7 +316,7 @@ def _follow(files: RunFiles, st: Status, interval: float) -> None:
                 if chunk:
                     print(chunk, end="", flush=True)
             st = read_status(files, tail=0)
-            if st.state in ("finished", "failed", "interrupted", "dead", "probably dead"):
+            if st.state == "finished" or st.state in STOPPED:
                 break
     except KeyboardInterrupt:
         pass

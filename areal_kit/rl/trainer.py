@@ -388,7 +388,6 @@ class TrainerWorker:
                          for p in self.engine.module.parameters()))
 
 
-
 def gathered_state(module, keep: bool, group_bytes: int = 512 << 20) -> dict[str, torch.Tensor]:
     """ZeRO-3: the module's full state dict, gathered about group_bytes of parameters at a time
     (every rank must call it, in step); with keep, a copy of every tensor. A whole-model gather

@@ -222,7 +222,7 @@ def _move_to_region(params: dict, places: dict):
     moved, offsets = dict(places), {}
     for owner, start in layout.items():
         p = params[owner]
-        new = buf[start:start + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
+        new = weight_sync.region_view(buf, start, weight_sync.TensorMeta.of(owner, p))
         new.copy_(p.data)
         for name, (dst, o) in places.items():
             if o == owner:
