@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         hint = f" (see: {' '.join(['areal-kit', *sub, '--help'])})" if e.ctx else ""
         fail(" ".join(e.format_message().split()) + hint)
     except Interrupted as e:
-        print(f"interrupted ({e.signame})", file=sys.stderr)
+        print(e, file=sys.stderr)
         raise SystemExit(e.exit_code) from None
     except _ABORTS:
         print("aborted", file=sys.stderr)

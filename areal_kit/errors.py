@@ -46,6 +46,14 @@ class Interrupted(BaseException):
     def __init__(self, signame: str, exit_code: int):
         super().__init__(signame)
         self.signame, self.exit_code = signame, exit_code
+        # Set when the run stopped between steps and wrote a recover checkpoint of the last one.
+        self.global_step, self.checkpoint = 0, ""
+
+    def __str__(self) -> str:
+        if self.checkpoint:
+            return (f"interrupted ({self.signame}) after global step {self.global_step}; its recover checkpoint "
+                    "is written, the same command resumes from it")
+        return f"interrupted ({self.signame})"
 
 
 @contextmanager

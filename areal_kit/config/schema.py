@@ -277,6 +277,11 @@ class ExpCtrl:
     eval_every: int = 0
     # Answer budget of the in-training eval (0 = ppo.gen.max_new_tokens).
     eval_max_new_tokens: int = 0
+    # SIGTERM (a scheduler's stop, `kill`) during training. checkpoint: finish the
+    # step, write its recover checkpoint, stop (a second SIGTERM stops at once); give it the grace
+    # of a step plus a checkpoint (Slurm: --signal=B:TERM@SECONDS). stop: stop at once; a re-run
+    # resumes from the last periodic checkpoint.
+    on_sigterm: str = "checkpoint"
 
     def __post_init__(self):
         for name in ("total_train_epochs",):
@@ -285,6 +290,7 @@ class ExpCtrl:
                      "keep_last_n", "ckpt_freq_epochs", "ckpt_freq_steps", "ckpt_freq_secs", "eval_every",
                      "eval_max_new_tokens"):
             check_positive(f"exp_ctrl.{name}", getattr(self, name), allow_zero=True)
+        check_choice("exp_ctrl.on_sigterm", self.on_sigterm, ("checkpoint", "stop"))
 
 
 @dataclass

@@ -97,11 +97,14 @@ def prepare(cfg) -> Job:
 
 
 class Controller:
-    def __init__(self, job: Job, log: logs.RunLogger, state: RunState | None = None, progress=None):
+    def __init__(self, job: Job, log: logs.RunLogger, state: RunState | None = None, progress=None,
+                 stop_request=None):
         self.job, self.cfg, self.log = job, job.cfg, log
         self.state = state or RunState()
         self.timer = logs.StepTimer(self.state.timer)
         self.progress = progress
+        # Checked after each step: None, or the Interrupted to raise after a recover checkpoint (rl/launch.py).
+        self.stop_request = stop_request or (lambda: None)
         self.workers = None
         self._failure_kinds: set[str] = set()  # reward failure kinds already logged
         self._receiving: list = []  # engines' weight loads of the last sync, still running
@@ -212,6 +215,8 @@ class Controller:
             self._log_step(epoch, epoch_step, row)
             last = row
             self._after_step(epoch, epoch_step)
+            if (stop := self.stop_request()) is not None and st.global_step < job.total_steps:
+                self._stop_here(stop)
         ray.get(self._receiving)
         self._final_save()
         return last
@@ -294,6 +299,15 @@ class Controller:
             saving.save_model(self, epoch, epoch_step)
             st.last_save_time = now
         saving.maybe_dump_recover(self, epoch, epoch_step, end_of_epoch)
+
+    def _stop_here(self, stop) -> None:
+        """Stop between steps, as asked: the recover checkpoint of this step first (unless recover
+        is disabled), so a re-run loses nothing."""
+        from areal_kit.rl import recover
+
+        if self.cfg.recover_mode != "disabled":
+            stop.global_step, stop.checkpoint = self.state.global_step, recover.dump(self)
+        raise stop
 
     def _final_save(self) -> None:
         from areal_kit.rl import saving

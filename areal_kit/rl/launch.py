@@ -5,9 +5,11 @@ then relaunches from the last recover checkpoint, up to recover_retries times, s
 log. Any other error, including one our code raises inside a worker, ends the run at once: a
 relaunch would only fail the same way. It reaches the terminal as one line naming the worker
 call it came from (RunFailed, exit code 1), its full traceback in train.log. Bad input raises
-UserError before any actor starts. Ctrl-C and SIGTERM stop the run cleanly (workers stopped, the
-log says so); the same command then resumes it from the last recover checkpoint. One driver per
-run: a second launch of a running experiment/trial is refused before it writes anything.
+UserError before any actor starts. Ctrl-C stops the run at once, cleanly (workers stopped, the
+log says so); the same command then resumes it from the last recover checkpoint. SIGTERM during
+training (a scheduler's stop) finishes the step and writes its recover checkpoint first (see
+SigtermStop). One driver per run: a second launch of a running experiment/trial is refused before
+it writes anything.
 """
 
 from __future__ import annotations
@@ -63,13 +65,18 @@ def launch(cfg, fresh: bool = False) -> int:
              + f"; logs in {job.paths.log_dir}")
     progress = _Progress(job.total_steps)
     retries = 0 if cfg.recover_mode == "disabled" else cfg.recover_retries
-    previous = _sigterm_interrupts()
+    sigterm = SigtermStop(log, graceful=cfg.exp_ctrl.on_sigterm == "checkpoint")
+    previous = sigterm.install()
     try:
-        return relaunching(lambda attempt: _attempt(job, log, progress, recover, fresh and attempt == 0),
+        return relaunching(lambda attempt: _attempt(job, log, progress, recover, sigterm, fresh and attempt == 0),
                            retries, log)
     except (KeyboardInterrupt, Interrupted) as e:
         how = e.signame if isinstance(e, Interrupted) else "Ctrl-C"
-        log.warning(f"Run interrupted ({how}); the same command resumes it from the last recover checkpoint.")
+        if getattr(e, "checkpoint", ""):
+            log.warning(f"Run interrupted ({how}) after global step {e.global_step}, with its recover checkpoint "
+                        f"{e.checkpoint}; the same command resumes it from there.")
+        else:
+            log.warning(f"Run interrupted ({how}); the same command resumes it from the last recover checkpoint.")
         raise
     except UserError:
         raise
@@ -112,36 +119,64 @@ def _driver(log_dir: str) -> str:
         return ""
 
 
-def _sigterm_interrupts():
-    """Make SIGTERM unwind the run as Ctrl-C does (a second one kills at once); returns the handler
-    it replaced, or None off the main thread, where Python cannot take signals."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
+class SigtermStop:
+    """SIGTERM's handler for one run: a scheduler's stop, `kill`.
 
-    def interrupt(signum, frame):
+    With exp_ctrl.on_sigterm=checkpoint, the first SIGTERM while the loop trains only asks it to
+    stop after the step it is on, with a recover checkpoint of that step, so a preempted run loses
+    no steps: the grace period schedulers give (Slurm: --signal=B:TERM@SECONDS) is for that. A
+    second SIGTERM, one before training runs, or on_sigterm=stop unwinds at once, as Ctrl-C does;
+    a re-run then resumes from the last periodic checkpoint. Schedulers that signal every process
+    kill the workers too: the step then fails, and the run stops without a relaunch.
+    """
+
+    def __init__(self, log, graceful: bool):
+        self.log, self.graceful = log, graceful
+        self.armed = False  # the loop runs and can stop between steps (set by _attempt)
+        self.pending: Interrupted | None = None  # the stop asked for, which the loop raises
+
+    def install(self):
+        """Put the handler in place (again after ray.init, which puts its own, one that aborts the
+        driver); returns the handler it replaced, or None off the main thread, where Python cannot
+        take signals."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame):
+        if self.graceful and self.armed and self.pending is None:
+            self.pending = Interrupted("SIGTERM", 128 + signum)
+            self.log.warning("SIGTERM: the run stops after this step, with its recover checkpoint; a second "
+                             "SIGTERM stops it at once.")
+            return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         raise Interrupted("SIGTERM", 128 + signum)
 
-    return signal.signal(signal.SIGTERM, interrupt)
 
-
-def _attempt(job, log, progress, recover, fresh: bool) -> int:
+def _attempt(job, log, progress, recover, sigterm: SigtermStop, fresh: bool) -> int:
     """One launch: start the workers (restored from the recover checkpoint if any), train to the end."""
     from areal_kit.rl import controller as C
 
     state = recover.resume_state(job, log, fresh) if recover else None
-    ctrl = C.Controller(job, log, state, progress)
+    ctrl = C.Controller(job, log, state, progress, stop_request=lambda: sigterm.pending)
     try:
         ctrl.start_ray()
-        _sigterm_interrupts()  # ray.init put its own SIGTERM handler in place (it aborts the driver): ours again
+        sigterm.install()
         ctrl.start()
         if recover and state is not None:
             recover.restore_workers(ctrl)
-        last = ctrl.run()
+        sigterm.armed = True
+        try:
+            last = ctrl.run()
+        finally:
+            sigterm.armed = False
         log.info(f"Training finished: {ctrl.state.global_step} steps, "
                  f"final task_reward {last.get('task_reward', float('nan')):.4f}.")
         return 0
     except Exception as e:
+        if sigterm.pending is not None:  # the stop was asked for: no relaunch, no failure report
+            log.warning(f"After SIGTERM the step did not finish ({describe(e)}); no recover checkpoint of it.")
+            raise sigterm.pending from e
         # A peer's death often reaches us first as a live worker's error: the trainer's gloo
         # broadcast fails when the engine at the other end was killed. Name the death.
         dead = 0 if worker_died(e) else ctrl.dead_workers()

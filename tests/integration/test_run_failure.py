@@ -5,8 +5,9 @@
    vLLM's own reason, exit code 1 and no traceback on the terminal; the traceback must be in the
    run's log (train.log, OUT/error.log), and `areal-kit logs` must say failed.
 2. A second launch of the running trial is refused (exit 2, naming the first driver) before it
-   writes a line; then SIGTERM (a scheduler's stop) during training: exit code 143, the log says
-   so, no process of the run is left, and `areal-kit logs` says interrupted.
+   writes a line; then SIGTERM (a scheduler's stop) during training: the step finishes and its
+   recover checkpoint is written, exit code 143, the log says so, no process of the run is left,
+   `areal-kit logs` says interrupted, and the same command resumes from that step.
 
     .venv/bin/python -m pytest tests/integration/test_run_failure.py
 """
@@ -65,7 +66,7 @@ def test_eval_whose_engine_cannot_start_fails_in_one_line(tmp_path):
     assert "determine_available_memory" in (out / "error.log").read_text()
 
 
-def test_a_second_driver_is_refused_and_sigterm_stops_every_process_of_the_run(tmp_path):
+def test_a_second_driver_is_refused_and_sigterm_stops_after_a_checkpointed_step(tmp_path):
     exe = str(Path(sys.executable).with_name("areal-kit"))
     run = tmp_path / "areal_runs" / "logs" / "ci" / "tiny" / "run0"
     with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
@@ -87,15 +88,33 @@ def test_a_second_driver_is_refused_and_sigterm_stops_every_process_of_the_run(t
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert (tmp_path / "err.txt").read_text().strip().splitlines()[-1] == "interrupted (SIGTERM)"
+    # The step under way finished, and the recover checkpoint is of that step.
+    steps = [json.loads(line)["global_step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    g = steps[-1]
+    ckpt = tmp_path / "areal_runs" / "recover" / "ci" / "tiny" / "run0" / f"globalstep{g}"
+    assert json.loads((ckpt / "state.json").read_text())["global_step"] == g and g > 2  # not the checkpoint of step 2
+    log = (run / "train.log").read_text()
+    assert " WARNING SIGTERM: the run stops after this step, with its recover checkpoint" in log
+    assert (f" WARNING Run interrupted (SIGTERM) after global step {g}, with its recover checkpoint {ckpt}; "
+            "the same command resumes it from there.") in log
+    assert (tmp_path / "err.txt").read_text().strip().splitlines()[-1] == (
+        f"interrupted (SIGTERM) after global step {g}; its recover checkpoint is written, the same command resumes "
+        "from it")
     assert "Traceback" not in (tmp_path / "err.txt").read_text() + (tmp_path / "out.txt").read_text()
-    assert " WARNING Run interrupted (SIGTERM); the same command resumes it" in (run / "train.log").read_text()
     deadline = time.time() + 30  # Ray's own processes exit right after the driver
     while (left := [p for p in os.listdir("/proc") if p.isdigit() and _sid(p) == proc.pid]) and time.time() < deadline:
         time.sleep(0.5)
     assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in left]
     status = subprocess.run([exe, "logs", str(run)], capture_output=True, text=True, timeout=60, check=False)
     assert "state      interrupted (SIGTERM)" in status.stdout
+    # The same command (two steps more than were done) resumes from that step: no step is lost or repeated.
+    again = subprocess.run([exe, "train", "tiny", f"exp_ctrl.total_train_steps={g + 2}"], cwd=tmp_path,
+                           capture_output=True, text=True, env={**os.environ, "AREAL_USER": "ci"}, timeout=600,
+                           check=False)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f" INFO Will recover from: {ckpt} (global step {g}," in (run / "train.log").read_text()
+    steps = [json.loads(line)["global_step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, g + 3))
 
 
 def _sid(pid: str) -> int:

@@ -150,8 +150,8 @@ class FakeController:
 
     dead: ClassVar[int] = 0  # what dead_workers() reports after a failure
 
-    def __init__(self, job, log, state, progress):
-        self.state, self.stopped = state, False
+    def __init__(self, job, log, state, progress, stop_request):
+        self.state, self.stopped, self.stop_request = state, False, stop_request
         FakeController.made.append(self)
 
     def dead_workers(self):
@@ -201,11 +201,11 @@ def fake_run(monkeypatch, tmp_path):
     return SimpleNamespace(fresh=fresh_flags, log=log, dir=tmp_path)
 
 
-def cfg(mode="auto", retries=1):
+def cfg(mode="auto", retries=1, on_sigterm="checkpoint"):
     from types import SimpleNamespace
 
     return SimpleNamespace(recover_mode=mode, recover_retries=retries, tensorboard=False, wandb_project=None,
-                           experiment_name="e", trial_name="t")
+                           experiment_name="e", trial_name="t", exp_ctrl=SimpleNamespace(on_sigterm=on_sigterm))
 
 
 def test_launch_relaunches_after_a_death_and_fresh_applies_to_the_first_attempt_only(fake_run):
@@ -275,15 +275,25 @@ def test_ctrl_c_stops_the_workers_and_the_log_says_so(fake_run):
     assert fake_run.log.warnings == [said]
 
 
-def test_sigterm_unwinds_like_ctrl_c_and_the_handler_is_put_back(fake_run, monkeypatch):
-    """A real SIGTERM to this process while the run trains: it ends as Interrupted (exit code 143),
-    the workers stopped, and afterwards SIGTERM does what it did before."""
+def _sigterm(times: int = 1) -> None:
+    """Real SIGTERMs to this process; Python runs the handler before the next line."""
     import os
     import signal
     import time
 
-    def stop_here():
+    for _ in range(times):
         os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+
+
+def test_sigterm_with_on_sigterm_stop_unwinds_at_once_and_the_handler_is_put_back(fake_run, monkeypatch):
+    """exp_ctrl.on_sigterm=stop: a real SIGTERM while the run trains ends it as Interrupted (exit
+    code 143) at once, the workers stopped, and afterwards SIGTERM does what it did before."""
+    import signal
+    import time
+
+    def stop_here():
+        _sigterm()
         time.sleep(5)  # the handler raises before this ends
         raise AssertionError("SIGTERM did not interrupt the run")
 
@@ -291,11 +301,78 @@ def test_sigterm_unwinds_like_ctrl_c_and_the_handler_is_put_back(fake_run, monke
     monkeypatch.setattr(FakeController, "run", lambda self: stop_here())
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted) as got:
-        L.launch(cfg())
-    assert (got.value.signame, got.value.exit_code) == ("SIGTERM", 143)
+        L.launch(cfg(on_sigterm="stop"))
+    assert (got.value.signame, got.value.exit_code, got.value.checkpoint) == ("SIGTERM", 143, "")
+    assert str(got.value) == "interrupted (SIGTERM)"
     assert FakeController.made[0].stopped and len(FakeController.made) == 1
-    assert fake_run.log.warnings[-1].startswith("Run interrupted (SIGTERM)")
+    assert fake_run.log.warnings == [("Run interrupted (SIGTERM); the same command resumes it from the last "
+                                      "recover checkpoint.")]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _train_until_asked(ctrl, checkpoint="/r/globalstep3"):
+    """The loop's side (Controller.run): go on after the SIGTERM, then stop between steps as asked."""
+    _sigterm()
+    stop = ctrl.stop_request()
+    assert stop is not None, "SIGTERM did not ask the loop to stop"
+    stop.global_step, stop.checkpoint = 3, checkpoint
+    raise stop
+
+
+def test_sigterm_during_training_asks_the_loop_to_stop_after_the_step_with_its_checkpoint(fake_run, monkeypatch):
+    """on_sigterm=checkpoint (the default): the first SIGTERM does not unwind the loop; it asks it to
+    stop after the step, and the log and the CLI line name the step and its checkpoint."""
+    monkeypatch.setattr(FakeController, "run", _train_until_asked)
+    FakeController.failures = []
+    with pytest.raises(Interrupted) as got:
+        L.launch(cfg())
+    assert got.value.exit_code == 143 and len(FakeController.made) == 1 and FakeController.made[0].stopped
+    assert fake_run.log.warnings == [
+        "SIGTERM: the run stops after this step, with its recover checkpoint; a second SIGTERM stops it at once.",
+        ("Run interrupted (SIGTERM) after global step 3, with its recover checkpoint /r/globalstep3; the same "
+         "command resumes it from there.")]
+    assert str(got.value) == ("interrupted (SIGTERM) after global step 3; its recover checkpoint is written, the "
+                              "same command resumes from it")
+
+
+def test_a_second_sigterm_stops_at_once(fake_run, monkeypatch):
+    def run(self):
+        _sigterm(2)
+        raise AssertionError("the second SIGTERM did not interrupt the run")
+
+    monkeypatch.setattr(FakeController, "run", run)
+    with pytest.raises(Interrupted) as got:
+        L.launch(cfg())
+    assert got.value.checkpoint == "" and len(fake_run.log.warnings) == 2
+    assert fake_run.log.warnings[-1].startswith("Run interrupted (SIGTERM); the same command resumes")
+
+
+def test_sigterm_before_training_runs_stops_at_once(fake_run, monkeypatch):
+    """While the workers start there is no step to finish: SIGTERM unwinds at once."""
+    def start(self):
+        _sigterm()
+        raise AssertionError("SIGTERM did not interrupt the start")
+
+    monkeypatch.setattr(FakeController, "start", start)
+    with pytest.raises(Interrupted) as got:
+        L.launch(cfg())
+    assert got.value.checkpoint == "" and fake_run.log.warnings[0].startswith("Run interrupted (SIGTERM);")
+
+
+def test_a_worker_death_after_sigterm_stops_the_run_without_a_relaunch(fake_run, monkeypatch):
+    """A scheduler that signals every process kills the workers too: the step fails, and the run
+    stops as interrupted, neither relaunched nor reported as a failure."""
+    def run(self):
+        _sigterm()
+        raise rex.ActorDiedError()
+
+    monkeypatch.setattr(FakeController, "run", run)
+    with pytest.raises(Interrupted) as got:
+        L.launch(cfg(retries=3))
+    assert len(FakeController.made) == 1 and isinstance(got.value.__cause__, rex.ActorDiedError)
+    assert fake_run.log.failures == []
+    assert fake_run.log.warnings[1].startswith("After SIGTERM the step did not finish (ActorDiedError")
+    assert fake_run.log.warnings[2].startswith("Run interrupted (SIGTERM); the same command resumes")
 
 
 def test_a_second_driver_of_a_running_run_is_refused_before_it_writes(fake_run):
