@@ -74,6 +74,15 @@ class Allocation:
             raise ConfigError(f"{self.text}: generation tensor parallel m{self.gen.tp} spans more than one "
                               f"node ({n_gpus_per_node} GPUs); expected m <= n_gpus_per_node")
 
+    def split(self) -> str | None:
+        """The same GPUs as vllm.GEN+TRAIN, half each (generation keeps its tensor parallel when it
+        fits), or None when there is nothing to split: how a shared allocation runs on GPUs."""
+        gen = self.total_gpus // 2
+        if self.kind == "decoupled" or gen == 0:
+            return None
+        tp = self.gen.tp if gen % self.gen.tp == 0 else 1
+        return f"vllm.d{gen // tp}p1m{tp}+d{self.total_gpus - gen}p1m1"
+
     def describe(self, n_nodes: int, n_gpus_per_node: int) -> str:
         have = n_nodes * n_gpus_per_node
         need = f"{self.gen_gpus}+{self.train_gpus}={self.total_gpus}" if self.kind == "decoupled" \

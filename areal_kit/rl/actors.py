@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from areal_kit import platform
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
+from areal_kit.rl.plan import check_gpu_sharing
 
 
 def worker_env(cfg, cache_root: str) -> dict[str, str]:
@@ -77,9 +78,7 @@ def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
 
     plat = platform.detect()
     alloc = parse_allocation(cfg.allocation_mode)
-    if alloc.kind != "decoupled" and not plat.is_cpu:
-        raise UserError(f"allocation_mode={cfg.allocation_mode} shares GPUs between generation and training, "
-                        "which this engine does not run yet; use vllm.GEN+TRAIN (see --dry-run for a plan)")
+    check_gpu_sharing(cfg, plat)
     env = worker_env(cfg, cache_root)
     trainer_node, rollout_nodes = _role_nodes(cfg)
     n_train = alloc.train_gpus

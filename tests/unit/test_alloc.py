@@ -37,6 +37,21 @@ def test_per_role_guide_1p5b_n1():
     a.check(1, 8)
 
 
+@pytest.mark.parametrize(("text", "split"), [
+    ("actor_gen:d4p1m2,*:d4p2m1", "vllm.d2p1m2+d4p1m1"),  # the guide's 1.5B_n1: generation keeps m2
+    ("d4m1p1", "vllm.d2p1m1+d2p1m1"),
+    ("d3m2p1", "vllm.d3p1m1+d3p1m1"),  # 3 generation GPUs cannot keep m2
+    ("d1m1p1", None),  # one GPU: nothing to split
+    ("vllm.d4p1m1+d4p1m1", None),  # already split
+])
+def test_a_shared_allocation_splits_into_the_same_gpus(text, split):
+    a = parse_allocation(text)
+    assert a.split() == split
+    if split:
+        b = parse_allocation(split)
+        assert b.kind == "decoupled" and b.total_gpus == a.total_gpus
+
+
 def test_per_role_explicit_train_wins_over_star():
     a = parse_allocation("actor_gen:d2m2,actor_train:d4,*:d1")
     assert a.gen == Parallel(2, 2, 1)

@@ -112,6 +112,24 @@ def test_gpu_preset_dry_run_on_cpu(name, capsys, tmp_path):
     assert "dry run: configuration is valid" in out
 
 
+def test_a_shared_gpu_preset_says_where_it_runs(capsys, monkeypatch):
+    """1.5B_n1 keeps the guide's allocation (generation and training on the same 8 GPUs). That runs
+    on CPU nodes; on GPU nodes it is refused before anything starts, with the split that runs. The
+    GPU is forced with AREAL_DEVICE=cuda (none here), the same switch a run's platform check reads."""
+    out = dry_run(["train", "1.5B_n1", "--dry-run"], capsys)
+    assert ("training: 8 GPUs, DeepSpeed ZeRO-3 over 8 rank(s) (d4m1p2) sharing the generation GPUs (CPU nodes "
+            "only; on GPUs: vllm.d2p1m2+d4p1m1)") in out
+    monkeypatch.setenv("AREAL_DEVICE", "cuda")
+    with pytest.raises(SystemExit) as got:
+        main(["train", "1.5B_n1", "--dry-run"])
+    assert got.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: allocation_mode=actor_gen:d4p1m2,*:d4p2m1 has generation and training share GPUs, which areal-kit "
+        "runs on CPU nodes only, not on GPUs yet; use vllm.d2p1m2+d4p1m1 to split the same 8 GPUs\n")
+    out = dry_run(["train", "1.5B_n1", "--dry-run", "allocation_mode=vllm.d2p1m2+d4p1m1"], capsys)
+    assert "dry run: configuration is valid" in out
+
+
 def test_dry_run_numbers_for_1p5b_n4(capsys):
     out = dry_run(["train", "1.5B_n4", "--dry-run"], capsys)
     assert "needs 16+16=32 GPUs, cluster has 4x8=32: ok" in out
