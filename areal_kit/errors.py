@@ -6,6 +6,8 @@ code 1; its message names where it failed and the log holding the full traceback
 """
 
 import re
+import signal
+import threading
 from contextlib import contextmanager
 
 
@@ -56,10 +58,31 @@ class Interrupted(BaseException):
         return f"interrupted ({self.signame})"
 
 
+def raise_on_sigterm(signum, frame):
+    """SIGTERM's handler: unwind as Interrupted("SIGTERM", 143); a second SIGTERM kills at once."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise Interrupted("SIGTERM", 128 + signum)
+
+
+def sigterm_interrupts(handler=raise_on_sigterm):
+    """Put a SIGTERM handler in place; returns the one it replaced, or None off the main thread,
+    where Python cannot take signals. Call it again after ray.init, which puts its own in place,
+    one that aborts the process and leaves its workers behind."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
+
+
 @contextmanager
-def ctrl_c_says_so():
-    """Ctrl-C inside the block leaves it as Interrupted("Ctrl-C", 130)."""
+def stops_say_so():
+    """Ctrl-C or SIGTERM (a scheduler's stop, `kill`) inside the block leaves it as Interrupted
+    (exit code 130 / 143): it unwinds, so finally blocks stop the workers, and the CLI says so in
+    one line. (typer alone turns Ctrl-C into a silent exit 130; SIGTERM would kill at once.)"""
+    previous = sigterm_interrupts()
     try:
         yield
     except KeyboardInterrupt:
         raise Interrupted("Ctrl-C", 130) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

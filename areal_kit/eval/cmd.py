@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from areal_kit.errors import UserError, ctrl_c_says_so
+from areal_kit.errors import UserError, stops_say_so
 
 
 def eval_(
@@ -60,7 +60,7 @@ def eval_(
                      num_samples=num_samples, temperature=temperature, top_p=top_p, seed=seed,
                      max_questions=max_questions, tp=tp, num_engines=num_engines,
                      grade_timeout_s=grade_timeout)
-    with ctrl_c_says_so():  # the records graded so far are on disk: a re-run resumes after them
+    with stops_say_so():  # the records graded so far are on disk: a re-run resumes after them
         run(cfg)
 
 

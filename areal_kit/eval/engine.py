@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from areal_kit.errors import sigterm_interrupts
+
 
 @dataclass(frozen=True)
 class GenRequest:
@@ -156,4 +158,5 @@ def open_engines(model_path: str, max_model_len: int, seed: int = 0, tp: int = 1
         env = plat.cpu_env(os.environ.get("AREAL_CACHE_ROOT")) if not use_gpu else {}
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False,
                  runtime_env={"env_vars": env} if env else None)
+        sigterm_interrupts()  # ray.init's own handler would abort, leaving the engines behind
     return RayEngines(model_path, max_model_len, n, seed, tp, use_gpu)

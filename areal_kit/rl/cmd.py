@@ -44,9 +44,9 @@ def train(
             console.print(line, highlight=False, soft_wrap=True)
         console.print("[green]dry run: configuration is valid[/green]")
         return
-    from areal_kit.errors import ctrl_c_says_so
+    from areal_kit.errors import stops_say_so
     from areal_kit.rl.launch import launch
 
-    with ctrl_c_says_so():
+    with stops_say_so():
         rc = launch(cfg, fresh=fresh)
     raise typer.Exit(rc)

@@ -19,10 +19,9 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 
-from areal_kit.errors import Interrupted, RunFailed, UserError, describe
+from areal_kit.errors import Interrupted, RunFailed, UserError, describe, raise_on_sigterm, sigterm_interrupts
 
 
 class _Progress:
@@ -136,12 +135,8 @@ class SigtermStop:
         self.pending: Interrupted | None = None  # the stop asked for, which the loop raises
 
     def install(self):
-        """Put the handler in place (again after ray.init, which puts its own, one that aborts the
-        driver); returns the handler it replaced, or None off the main thread, where Python cannot
-        take signals."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        return signal.signal(signal.SIGTERM, self._on_sigterm)
+        """Put the handler in place (again after ray.init); returns the one it replaced, or None."""
+        return sigterm_interrupts(self._on_sigterm)
 
     def _on_sigterm(self, signum, frame):
         if self.graceful and self.armed and self.pending is None:
@@ -149,8 +144,7 @@ class SigtermStop:
             self.log.warning("SIGTERM: the run stops after this step, with its recover checkpoint; a second "
                              "SIGTERM stops it at once.")
             return
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise Interrupted("SIGTERM", 128 + signum)
+        raise_on_sigterm(signum, frame)
 
 
 def _attempt(job, log, progress, recover, sigterm: SigtermStop, fresh: bool) -> int:

@@ -36,7 +36,7 @@ class DiesOnChunk:
         return [E.GenResult(r.key, "\\boxed{0}", 3, "stop") for r in requests]
 
     def close(self):
-        pass
+        self.closed = True
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +86,37 @@ def test_ctrl_c_during_generation_says_so(model, tmp_path, monkeypatch, capsys):
     assert got.value.code == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted (Ctrl-C)"
     assert not (tmp_path / "out" / "error.log").exists()  # an interruption is no failure
+
+
+def test_sigterm_during_generation_stops_the_engines_and_keeps_the_graded_samples(model, tmp_path, monkeypatch):
+    """A real SIGTERM (a scheduler's stop) to this process while the second chunk generates, inside
+    the CLI's stops_say_so: Interrupted (exit code 143), not a kill. The engines are closed, the 4
+    graded samples stay, no error.log, and SIGTERM's handler is the old one afterwards."""
+    import os
+    import signal
+    import time
+
+    from areal_kit.errors import Interrupted, stops_say_so
+
+    class SigtermOnChunk(DiesOnChunk):
+        def generate(self, requests):
+            if self.calls == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises before this ends
+            return super().generate(requests)
+
+    data = tmp_path / "data" / "gsm8k"
+    data.mkdir(parents=True)
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = tmp_path / "out"
+    cfg = EvalConfig(model_path=model, output_path=str(out), data_dir=str(tmp_path / "data"), data_names=["gsm8k"],
+                     num_samples=0, max_gen_tokens=4, prompt_type="plain", chunk_size=4)
+    engine = SigtermOnChunk(dies=None)
+    monkeypatch.setattr(E, "open_engines", lambda *a, **k: engine)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as got, stops_say_so():
+        run(cfg, console=Console(file=io.StringIO()))
+    assert (str(got.value), got.value.exit_code) == ("interrupted (SIGTERM)", 143)
+    assert engine.closed and signal.getsignal(signal.SIGTERM) is before
+    assert len((out / "gsm8k" / "samples.jsonl").read_text().splitlines()) == 4
+    assert not (out / "error.log").exists()
