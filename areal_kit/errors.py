@@ -58,18 +58,41 @@ class Interrupted(BaseException):
         return f"interrupted ({self.signame})"
 
 
+_signalled: list = []  # the SIGTERM received, if any: what a KeyboardInterrupt below stands for
+
+
+def interruption(e: BaseException) -> Interrupted | None:
+    """The stop behind an exception, as an Interrupted: SIGTERM if one came, else Ctrl-C; None
+    when no KeyboardInterrupt or Interrupted is in its chain. Ray's ray.get raises a fresh
+    KeyboardInterrupt for whatever the signal handler raised, and a handler that raises while
+    other C code runs comes back as a SystemError caused by it: both are stops, not failures."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, Interrupted):
+            return e
+        if isinstance(e, KeyboardInterrupt):
+            return _signalled[-1] if _signalled else Interrupted("Ctrl-C", 130)
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def raise_on_sigterm(signum, frame):
-    """SIGTERM's handler: unwind as Interrupted("SIGTERM", 143); a second SIGTERM kills at once."""
+    """SIGTERM's handler: unwind, as Ctrl-C does; a second SIGTERM kills at once. It raises a
+    KeyboardInterrupt, the one exception Ray's ray.get lets a signal handler raise (any other it
+    swallows, or leaves behind as a SystemError); `interruption` makes it Interrupted("SIGTERM")."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    raise Interrupted("SIGTERM", 128 + signum)
+    _signalled.append(Interrupted("SIGTERM", 128 + signum))
+    raise KeyboardInterrupt("SIGTERM")
 
 
 def sigterm_interrupts(handler=raise_on_sigterm):
     """Put a SIGTERM handler in place; returns the one it replaced, or None off the main thread,
     where Python cannot take signals. Call it again after ray.init, which puts its own in place,
-    one that aborts the process and leaves its workers behind."""
+    one that aborts the process."""
     if threading.current_thread() is not threading.main_thread():
         return None
+    _signalled.clear()  # a SIGTERM from before was raised and handled then
     return signal.signal(signal.SIGTERM, handler)
 
 
@@ -81,8 +104,10 @@ def stops_say_so():
     previous = sigterm_interrupts()
     try:
         yield
-    except KeyboardInterrupt:
-        raise Interrupted("Ctrl-C", 130) from None
+    except BaseException as e:
+        if (stop := interruption(e)) is not None:
+            raise stop from None
+        raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from areal_kit.errors import RunFailed, UserError, describe
+from areal_kit.errors import RunFailed, UserError, describe, interruption
 from areal_kit.eval import data as evdata
 from areal_kit.eval.engine import GenRequest
 
@@ -177,6 +177,8 @@ def run(cfg: EvalConfig, console=None) -> dict:
         try:
             _generate_all(cfg, todo, out, done, console)
         except Exception as e:  # an engine that fails to start or dies: one line, the traceback kept
+            if (stop := interruption(e)) is not None:
+                raise stop from None
             raise _failed(e, out, sum(map(len, done.values())) - (n_total - len(todo))) from e
     agg = report.aggregate(cfg, questions, done)
     report.write(out, agg)

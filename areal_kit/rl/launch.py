@@ -21,7 +21,15 @@ import signal
 import sys
 import time
 
-from areal_kit.errors import Interrupted, RunFailed, UserError, describe, raise_on_sigterm, sigterm_interrupts
+from areal_kit.errors import (
+    Interrupted,
+    RunFailed,
+    UserError,
+    describe,
+    interruption,
+    raise_on_sigterm,
+    sigterm_interrupts,
+)
 
 
 class _Progress:
@@ -70,13 +78,16 @@ def launch(cfg, fresh: bool = False) -> int:
         return relaunching(lambda attempt: _attempt(job, log, progress, recover, sigterm, fresh and attempt == 0),
                            retries, log)
     except (KeyboardInterrupt, Interrupted) as e:
-        how = e.signame if isinstance(e, Interrupted) else "Ctrl-C"
-        if getattr(e, "checkpoint", ""):
-            log.warning(f"Run interrupted ({how}) after global step {e.global_step}, with its recover checkpoint "
-                        f"{e.checkpoint}; the same command resumes it from there.")
+        stop = interruption(e)
+        if stop.checkpoint:
+            log.warning(f"Run interrupted ({stop.signame}) after global step {stop.global_step}, with its recover "
+                        f"checkpoint {stop.checkpoint}; the same command resumes it from there.")
         else:
-            log.warning(f"Run interrupted ({how}); the same command resumes it from the last recover checkpoint.")
-        raise
+            log.warning(f"Run interrupted ({stop.signame}); the same command resumes it from the last recover "
+                        "checkpoint.")
+        if stop is e:
+            raise
+        raise stop from None  # Ctrl-C, or SIGTERM as the KeyboardInterrupt it raises (errors.raise_on_sigterm)
     except UserError:
         raise
     except Exception as e:
@@ -168,6 +179,8 @@ def _attempt(job, log, progress, recover, sigterm: SigtermStop, fresh: bool) -> 
                  f"final task_reward {last.get('task_reward', float('nan')):.4f}.")
         return 0
     except Exception as e:
+        if (stop := interruption(e)) is not None:  # a signal that came back as another error
+            raise stop from None
         if sigterm.pending is not None:  # the stop was asked for: no relaunch, no failure report
             log.warning(f"After SIGTERM the step did not finish ({describe(e)}); no recover checkpoint of it.")
             raise sigterm.pending from e

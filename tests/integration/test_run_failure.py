@@ -8,6 +8,7 @@
    writes a line; then SIGTERM (a scheduler's stop) during training: the step finishes and its
    recover checkpoint is written, exit code 143, the log says so, no process of the run is left,
    `areal-kit logs` says interrupted, and the same command resumes from that step.
+3. SIGTERM to an eval on two engines (Ray actors): exit 143, one line, nothing of it left.
 
     .venv/bin/python -m pytest tests/integration/test_run_failure.py
 """
@@ -115,6 +116,41 @@ def test_a_second_driver_is_refused_and_sigterm_stops_after_a_checkpointed_step(
     assert f" INFO Will recover from: {ckpt} (global step {g}," in (run / "train.log").read_text()
     steps = [json.loads(line)["global_step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, g + 3))
+
+
+def test_sigterm_stops_an_eval_on_several_engines(tmp_path):
+    """Two engines are Ray actors, and ray.init puts in its own SIGTERM handler, which aborted eval
+    (exit 134, a C++ stack dump). Now: exit 143, one line, and no process of its session left."""
+    from areal_kit.data.tiny_model import TinySpec, build
+
+    model = build(str(tmp_path / "tiny_bpe"), TinySpec(kind="bpe", heads=2, kv_heads=1))
+    data = tmp_path / "data" / "gsm8k"
+    data.mkdir(parents=True)
+    rows = [{"idx": i, "question": f"{i} + 1?", "answer": f"#### {i + 1}"} for i in range(2000)]
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    exe = str(Path(sys.executable).with_name("areal-kit"))
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen([exe, "eval", "--model_path", model, "--output_path", str(tmp_path / "eval"),
+                                 "--data_dir", str(tmp_path / "data"), "--data_names", "gsm8k", "--num_samples", "16",
+                                 "--max_gen_tokens", "64", "--prompt_type", "plain", "--num_engines", "2"],
+                                stdout=out, stderr=err, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while "2 vLLM engine(s) ready" not in (tmp_path / "out.txt").read_text():
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "err.txt").read_text()[-2000:]
+            time.sleep(0.2)
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 143, (tmp_path / "err.txt").read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert (tmp_path / "err.txt").read_text().strip().splitlines()[-1] == "interrupted (SIGTERM)"
+    assert not (tmp_path / "eval" / "aggregate.json").exists()
+    deadline = time.time() + 30
+    while (left := [p for p in os.listdir("/proc") if p.isdigit() and _sid(p) == proc.pid]) and time.time() < deadline:
+        time.sleep(0.5)
+    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in left]
 
 
 def _sid(pid: str) -> int:

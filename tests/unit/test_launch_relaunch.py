@@ -268,8 +268,9 @@ def test_launch_does_not_retry_a_bug_when_every_worker_is_alive(fake_run):
 
 def test_ctrl_c_stops_the_workers_and_the_log_says_so(fake_run):
     FakeController.failures = [KeyboardInterrupt()]
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted) as got:
         L.launch(cfg(retries=3))
+    assert (got.value.signame, got.value.exit_code) == ("Ctrl-C", 130)
     assert len(FakeController.made) == 1 and FakeController.made[0].stopped  # no relaunch
     said = "Run interrupted (Ctrl-C); the same command resumes it from the last recover checkpoint."
     assert fake_run.log.warnings == [said]
@@ -408,3 +409,22 @@ def test_a_filesystem_without_locks_does_not_stop_a_run(tmp_path, monkeypatch):
     monkeypatch.setattr(L.fcntl, "flock", no_locks)
     fd = L.hold_run_lock(str(tmp_path), "e/t")
     os.close(fd)
+
+
+def test_a_signal_that_comes_back_as_another_error_is_still_a_stop(monkeypatch):
+    """Ray's ray.get turns what a signal handler raised into a fresh KeyboardInterrupt, and C code
+    can wrap it in a SystemError: `interruption` still names the signal; other errors are no stop."""
+    from areal_kit import errors
+
+    monkeypatch.setattr(errors, "_signalled", [])
+    assert errors.interruption(KeyboardInterrupt()).signame == "Ctrl-C"
+    errors._signalled.append(Interrupted("SIGTERM", 143))
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as k:
+            raise SystemError("<built-in method __new__> returned a result with an exception set") from k
+    except SystemError as e:
+        wrapped = e
+    assert errors.interruption(wrapped) is errors._signalled[-1]
+    assert errors.interruption(RuntimeError("engine died")) is None
