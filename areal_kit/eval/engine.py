@@ -158,5 +158,5 @@ def open_engines(model_path: str, max_model_len: int, seed: int = 0, tp: int = 1
         env = plat.cpu_env(os.environ.get("AREAL_CACHE_ROOT")) if not use_gpu else {}
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False,
                  runtime_env={"env_vars": env} if env else None)
-        sigterm_interrupts()  # ray.init's own handler would abort, leaving the engines behind
+        sigterm_interrupts()  # ray.init put in its own handler, which aborts eval (exit 134, a C++ stack dump)
     return RayEngines(model_path, max_model_len, n, seed, tp, use_gpu)
