@@ -40,7 +40,8 @@ def check_gpu_sharing(cfg, plat) -> None:
     a = parse_allocation(cfg.allocation_mode)
     if a.kind == "decoupled" or plat.is_cpu:
         return
-    fix = f"use {a.split()} to split the same {a.total_gpus} GPUs" if a.split() else "expected vllm.GEN+TRAIN"
+    split = a.split()
+    fix = f"use {split} to split the same {a.total_gpus} GPUs" if split else "expected vllm.GEN+TRAIN"
     raise UserError(f"allocation_mode={a.text} has generation and training share GPUs, which areal-kit runs on "
                     f"CPU nodes only, not on GPUs yet; {fix}")
 
@@ -73,7 +74,8 @@ def plan_lines(cfg) -> list[str]:
          f"{a.describe(cfg.n_nodes, cfg.n_gpus_per_node)}"),
         f"generation: {a.gen_gpus} GPUs as {a.gen.dp} vLLM engine(s), tensor parallel {a.gen.tp} ({a.gen})",
         f"training: {a.train_gpus} GPUs, DeepSpeed ZeRO-{cfg.actor.zero_stage} over {a.train.world} rank(s) ({a.train})"
-        + (f" sharing the generation GPUs (CPU nodes only; on GPUs: {a.split()})" if a.kind != "decoupled" else ""),
+        + (f" sharing the generation GPUs (CPU nodes only; on GPUs: {a.split() or 'vllm.GEN+TRAIN'})"
+           if a.kind != "decoupled" else ""),
         f"model: {cfg.actor.path}" + (f"; reference: {cfg.ref.path or cfg.actor.path} (kl_ctl {p.kl_ctl}, "
                                        f"{p.kl_estimator}, in {p.kl_mode})" if p.kl_ctl > 0 else "; no reference model"),
         (f"batch: {d.train_bs_n_seqs} prompts x {p.group_size} answers = {n_seqs} sequences; "

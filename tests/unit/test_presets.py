@@ -128,6 +128,10 @@ def test_a_shared_gpu_preset_says_where_it_runs(capsys, monkeypatch):
         "runs on CPU nodes only, not on GPUs yet; use vllm.d2p1m2+d4p1m1 to split the same 8 GPUs\n")
     out = dry_run(["train", "1.5B_n1", "--dry-run", "allocation_mode=vllm.d2p1m2+d4p1m1"], capsys)
     assert "dry run: configuration is valid" in out
+    # One shared GPU has nothing to split: the plan names the form that runs, not a missing split.
+    monkeypatch.delenv("AREAL_DEVICE")
+    out = dry_run(["train", "tiny", "--dry-run", "allocation_mode=d1m1p1", "n_gpus_per_node=1"], capsys)
+    assert "sharing the generation GPUs (CPU nodes only; on GPUs: vllm.GEN+TRAIN)" in out
 
 
 def test_dry_run_numbers_for_1p5b_n4(capsys):
