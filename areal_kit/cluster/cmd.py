@@ -13,6 +13,7 @@ input. Per-host logs go to --log-dir.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -202,7 +203,7 @@ def _saved_or_given(name, hosts, hostnames, inventory, username, ssh_port, key, 
 
 
 def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime,
-            python, known_hosts, host_key_policy, ssh_wait, dry_run) -> int:
+            python, known_hosts, host_key_policy, ssh_wait, dry_run, grace: float = 0.0) -> int:
     from rich.table import Table
 
     from areal_kit.cluster import raystep, steps
@@ -219,11 +220,15 @@ def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, p
     console = make_console()
     try:
         if which == "down":
-            plan = [Step("connect", steps.connect), Step("down", raystep.down, head_last=True)]
+            # Training first, while its workers still run: it checkpoints the step under way.
+            plan = [Step("connect", steps.connect),
+                    Step("stop training", functools.partial(raystep.stop_training, grace=grace), head_only=True),
+                    Step("down", raystep.down, head_last=True)]
             if dry_run:
                 for h in cluster.hosts:
                     for s in plan:
-                        s.fn(cluster, h)
+                        if h.is_head or not s.head_only:
+                            s.fn(cluster, h)
                 print_dry_run(cluster, console)
                 return 0
             return 0 if run_steps(cluster, plan, console) else 1
@@ -243,6 +248,8 @@ def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, p
             t.add_row(h.name, h.ip or "-", h.facts.get("ray_state", "unreachable"), member, gpus)
         console.print(t)
         console.print(f"Ray reports {len(alive)} alive node(s)" if alive is not None else "Ray head not answering")
+        if not head.failed:
+            console.print(f"training: {raystep.training_state(cluster, head)}", markup=False, soft_wrap=True)
         ok = ok and alive is not None and all(h.ip in alive for h in cluster.hosts)
         return 0 if ok else 1
     finally:
@@ -282,7 +289,10 @@ def down(
     runtime: str = _RUNTIME, python: str = _PYTHON, known_hosts: str = _KNOWN_HOSTS,
     host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT,
     dry_run: bool = _O(False, "--dry-run", help="Print the commands; run nothing."),
+    grace: float = _O(300.0, "--grace", min=0, help="Seconds training may take, after SIGTERM, to finish its step "
+                      "and write that step's recover checkpoint; 0: stop it with Ray at once."),
 ) -> int:
-    """Stop training, Ray and its containers on every host (workers first), remove secrets files."""
+    """Stop training (SIGTERM: it checkpoints the step under way), then Ray and its containers on
+    every host (workers first); remove secrets files."""
     return _manage("down", name, hosts, hostnames, inventory, username, ssh_port, private_key_file,
-                   runtime, python, known_hosts, host_key_policy, ssh_wait, dry_run)
+                   runtime, python, known_hosts, host_key_policy, ssh_wait, dry_run, grace)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import time
 
@@ -242,6 +243,75 @@ def train(c: Cluster, h: HostState) -> Outcome:
 
 
 # -- status and down --------------------------------------------------------------------------
+# The training driver however it was started (setup's `python -m areal_kit.cli`, or a user's
+# `areal-kit train`). "[.]" and "(" keep the shell running this pattern from matching itself.
+TRAIN_DRIVER = "areal(_kit[.]cli|-kit) train"
+
+# Runs on the head (in its container): SIGTERM the oldest training driver, wait for it to go, print
+# its log's last word on the stop. Exit 3: none running; 4: still running after the grace period.
+_STOP_TRAINING = (
+    "p=$({find}) || exit 3; log=$(readlink /proc/$p/fd/1); kill -TERM $p; i=0; "
+    # gone: no state (ps prints none), or a zombie its parent has not reaped yet
+    "while s=$(ps -o stat= -p $p | tr -d ' ') && [ -n \"$s\" ] && [ \"${{s#Z}}\" = \"$s\" ]; do "
+    "i=$((i+1)); [ $i -gt {grace} ] && exit 4; sleep 1; done; "
+    "[ -f \"$log\" ] && tail -n 200 \"$log\" | grep -oE '(Run interrupted|After SIGTERM).*' | tail -n 1; exit 0")
+
+
+def _head_script(c: Cluster, h: HostState, script: str, **fields) -> str:
+    """`script` as a command where training runs (the head's container, or the head host), with
+    {find} standing for a command that prints the training driver's pid."""
+    find = f"pgrep -o -f {shlex.quote(TRAIN_DRIVER)}"
+    if c.opts.runtime == "host":  # the pid setup recorded, else any driver
+        pidfile = shlex.quote(f"{c.opts.storage.rstrip('/')}/.areal-kit/train-{c.opts.spec.cluster_name}.pid")
+        find = f"{{ p=$(cat {pidfile} 2>/dev/null) && kill -0 $p 2>/dev/null && echo $p; }} || {find}"
+    body = script.format(find=find, **fields)
+    return q("docker", "exec", container_name(c, h), "sh", "-c", body) if c.opts.runtime == "docker" \
+        else q("sh", "-c", body)
+
+
+def stop_training(c: Cluster, h: HostState, grace: float) -> Outcome:
+    """SIGTERM the training driver on the head and wait up to `grace` seconds for it to exit. It
+    finishes the step under way and writes that step's recover checkpoint first, so a re-run loses
+    no step. Never fails the host: `down` goes on either way."""
+    if grace <= 0:
+        return Outcome("skipped", "--grace 0: training stops with Ray, from its last checkpoint")
+    cmd = _head_script(c, h, _STOP_TRAINING, grace=int(grace + 0.999))
+    res = h.remote.run(cmd, sudo=c.opts.runtime == "docker", timeout=grace + 60)
+    if c.opts.dry_run:
+        return Outcome("ok", f"would SIGTERM training and wait up to {grace:g}s")
+    if res.rc == 0:
+        said = res.stdout.strip().splitlines()[-1:] or ["its log did not say how"]
+        return Outcome("changed", f"training stopped after SIGTERM: {said[0]}")
+    if res.rc == 4:
+        return Outcome("changed", f"training still running {grace:g}s after SIGTERM: stopped with Ray, "
+                                  "from its last checkpoint")
+    return Outcome("ok", "no training running")
+
+
+# Prints the driver's log file and its last finished step. Exit 3: no training running.
+_TRAINING_STATE = ("p=$({find}) || exit 3; log=$(readlink /proc/$p/fd/1); echo \"$log\"; "
+                   "[ -f \"$log\" ] && tail -n 200 \"$log\" | grep -oE '[(]global step [0-9]+[)] finishes.*' "
+                   "| tail -n 1; exit 0")
+
+
+def training_state(c: Cluster, h: HostState) -> str:
+    """One line for `areal-kit status`: is training running on the head, at which step, logging where."""
+    res = h.remote.run(_head_script(c, h, _TRAINING_STATE), sudo=c.opts.runtime == "docker", check=True, timeout=60)
+    if res.rc == 3 or (res.rc == 1 and "No such container" in res.stderr):
+        return "not running"
+    if not res.ok:
+        return f"unknown (exit {res.rc}: {res.tail(1)})"
+    log, *last = res.stdout.strip().splitlines() or [""]
+    where = f"log {log}" if log.startswith("/") else "its output is not a file"
+    line = last[-1] if last else ""
+    step = re.match(r"\(global step (\d+)\) finishes", line)
+    if not step:
+        return f"running, no step finished yet; {where}"
+    eta = re.search(r"Estimated remaining time: (\S+?)\.?$", line)
+    return f"running, global step {step.group(1)} finished" + (f", about {eta.group(1)} to go" if eta else "") + \
+        f"; {where}"
+
+
 def probe(c: Cluster, h: HostState) -> Outcome:
     """What Ray process runs on this host (for `areal-kit status`)."""
     if c.opts.runtime == "docker":

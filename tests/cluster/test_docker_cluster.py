@@ -11,7 +11,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 import shutil
+import time
+from pathlib import Path
 
 import pytest
 from kit import lines, setup_args
@@ -99,6 +102,7 @@ def test_status_reports_every_host(docker_cluster):
     r = kit.run("status", "--known-hosts", str(kit.known_hosts))
     assert r.returncode == 0
     assert "Ray reports 3 alive node(s)" in r.stdout
+    assert "training: not running" in r.stdout
     assert r.stdout.count("yes") >= 3
 
 
@@ -127,12 +131,56 @@ def test_train_tiny_across_hosts(docker_cluster, testbed):
     assert not trainer_ips & rollout_ips, f"trainer {trainer_ips} and rollout {rollout_ips} share a host"
 
 
-def test_down_removes_everything(docker_cluster, testbed):
+def wait_for(path, text: str, timeout: float) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and text in path.read_text():
+            return path.read_text()
+        time.sleep(2)
+    raise AssertionError(f"{text!r} not in {path} after {timeout:.0f}s:\n" +
+                         (path.read_text()[-3000:] if path.exists() else "(no log)"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("areal_kit.rl.controller") is None,
+                    reason="training engine (areal_kit.rl.controller) not built yet")
+def start_training(kit, steps: int):
+    """setup again, now with training (as a user would add --train_param); returns its log."""
+    r = kit.run("setup", *kit.args, "--train_param", "tiny", "--train-arg", "spread_roles=true",
+                "--train-arg", f"exp_ctrl.total_train_steps={steps}")
+    assert r.returncode == 0 and any("] train: training tiny started" in ln for ln in lines(r, "changed")), r.stdout
+    return kit.tb.storage / "ray" / "experiments" / "logs" / "areal-tiny.log"
+
+
+def test_down_stops_training_at_a_checkpoint_and_setup_resumes_it(docker_cluster, testbed):
+    """Training started by setup (--train_param) is still running when down comes: down SIGTERMs
+    it first, so it finishes its step and writes that step's recover checkpoint before Ray goes.
+    Everything is removed; setup again resumes the run from that checkpoint, no step lost or redone."""
     kit, _ = docker_cluster
+    shutil.rmtree(testbed.storage / "ray" / "experiments", ignore_errors=True)  # storage outlives a session
+    log = start_training(kit, 100000)
+    wait_for(log, "(global step 2) finishes", 600)
+    r = kit.run("status", "--known-hosts", str(kit.known_hosts))
+    assert re.search(rf"training: running, global step \d+ finished, about \S+ to go; log {log}", r.stdout), r.stdout
+
     r = kit.run("down", "--known-hosts", str(kit.known_hosts))
-    assert r.returncode == 0
-    assert len(lines(r, "changed")) == 3
+    assert r.returncode == 0, r.stdout
+    stopped = [ln for ln in lines(r, "changed") if "] stop training: training stopped after SIGTERM" in ln]
+    assert len(stopped) == 1 and "Run interrupted (SIGTERM) after global step" in stopped[0], r.stdout
+    step = int(re.search(r"after global step (\d+)", stopped[0]).group(1))
+    text = log.read_text()
+    assert f"(global step {step}) finishes" in text and f"(global step {step + 1}) finishes" not in text
+    ckpt = re.search(r"recover checkpoint (\S+?);", text.split("Run interrupted (SIGTERM)")[-1]).group(1)
+    assert ckpt.endswith(f"globalstep{step}") and Path(ckpt).is_dir(), ckpt  # storage: same path inside
+    assert len([ln for ln in lines(r, "changed") if "] down: " in ln]) == 3
     for i in (1, 2, 3):
         assert testbed.ssh(i, "docker ps -aq").stdout.strip() == ""
+
+    start_training(kit, step + 2)
+    text = wait_for(log, f"(global step {step + 2}) finishes", 600).split("Run interrupted (SIGTERM)")[-1]
+    assert f"Will recover from: {ckpt}" in text, text[-3000:]
+    assert [int(n) for n in re.findall(r"\(global step (\d+)\) finishes", text)] == [step + 1, step + 2]
+
+    r = kit.run("down", "--known-hosts", str(kit.known_hosts))
+    assert r.returncode == 0 and any("] stop training: no training running" in ln for ln in lines(r, "ok")), r.stdout
     r = kit.run("down", "--known-hosts", str(kit.known_hosts))
     assert r.returncode == 0 and lines(r, "changed") == [], "down twice: nothing left to do"
