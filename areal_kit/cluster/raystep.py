@@ -248,13 +248,17 @@ def train(c: Cluster, h: HostState) -> Outcome:
 TRAIN_DRIVER = "areal(_kit[.]cli|-kit) train"
 
 # Runs on the head (in its container): SIGTERM the oldest training driver, wait for it to go, print
-# its log's last word on the stop. Exit 3: none running; 4: still running after the grace period.
+# what its log said of the stop since the SIGTERM, else its log's last line. Exit 3: none running;
+# 4: still running after the grace period.
 _STOP_TRAINING = (
-    "p=$({find}) || exit 3; log=$(readlink /proc/$p/fd/1); kill -TERM $p; i=0; "
+    "p=$({find}) || exit 3; log=$(readlink /proc/$p/fd/1); n=$(wc -c < \"$log\" 2>/dev/null || echo 0); "
+    "kill -TERM $p; i=0; "
     # gone: no state (ps prints none), or a zombie its parent has not reaped yet
     "while s=$(ps -o stat= -p $p | tr -d ' ') && [ -n \"$s\" ] && [ \"${{s#Z}}\" = \"$s\" ]; do "
     "i=$((i+1)); [ $i -gt {grace} ] && exit 4; sleep 1; done; "
-    "[ -f \"$log\" ] && tail -n 200 \"$log\" | grep -oE '(Run interrupted|After SIGTERM).*' | tail -n 1; exit 0")
+    "[ -f \"$log\" ] || exit 0; "
+    "said=$(tail -c +$((n+1)) \"$log\" | grep -oE '(Run interrupted|After SIGTERM).*' | tail -n 1); "
+    "[ -n \"$said\" ] && echo \"$said\" || echo \"its log's last line: $(tail -n 1 \"$log\")\"; exit 0")
 
 
 def _head_script(c: Cluster, h: HostState, script: str, **fields) -> str:
@@ -285,7 +289,14 @@ def stop_training(c: Cluster, h: HostState, grace: float) -> Outcome:
     if res.rc == 4:
         return Outcome("changed", f"training still running {grace:g}s after SIGTERM: stopped with Ray, "
                                   "from its last checkpoint")
-    return Outcome("ok", "no training running")
+    if _no_driver(res):
+        return Outcome("ok", "no training running")
+    return Outcome("ok", f"could not stop training (exit {res.rc}: {res.tail(1)}); it stops with Ray")
+
+
+def _no_driver(res) -> bool:
+    """The head script found no training driver (or no head container to look in)."""
+    return res.rc == 3 or (res.rc == 1 and "No such container" in res.stderr)
 
 
 # Prints the driver's log file and its last finished step. Exit 3: no training running.
@@ -297,7 +308,7 @@ _TRAINING_STATE = ("p=$({find}) || exit 3; log=$(readlink /proc/$p/fd/1); echo \
 def training_state(c: Cluster, h: HostState) -> str:
     """One line for `areal-kit status`: is training running on the head, at which step, logging where."""
     res = h.remote.run(_head_script(c, h, _TRAINING_STATE), sudo=c.opts.runtime == "docker", check=True, timeout=60)
-    if res.rc == 3 or (res.rc == 1 and "No such container" in res.stderr):
+    if _no_driver(res):
         return "not running"
     if not res.ok:
         return f"unknown (exit {res.rc}: {res.tail(1)})"

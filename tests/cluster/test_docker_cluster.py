@@ -180,7 +180,14 @@ def test_down_stops_training_at_a_checkpoint_and_setup_resumes_it(docker_cluster
     assert f"Will recover from: {ckpt}" in text, text[-3000:]
     assert [int(n) for n in re.findall(r"\(global step (\d+)\) finishes", text)] == [step + 1, step + 2]
 
+    for _ in range(30):  # after its last line the driver stops its workers, then exits
+        if "training: not running" in kit.run("status", "--known-hosts", str(kit.known_hosts)).stdout:
+            break
+        time.sleep(2)
+    else:
+        raise AssertionError("status never said the finished training is not running")
     r = kit.run("down", "--known-hosts", str(kit.known_hosts))
     assert r.returncode == 0 and any("] stop training: no training running" in ln for ln in lines(r, "ok")), r.stdout
     r = kit.run("down", "--known-hosts", str(kit.known_hosts))
     assert r.returncode == 0 and lines(r, "changed") == [], "down twice: nothing left to do"
+    assert any("] stop training: no training running" in ln for ln in lines(r, "ok")), "nor a head container"

@@ -26,6 +26,8 @@ import signal, sys, time
 def stop(*_):
     if sys.argv[1] == "ignore":
         return
+    if sys.argv[1] == "silent":  # e.g. SIGTERM while it shuts down after its last step
+        sys.exit(0)
     time.sleep(1.0)  # the step under way, then its checkpoint
     print("WARNING Run interrupted (SIGTERM) after global step 3, with its recover checkpoint /ckpt/globalstep3; "
           "the same command resumes it from there.", flush=True)
@@ -58,6 +60,10 @@ def start_driver(c: Cluster, tmp_path, mode: str, reaped: bool = False) -> subpr
     """The driver, as this process's child (a zombie once it exits, until wait()), or with
     reaped=True as the child of a shell that reaps it at once (gone without a trace)."""
     log = open(tmp_path / "train.log", "w")  # noqa: SIM115 (the child holds it)
+    # setup appends to one log per preset: an earlier run's stop is in it already
+    log.write("WARNING Run interrupted (SIGTERM) after global step 1, with its recover checkpoint /ckpt/globalstep1; "
+              "the same command resumes it from there.\n")
+    log.flush()
     # argv carries "areal_kit.cli train", as the real driver's does
     argv = [sys.executable, "-c", DRIVER, mode, "areal_kit.cli", "train", "tiny"]
     if reaped:
@@ -89,6 +95,16 @@ def test_down_waits_for_the_step_and_reports_the_checkpoint(head, tmp_path, reap
                          "recover checkpoint /ckpt/globalstep3; the same command resumes it from there.")
     assert time.monotonic() - t0 >= 1.0, "down must wait for the step to finish"
     assert p.wait(timeout=5) == (0 if reaped else 143)
+
+
+def test_down_reports_only_what_the_log_said_after_the_sigterm(head, tmp_path):
+    c, h = head
+    p = start_driver(c, tmp_path, "silent")
+    o = raystep.stop_training(c, h, grace=30)
+    assert o.status == "changed" and "global step 1," not in o.message, o.message
+    assert o.message.startswith("training stopped after SIGTERM: its log's last line: ") and \
+        o.message.endswith("Estimated remaining time: 45.796s.")
+    assert p.wait(timeout=5) == 0
 
 
 def test_down_gives_up_after_the_grace_period(head, tmp_path):
