@@ -1,6 +1,7 @@
-"""CLI commands `areal-kit eval` (evaluate a checkpoint) and `areal-kit grade` (check answers).
+"""CLI commands `areal-kit eval` (evaluate checkpoints) and `areal-kit grade` (check answers).
 
     areal-kit eval --model_path CKPT --output_path OUT --data_names math_500,aime24,amc23
+    areal-kit eval --model_path RUN/checkpoints/root/tiny/run0/actor --output_path OUT   # each, compared
     areal-kit grade '\\frac{1}{2}' 0.5
     areal-kit grade --file pairs.jsonl        # rows {"pred": ..., "ref": ..., "expected": true}
 
@@ -19,8 +20,10 @@ from areal_kit.errors import UserError, stops_say_so
 
 
 def eval_(
-    model_path: str = typer.Option(..., "--model_path", "--model-path",
-                                   help="Hugging Face model folder to evaluate (a checkpoint)."),
+    model_path: list[str] = typer.Option(..., "--model_path", "--model-path",
+                                         help="Hugging Face model folder to evaluate (a checkpoint). Repeat it, or "
+                                              "give a folder of checkpoints (a run's checkpoints/.../actor), to "
+                                              "evaluate each into OUT/<name> and compare them in OUT/compare.md."),
     output_path: str = typer.Option("eval_out", "--output_path", "--output-path",
                                     help="Folder for per-sample records, aggregate.json and the "
                                          "table; a re-run with the same folder resumes."),
@@ -50,18 +53,37 @@ def eval_(
     grade_timeout: float = typer.Option(5.0, "--grade_timeout", "--grade-timeout",
                                         help="Seconds math-verify may spend on one answer."),
 ) -> None:
-    """Evaluate a checkpoint with vLLM on math datasets and print the accuracy / pass@k table."""
+    """Evaluate checkpoints with vLLM on math datasets and print the accuracy / pass@k table."""
+    from rich.console import Console
+
+    from areal_kit.eval import compare
     from areal_kit.eval import data as evdata
     from areal_kit.eval.runner import EvalConfig, run
 
-    cfg = EvalConfig(model_path=model_path, output_path=output_path,
-                     data_names=evdata.parse_data_names(data_names), data_dir=data_dir,
-                     prompt_type=prompt_type, max_gen_tokens=max_gen_tokens, greedy=greedy,
-                     num_samples=num_samples, temperature=temperature, top_p=top_p, seed=seed,
-                     max_questions=max_questions, tp=tp, num_engines=num_engines,
-                     grade_timeout_s=grade_timeout)
+    models = compare.expand(model_path)
+    out = Path(output_path)
+    several = len(models) > 1 or not (Path(model_path[0]) / "config.json").exists()
+    if (out / ("run_config.json" if several else "compare.json")).exists():
+        raise UserError(f"{out} holds the evaluation of {'one checkpoint' if several else 'several'}; "
+                        "use another --output_path")
+    cfgs = [EvalConfig(model_path=str(m), output_path=str(out / m.name if several else out),
+                       data_names=evdata.parse_data_names(data_names), data_dir=data_dir,
+                       prompt_type=prompt_type, max_gen_tokens=max_gen_tokens, greedy=greedy,
+                       num_samples=num_samples, temperature=temperature, top_p=top_p, seed=seed,
+                       max_questions=max_questions, tp=tp, num_engines=num_engines,
+                       grade_timeout_s=grade_timeout) for m in models]
+    console = Console()
     with stops_say_so():  # the records graded so far are on disk: a re-run resumes after them
-        run(cfg)
+        aggs = []
+        for i, cfg in enumerate(cfgs):
+            if several:
+                console.print(f"checkpoint {i + 1}/{len(cfgs)}: {cfg.model_path}", markup=False)
+            aggs.append(run(cfg, console))
+    if several:
+        cmp = compare.table(aggs)
+        compare.write(out, cmp)
+        console.print(compare.rich_table(cmp))
+        console.print(f"wrote {out}/compare.json, compare.md, compare.csv")
 
 
 def _read_pairs(path: Path) -> list[dict]:

@@ -77,37 +77,50 @@ def _fmt(v) -> str:
     return str(v)
 
 
+# Tables of rows (dicts) under named columns, as text: shared with eval/compare.py.
+def md_table(columns: list[str], rows) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_table(columns: list[str], rows) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow(["" if r[c] is None else r[c] for c in columns])
+    return buf.getvalue()
+
+
+def rich_rows(title: str, columns: list[str], rows):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*[_fmt(r[c]) for c in columns])
+    return t
+
+
 def rows(agg: dict) -> list[list[str]]:
     return [[_fmt(r[c]) for c in COLUMNS] for r in agg["results"].values()]
 
 
 def markdown(agg: dict) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(agg)]
-    return "\n".join(lines) + "\n"
+    return md_table(COLUMNS, agg["results"].values())
 
 
 def csv_text(agg: dict) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(COLUMNS)
-    for r in agg["results"].values():
-        w.writerow(["" if r[c] is None else r[c] for c in COLUMNS])
-    return buf.getvalue()
+    return csv_table(COLUMNS, agg["results"].values())
 
 
 def rich_table(agg: dict):
-    from rich.table import Table
-
     s = agg["settings"]
-    t = Table(title=f"{Path(s['model_path']).name}  prompt {s['prompt_type']}, max_gen_tokens "
-                    f"{s['max_gen_tokens']}, {s['num_samples']} samples at T={s['temperature']} "
-                    f"top_p={s['top_p']}")
-    for c in COLUMNS:
-        t.add_column(c, justify="left" if c == "dataset" else "right")
-    for r in rows(agg):
-        t.add_row(*r)
-    return t
+    return rich_rows(f"{Path(s['model_path']).name}  prompt {s['prompt_type']}, max_gen_tokens "
+                     f"{s['max_gen_tokens']}, {s['num_samples']} samples at T={s['temperature']} "
+                     f"top_p={s['top_p']}", COLUMNS, agg["results"].values())
 
 
 def write(out: Path, agg: dict) -> None:

@@ -112,3 +112,43 @@ def test_interrupted_run_resumes_the_missing_samples(first_run, capsys):
     # per-sample seeds: the regenerated samples are the ones an uninterrupted run made
     assert [again[k]["completion"] for k in full] == [full[k]["completion"] for k in full]
     assert (resumed / "aggregate.json").read_text() == (out / "aggregate.json").read_text()
+
+
+def test_a_folder_of_checkpoints_is_evaluated_one_by_one_and_compared(first_run, capsys):
+    """Two checkpoints of a run: the first the model above, the second with changed weights. Each
+    gets its own resumable folder; the first's samples are the ones the single run made (same
+    per-sample seeds), the second's differ; compare.json has a row each, in global-step order."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model, out, data_dir, root = first_run
+    actor = root / "run" / "actor"
+    late, early = actor / "epoch1epochstep12globalstep12", actor / "epoch1epochstep3globalstep3"
+    for ckpt in (late, early):
+        shutil.copytree(model, ckpt)
+    weights = late / "model.safetensors"
+    torch.manual_seed(0)
+    save_file({k: v + 0.5 * torch.randn_like(v) for k, v in load_file(weights).items()}, weights,
+              metadata={"format": "pt"})
+    cmp_out = root / "compare"
+    args = ["eval", "--model_path", str(actor), "--output_path", str(cmp_out), "--data_dir", str(data_dir),
+            "--data_names", "math_500,gsm8k", "--max_questions", "4", "--max_gen_tokens", str(MAX_GEN),
+            "--num_samples", "2", "--prompt_type", "plain", "--seed", "3"]
+    main(args)
+    printed = capsys.readouterr().out
+    assert "checkpoint 1/2" in printed and "checkpoints compared" in printed
+    cmp = json.loads((cmp_out / "compare.json").read_text())
+    assert [r["checkpoint"] for r in cmp["rows"]] == [early.name, late.name]
+    for row in cmp["rows"]:
+        agg = json.loads((cmp_out / row["checkpoint"] / "aggregate.json").read_text())["results"]
+        assert row == {"checkpoint": row["checkpoint"], **{f"{d}:{m}": agg[d][m] for d in ("math_500", "gsm8k")
+                                                           for m in ("greedy_acc", "sample_pass@1")}}
+    single = records(out / "gsm8k" / "samples.jsonl")
+    for name, same in ((early.name, True), (late.name, False)):
+        recs = records(cmp_out / name / "gsm8k" / "samples.jsonl")
+        assert len(recs) == 4 * 3
+        assert ([r["completion"] for r in recs.values()] == [single[k]["completion"] for k in recs]) is same, name
+    before = (cmp_out / "compare.json").read_text()
+    main(args)  # a re-run generates nothing and rebuilds the same table
+    assert capsys.readouterr().out.count("0 to generate") == 2
+    assert (cmp_out / "compare.json").read_text() == before
