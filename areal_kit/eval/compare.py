@@ -13,18 +13,13 @@ greedy accuracy and sampled pass@1 (percent).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from areal_kit.errors import UserError
 from areal_kit.eval import report
+from areal_kit.rl.saving import step_of
 
 METRICS = ("greedy_acc", "sample_pass@1")
-
-
-def _step(p: Path) -> tuple[int, str]:
-    m = re.search(r"globalstep(\d+)$", p.name)
-    return (int(m.group(1)) if m else -1, p.name)
 
 
 def expand(paths: list[str]) -> list[Path]:
@@ -39,7 +34,9 @@ def expand(paths: list[str]) -> list[Path]:
         if (p / "config.json").exists():
             models.append(p)
             continue
-        inside = sorted((c for c in p.iterdir() if (c / "config.json").exists()), key=_step)
+        # a save under way is a .tmp folder until renamed
+        inside = sorted((c for c in p.iterdir() if (c / "config.json").exists() and not c.name.endswith(".tmp")),
+                        key=lambda c: (step_of(c.name), c.name))
         if not inside:
             raise UserError(f"model path {given} has no config.json and no checkpoint folders inside; expected "
                             "a Hugging Face model folder (a checkpoint saved by areal-kit train is one) "

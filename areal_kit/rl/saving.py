@@ -9,6 +9,7 @@ writes to a temporary folder and renames it only when complete.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 from areal_kit.errors import UserError
@@ -35,15 +36,15 @@ def save_model(ctrl, epoch: int, epoch_step: int) -> str:
     return path
 
 
+def step_of(name: str) -> int:
+    """The global step of a save's folder name; -1 for any other name (a save under way ends .tmp)."""
+    m = re.search(r"globalstep(\d+)$", name)
+    return int(m.group(1)) if m else -1
+
+
 def prune(actor_dir: str, keep_last_n: int) -> None:
     if keep_last_n <= 0:
         return
-    import re
-
-    def step_of(name: str) -> int:
-        m = re.search(r"globalstep(\d+)$", name)
-        return int(m.group(1)) if m else -1
-
     saves = sorted((d for d in os.listdir(actor_dir) if step_of(d) >= 0), key=step_of)
     for d in saves[:-keep_last_n]:
         shutil.rmtree(os.path.join(actor_dir, d), ignore_errors=True)

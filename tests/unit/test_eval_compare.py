@@ -21,6 +21,7 @@ def test_a_folder_of_checkpoints_is_taken_in_global_step_order(tmp_path):
     for name in ("epoch1epochstep10globalstep10", "epoch1epochstep2globalstep2", "epoch2epochstep1globalstep101"):
         model(run / name)
     (run / "notes").mkdir()  # not a model: left out
+    model(run / "epoch2epochstep2globalstep102.tmp")  # a save under way: left out
     base = model(tmp_path / "base")
     got = compare.expand([str(base), str(run)])
     assert [p.name for p in got] == ["base", "epoch1epochstep2globalstep2", "epoch1epochstep10globalstep10",
