@@ -21,6 +21,7 @@ from pathlib import Path
 import typer
 from typer import Option as _O  # every flag below is one
 
+from areal_kit.cluster.options import STOP_GRACE
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec, load_cluster_spec
 from areal_kit.errors import UserError
 
@@ -289,7 +290,7 @@ def down(
     runtime: str = _RUNTIME, python: str = _PYTHON, known_hosts: str = _KNOWN_HOSTS,
     host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT,
     dry_run: bool = _O(False, "--dry-run", help="Print the commands; run nothing."),
-    grace: float = _O(300.0, "--grace", min=0, help="Seconds training may take, after SIGTERM, to finish its step "
+    grace: float = _O(STOP_GRACE, "--grace", min=0, help="Seconds training may take, after SIGTERM, to finish its step "
                       "and write that step's recover checkpoint; 0: stop it with Ray at once."),
 ) -> int:
     """Stop training (SIGTERM: it checkpoints the step under way), then Ray and its containers on

@@ -41,6 +41,9 @@ def state_dir() -> Path:
     return Path(os.environ.get("AREAL_KIT_HOME", "~/.areal-kit")).expanduser()
 
 
+STOP_GRACE = 300.0  # seconds a SIGTERMed training may take to finish its step and checkpoint it
+
+
 @dataclass
 class SetupOptions:
     """What `areal-kit setup` does; see `areal-kit setup --help` for each option."""

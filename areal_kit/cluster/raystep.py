@@ -21,7 +21,7 @@ import re
 import shlex
 import time
 
-from areal_kit.cluster.options import Cluster, env_prefix, parse_size, q
+from areal_kit.cluster.options import STOP_GRACE, Cluster, env_prefix, parse_size, q
 from areal_kit.cluster.runner import HostState, Outcome, StepFailed
 from areal_kit.cluster.steps import must
 
@@ -135,6 +135,10 @@ def _ray_docker(c: Cluster, h: HostState) -> Outcome:
         return Outcome("ok", f"{name} running")
     why = "not running" if not res.ok else (
         "head was restarted" if head_changed and not h.is_head else "stopped or started with other options")
+    if res.ok and h.is_head:  # training runs in the head's container: let it checkpoint its step first
+        stopped = stop_training(c, h, STOP_GRACE)
+        if stopped.status == "changed":
+            why += f"; first, {stopped.message}"
     if res.ok:
         must(c, h, q("docker", "rm", "-f", name), f"removing old {name}", sudo=True)
     run = must(c, h, shlex.join(args), f"starting {name}", sudo=True, timeout=300)

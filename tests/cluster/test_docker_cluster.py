@@ -143,43 +143,61 @@ def wait_for(path, text: str, timeout: float) -> str:
 
 @pytest.mark.skipif(importlib.util.find_spec("areal_kit.rl.controller") is None,
                     reason="training engine (areal_kit.rl.controller) not built yet")
-def start_training(kit, steps: int):
-    """setup again, now with training (as a user would add --train_param); returns its log."""
-    r = kit.run("setup", *kit.args, "--train_param", "tiny", "--train-arg", "spread_roles=true",
+def start_training(kit, steps: int, *more: str):
+    """setup again, now with training (as a user would add --train_param); returns setup's result."""
+    r = kit.run("setup", *kit.args, *more, "--train_param", "tiny", "--train-arg", "spread_roles=true",
                 "--train-arg", f"exp_ctrl.total_train_steps={steps}")
     assert r.returncode == 0 and any("] train: training tiny started" in ln for ln in lines(r, "changed")), r.stdout
-    return kit.tb.storage / "ray" / "experiments" / "logs" / "areal-tiny.log"
+    return r
 
 
-def test_down_stops_training_at_a_checkpoint_and_setup_resumes_it(docker_cluster, testbed):
-    """Training started by setup (--train_param) is still running when down comes: down SIGTERMs
-    it first, so it finishes its step and writes that step's recover checkpoint before Ray goes.
-    Everything is removed; setup again resumes the run from that checkpoint, no step lost or redone."""
-    kit, _ = docker_cluster
-    shutil.rmtree(testbed.storage / "ray" / "experiments", ignore_errors=True)  # storage outlives a session
-    log = start_training(kit, 100000)
-    wait_for(log, "(global step 2) finishes", 600)
-    r = kit.run("status", "--known-hosts", str(kit.known_hosts))
-    assert re.search(rf"training: running, global step \d+ finished, about \S+ to go; log {log}", r.stdout), r.stdout
+def resumed(log, step: int, until: int) -> None:
+    """The run after the last stop resumed from step's checkpoint and did steps step+1..until, once each."""
+    text = wait_for(log, f"(global step {until}) finishes", 600).split("Run interrupted (SIGTERM)")[-1]
+    assert re.search(rf"Will recover from: \S+/globalstep{step} ", text), text[-3000:]
+    done = [int(n) for n in re.findall(r"\(global step (\d+)\) finishes", text)]
+    assert done[:until - step] == list(range(step + 1, until + 1)), done
 
-    r = kit.run("down", "--known-hosts", str(kit.known_hosts))
-    assert r.returncode == 0, r.stdout
-    stopped = [ln for ln in lines(r, "changed") if "] stop training: training stopped after SIGTERM" in ln]
-    assert len(stopped) == 1 and "Run interrupted (SIGTERM) after global step" in stopped[0], r.stdout
-    step = int(re.search(r"after global step (\d+)", stopped[0]).group(1))
+
+def stopped_at(r, log, where: str) -> int:
+    """The step a SIGTERMed training stopped after, as setup or down reported it; its checkpoint exists."""
+    said = [ln for ln in lines(r, "changed") if where in ln]
+    assert len(said) == 1 and "Run interrupted (SIGTERM) after global step" in said[0], r.stdout
+    step = int(re.search(r"after global step (\d+)", said[0]).group(1))
     text = log.read_text()
     assert f"(global step {step}) finishes" in text and f"(global step {step + 1}) finishes" not in text
     ckpt = re.search(r"recover checkpoint (\S+?);", text.split("Run interrupted (SIGTERM)")[-1]).group(1)
     assert ckpt.endswith(f"globalstep{step}") and Path(ckpt).is_dir(), ckpt  # storage: same path inside
+    return step
+
+
+def test_training_survives_setup_changes_and_down_without_losing_a_step(docker_cluster, testbed):
+    """Training started by setup (--train_param) keeps every step through what stops it:
+    - setup with other options replaces the head container the training runs in: it SIGTERMs the
+      training first (it finishes its step and checkpoints it), then starts it again, resuming;
+    - down SIGTERMs it the same way before removing everything, and setup again resumes it."""
+    kit, _ = docker_cluster
+    shutil.rmtree(testbed.storage / "ray" / "experiments", ignore_errors=True)  # storage outlives a session
+    log = testbed.storage / "ray" / "experiments" / "logs" / "areal-tiny.log"
+    start_training(kit, 100000)
+    wait_for(log, "(global step 2) finishes", 600)
+    r = kit.run("status", "--known-hosts", str(kit.known_hosts))
+    assert re.search(rf"training: running, global step \d+ finished, about \S+ to go; log {log}", r.stdout), r.stdout
+
+    r = start_training(kit, 100000, "--shm-size", "600m")  # every container is replaced
+    step = stopped_at(r, log, "] ray: areal-areal-head started (stopped or started with other options; first, "
+                              "training stopped after SIGTERM")
+    resumed(log, step, step + 2)
+
+    r = kit.run("down", "--known-hosts", str(kit.known_hosts))
+    assert r.returncode == 0, r.stdout
+    step = stopped_at(r, log, "] stop training: training stopped after SIGTERM")
     assert len([ln for ln in lines(r, "changed") if "] down: " in ln]) == 3
     for i in (1, 2, 3):
         assert testbed.ssh(i, "docker ps -aq").stdout.strip() == ""
 
     start_training(kit, step + 2)
-    text = wait_for(log, f"(global step {step + 2}) finishes", 600).split("Run interrupted (SIGTERM)")[-1]
-    assert f"Will recover from: {ckpt}" in text, text[-3000:]
-    assert [int(n) for n in re.findall(r"\(global step (\d+)\) finishes", text)] == [step + 1, step + 2]
-
+    resumed(log, step, step + 2)
     for _ in range(30):  # after its last line the driver stops its workers, then exits
         if "training: not running" in kit.run("status", "--known-hosts", str(kit.known_hosts)).stdout:
             break
