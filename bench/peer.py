@@ -12,7 +12,7 @@ while the trainer trains; TRL has no such mode), and the notes give its synchron
 Steps/hour count steps after the first (warm-up) and, for ours, before the last (which has no
 generation queued behind it); wall times including start-up are shown too.
 
-    bash bench/setup_trl_venv.sh        # once: TRL in /work/bench-venvs/trl (AREAL_BENCH_TRL_VENV)
+    bash bench/setup_trl_venv.sh        # TRL in /work/bench-venvs/trl (AREAL_BENCH_TRL_VENV); run on first use
     python bench/run.py peer
 """
 
@@ -60,8 +60,10 @@ def ordered_rows(cfg, steps: int) -> list[dict]:
 
 def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str) -> dict:
     py = os.path.join(TRL_VENV, "bin", "python")
-    if not os.path.exists(py):
-        raise RuntimeError(f"no TRL venv at {TRL_VENV}: run `bash bench/setup_trl_venv.sh` first")
+    if not os.path.exists(py):  # TRL gets its own venv, apart from areal-kit's packages
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "setup_trl_venv.sh")
+        print(f"no TRL venv at {TRL_VENV}: creating it (bash {script}, ~3 minutes)", flush=True)
+        subprocess.run(["bash", script, TRL_VENV], check=True)
     a, p = cfg.actor, cfg.ppo
     spec = {"model": cfg.actor.path, "rows": ordered_rows(cfg, steps), "reward": p.reward_fns[0],
             "n_prompts": cfg.dataset.train_bs_n_seqs, "group_size": p.group_size, "micro_batch": micro_batch,

@@ -9,7 +9,7 @@ Each benchmark prints one JSON line and a table, updates its entry in bench/resu
 ({name: {figures..., ratio: x}}) and regenerates bench/PERFORMANCE.md. Both sides of every
 ratio run in the same invocation, back to back, so a busy machine slows both alike.
 Run it with the project's venv (`.venv/bin/python bench/run.py` after `bash .ci/install.sh`);
-the peer benchmark also needs TRL's own venv (`bash bench/setup_trl_venv.sh`, see bench/peer.py).
+the peer benchmark runs TRL from its own venv, made on first use (bench/setup_trl_venv.sh, see bench/peer.py).
 Models are built locally on first use and cached under ~/.cache/areal-kit-bench.
 """
 
@@ -45,7 +45,7 @@ to back (`python bench/run.py`, about 20 minutes; `python bench/run.py NAME` for
 machine was 2 cores shared with other work: figures move by 10-30% between runs, so rerun
 before quoting. The runner sets OMP_WAIT_POLICY=PASSIVE for every process on both sides:
 OpenMP threads that spin at barriers collapse on a busy machine (15x slower measured here).
-The peer benchmark needs TRL's own venv once: `bash bench/setup_trl_venv.sh`.
+The peer benchmark runs TRL from its own venv, made on first use by `bash bench/setup_trl_venv.sh` (~3 minutes).
 """
 
 
