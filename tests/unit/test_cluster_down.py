@@ -56,7 +56,18 @@ def head(tmp_path):
     return Cluster(opts=SetupOptions(spec=spec, runtime="host"), hosts=[h]), h
 
 
-def start_driver(c: Cluster, tmp_path, mode: str, reaped: bool = False) -> subprocess.Popen:
+@pytest.fixture
+def started():
+    """Drivers a test started: any still running at its end is killed."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def start_driver(c: Cluster, tmp_path, mode: str, reaped: bool = False, started: list | None = None) -> subprocess.Popen:
     """The driver, as this process's child (a zombie once it exits, until wait()), or with
     reaped=True as the child of a shell that reaps it at once (gone without a trace)."""
     log = open(tmp_path / "train.log", "w")  # noqa: SIM115 (the child holds it)
@@ -76,6 +87,8 @@ def start_driver(c: Cluster, tmp_path, mode: str, reaped: bool = False) -> subpr
     pidfile = tmp_path / "storage" / ".areal-kit" / f"train-{c.opts.spec.cluster_name}.pid"
     pidfile.parent.mkdir(parents=True, exist_ok=True)
     pidfile.write_text(f"{pid}\n")
+    if started is not None:
+        started.append(p)
     for _ in range(100):  # its signal handler is in place once it has logged
         if "finishes" in (tmp_path / "train.log").read_text():
             break
@@ -84,10 +97,10 @@ def start_driver(c: Cluster, tmp_path, mode: str, reaped: bool = False) -> subpr
 
 
 @pytest.mark.parametrize("reaped", [False, True], ids=["zombie", "reaped"])
-def test_down_waits_for_the_step_and_reports_the_checkpoint(head, tmp_path, reaped):
+def test_down_waits_for_the_step_and_reports_the_checkpoint(head, tmp_path, reaped, started):
     """Once the driver has exited, whether its parent has reaped it yet or not, the wait ends."""
     c, h = head
-    p = start_driver(c, tmp_path, "stop", reaped)
+    p = start_driver(c, tmp_path, "stop", reaped, started)
     t0 = time.monotonic()
     o = raystep.stop_training(c, h, grace=30)
     assert o.status == "changed", o.message
@@ -97,9 +110,9 @@ def test_down_waits_for_the_step_and_reports_the_checkpoint(head, tmp_path, reap
     assert p.wait(timeout=5) == (0 if reaped else 143)
 
 
-def test_down_reports_only_what_the_log_said_after_the_sigterm(head, tmp_path):
+def test_down_reports_only_what_the_log_said_after_the_sigterm(head, tmp_path, started):
     c, h = head
-    p = start_driver(c, tmp_path, "silent")
+    p = start_driver(c, tmp_path, "silent", started=started)
     o = raystep.stop_training(c, h, grace=30)
     assert o.status == "changed" and "global step 1," not in o.message, o.message
     assert o.message.startswith("training stopped after SIGTERM: its log's last line: ") and \
@@ -107,35 +120,23 @@ def test_down_reports_only_what_the_log_said_after_the_sigterm(head, tmp_path):
     assert p.wait(timeout=5) == 0
 
 
-def test_down_gives_up_after_the_grace_period(head, tmp_path):
+def test_down_gives_up_after_the_grace_period(head, tmp_path, started):
     c, h = head
-    p = start_driver(c, tmp_path, "ignore")
-    try:
-        o = raystep.stop_training(c, h, grace=1)
-        assert o.status == "changed" and "still running 1s after SIGTERM" in o.message
-        assert p.poll() is None
-    finally:
-        p.kill()
-        p.wait()
+    p = start_driver(c, tmp_path, "ignore", started=started)
+    o = raystep.stop_training(c, h, grace=1)
+    assert o.status == "changed" and "still running 1s after SIGTERM" in o.message
+    assert p.poll() is None
 
 
-def test_grace_zero_skips_the_stop(head, tmp_path):
+def test_grace_zero_skips_the_stop(head, tmp_path, started):
     c, h = head
-    p = start_driver(c, tmp_path, "stop")
-    try:
-        o = raystep.stop_training(c, h, grace=0)
-        assert o.status == "skipped" and p.poll() is None
-    finally:
-        p.kill()
-        p.wait()
+    p = start_driver(c, tmp_path, "stop", started=started)
+    o = raystep.stop_training(c, h, grace=0)
+    assert o.status == "skipped" and p.poll() is None
 
 
-def test_status_names_the_step_and_the_log(head, tmp_path):
+def test_status_names_the_step_and_the_log(head, tmp_path, started):
     c, h = head
-    p = start_driver(c, tmp_path, "stop")
-    try:
-        assert raystep.training_state(c, h) == (f"running, global step 3 finished, about 45.796s to go; "
-                                                f"log {tmp_path / 'train.log'}")
-    finally:
-        p.kill()
-        p.wait()
+    start_driver(c, tmp_path, "stop", started=started)
+    assert raystep.training_state(c, h) == (f"running, global step 3 finished, about 45.796s to go; "
+                                            f"log {tmp_path / 'train.log'}")
