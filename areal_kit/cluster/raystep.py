@@ -251,12 +251,10 @@ def train(c: Cluster, h: HostState) -> Outcome:
 # `areal-kit train`). "[.]" and "(" keep the shell running this pattern from matching itself.
 TRAIN_DRIVER = "areal(_kit[.]cli|-kit) train"
 
-# Runs on the head (in its container): SIGTERM the oldest training driver, wait for it to go, print
-# what its log said of the stop since the SIGTERM, else its log's last line. Exit 3: none running;
-# 4: still running after the grace period.
+# SIGTERM the driver, wait for it to go, print what its log said of the stop since the SIGTERM,
+# else its log's last line. Exit 4: still running after the grace period.
 _STOP_TRAINING = (
-    "p=$({find}) || exit 3; log=$(readlink /proc/$p/fd/1); n=$(wc -c < \"$log\" 2>/dev/null || echo 0); "
-    "kill -TERM $p; i=0; "
+    "n=$(wc -c < \"$log\" 2>/dev/null || echo 0); kill -TERM $p; i=0; "
     # gone: no state (ps prints none), or a zombie its parent has not reaped yet
     "while s=$(ps -o stat= -p $p | tr -d ' ') && [ -n \"$s\" ] && [ \"${{s#Z}}\" = \"$s\" ]; do "
     "i=$((i+1)); [ $i -gt {grace} ] && exit 4; sleep 1; done; "
@@ -266,13 +264,13 @@ _STOP_TRAINING = (
 
 
 def _head_script(c: Cluster, h: HostState, script: str, **fields) -> str:
-    """`script` as a command where training runs (the head's container, or the head host), with
-    {find} standing for a command that prints the training driver's pid."""
+    """`script` as a command where training runs (the head's container, or the head host), run with
+    $p the training driver's pid and $log the file its output goes to; exit 3 when none runs."""
     find = f"pgrep -o -f {shlex.quote(TRAIN_DRIVER)}"
     if c.opts.runtime == "host":  # the pid setup recorded, else any driver
         pidfile = shlex.quote(f"{c.opts.storage.rstrip('/')}/.areal-kit/train-{c.opts.spec.cluster_name}.pid")
         find = f"{{ p=$(cat {pidfile} 2>/dev/null) && kill -0 $p 2>/dev/null && echo $p; }} || {find}"
-    body = script.format(find=find, **fields)
+    body = f"p=$({find}) || exit 3; log=$(readlink /proc/$p/fd/1); " + script.format(**fields)
     return q("docker", "exec", container_name(c, h), "sh", "-c", body) if c.opts.runtime == "docker" \
         else q("sh", "-c", body)
 
@@ -303,8 +301,8 @@ def _no_driver(res) -> bool:
     return res.rc == 3 or (res.rc == 1 and "No such container" in res.stderr)
 
 
-# Prints the driver's log file and its last finished step. Exit 3: no training running.
-_TRAINING_STATE = ("p=$({find}) || exit 3; log=$(readlink /proc/$p/fd/1); echo \"$log\"; "
+# Prints the driver's log file and its last finished step.
+_TRAINING_STATE = ("echo \"$log\"; "
                    "[ -f \"$log\" ] && tail -n 200 \"$log\" | grep -oE '[(]global step [0-9]+[)] finishes.*' "
                    "| tail -n 1; exit 0")
 
