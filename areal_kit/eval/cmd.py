@@ -62,12 +62,13 @@ def eval_(
 
     models = compare.expand(model_path)
     out = Path(output_path)
-    several = len(models) > 1 or not (Path(model_path[0]) / "config.json").exists()
+    several = models != [Path(model_path[0])]  # more than one, or a folder of checkpoints
     if (out / ("run_config.json" if several else "compare.json")).exists():
         raise UserError(f"{out} holds the evaluation of {'one checkpoint' if several else 'several'}; "
                         "use another --output_path")
+    names = evdata.parse_data_names(data_names)
     cfgs = [EvalConfig(model_path=str(m), output_path=str(out / m.name if several else out),
-                       data_names=evdata.parse_data_names(data_names), data_dir=data_dir,
+                       data_names=names, data_dir=data_dir,
                        prompt_type=prompt_type, max_gen_tokens=max_gen_tokens, greedy=greedy,
                        num_samples=num_samples, temperature=temperature, top_p=top_p, seed=seed,
                        max_questions=max_questions, tp=tp, num_engines=num_engines,
