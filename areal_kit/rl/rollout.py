@@ -149,20 +149,19 @@ class RolloutWorker:
     def receive_weights(self, version: int, shared: bool = False) -> dict:
         """Seconds of the whole receive and load, and of its slowest worker's parts: on the wire,
         copying into the parameters, re-packing CPU kernels."""
-        t0 = time.time()
-        parts = self.llm.collective_rpc("receive_weights", args=(version, shared))
-        return self._loaded(version, t0, {f"load_{k}": max(p[k] for p in parts) for k in parts[0]})
+        return self._load(version, "receive_weights", (version, shared))
 
     def load_from_disk(self, path: str, version: int) -> dict:
-        t0 = time.time()
-        self.llm.collective_rpc("load_weights_from_disk", args=(path, version))
-        return self._loaded(version, t0, {})
+        """The same, from a Hugging Face folder (weight_sync=disk)."""
+        return self._load(version, "load_weights_from_disk", (path, version))
 
-    def _loaded(self, version: int, t0: float, parts: dict) -> dict:
+    def _load(self, version: int, method: str, args: tuple) -> dict:
+        t0 = time.time()
+        parts = self.llm.collective_rpc(method, args=args)
         # Cached prefixes hold KV computed with the old weights.
         self.llm.reset_prefix_cache()
         self.version = version
-        return {"load_time": time.time() - t0, **parts}
+        return {"load_time": time.time() - t0, **{f"load_{k}": max(p[k] for p in parts) for k in parts[0]}}
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """Logprob of every token after the first of each sequence (engine vs trainer checks)."""

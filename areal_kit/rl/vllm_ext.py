@@ -86,10 +86,13 @@ class WeightSyncExtension:
         self._areal_version = version
         return stats
 
-    def load_weights_from_disk(self, path: str, version: int) -> int:
-        self._areal_load(_safetensors(path))
+    def load_weights_from_disk(self, path: str, version: int) -> dict:
+        """Load a Hugging Face folder; returns the same seconds as `receive_weights` ("wait" is 0:
+        reading the files counts as "copy")."""
+        stats = {"wait": 0.0, "copy": 0.0, "repack": 0.0, "placed": 0}
+        self._areal_load(_safetensors(path), stats)
         self._areal_version = version
-        return version
+        return stats
 
     def weights_checksum(self) -> float:
         total = 0.0
