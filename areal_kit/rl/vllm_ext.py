@@ -78,7 +78,7 @@ class WeightSyncExtension:
         and re-packing ("repack"), and how many tensors arrived straight in place ("placed")."""
         from areal_kit.rl import weight_sync
 
-        stats = {"wait": 0.0, "copy": 0.0, "repack": 0.0, "placed": 0}
+        stats = _new_stats()
         places = {name: dst for name, (dst, _) in getattr(self, "_areal_places", {}).items()}
         names = getattr(self, "_areal_shared", frozenset()) if shared else frozenset()
         self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, _device(self), stats, into=places,
@@ -89,7 +89,7 @@ class WeightSyncExtension:
     def load_weights_from_disk(self, path: str, version: int) -> dict:
         """Load a Hugging Face folder; returns the same seconds as `receive_weights` ("wait" is 0:
         reading the files counts as "copy")."""
-        stats = {"wait": 0.0, "copy": 0.0, "repack": 0.0, "placed": 0}
+        stats = _new_stats()
         self._areal_load(_safetensors(path), stats)
         self._areal_version = version
         return stats
@@ -146,6 +146,11 @@ class WeightSyncExtension:
     def placed_weights(self) -> list[str]:
         """Names of the tensors that later updates receive straight into the parameters."""
         return sorted(getattr(self, "_areal_places", {}))
+
+
+def _new_stats() -> dict:
+    """A load's seconds on the wire, copying and re-packing, and its tensors received in place."""
+    return {"wait": 0.0, "copy": 0.0, "repack": 0.0, "placed": 0}
 
 
 def _load_bucket(model, bucket, places: dict, learned: dict | None, params: dict, stats: dict) -> set:
