@@ -15,6 +15,7 @@ import os
 import re
 import secrets as secrets_mod
 import shlex
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,6 +173,10 @@ class Cluster:
     hosts: list  # list[HostState]
     secrets: dict[str, str] = field(default_factory=dict)  # env name -> value (never logged)
     token: str = field(default_factory=lambda: secrets_mod.token_hex(8))  # this run's storage marker
+    # Setup stops a running training at most once, before the first container it replaces:
+    # (the host that asked, the outcome), shared by the hosts' threads under stop_lock.
+    training_stop: tuple | None = None
+    stop_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def head(self):

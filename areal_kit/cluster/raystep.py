@@ -135,11 +135,8 @@ def _ray_docker(c: Cluster, h: HostState) -> Outcome:
         return Outcome("ok", f"{name} running")
     why = "not running" if not res.ok else (
         "head was restarted" if head_changed and not h.is_head else "stopped or started with other options")
-    if res.ok and h.is_head:  # training runs in the head's container: let it checkpoint its step first
-        stopped = stop_training(c, h, STOP_GRACE)
-        if stopped.status == "changed":
-            why += f"; first, {stopped.message}"
     if res.ok:
+        why += _stop_training_once(c, h)
         must(c, h, q("docker", "rm", "-f", name), f"removing old {name}", sudo=True)
     run = must(c, h, shlex.join(args), f"starting {name}", sudo=True, timeout=300)
     if h.is_head:
@@ -153,6 +150,21 @@ def _ray_docker(c: Cluster, h: HostState) -> Outcome:
             raise StepFailed(f"{name} exited right after start on {h.name}",
                              h.remote.run(q("docker", "logs", "--tail", "30", name), sudo=True))
     return Outcome("changed", f"{name} started ({why}); container {run.stdout.strip()[:12]}")
+
+
+def _stop_training_once(c: Cluster, h: HostState) -> str:
+    """Before a container of the cluster is removed, SIGTERM the training so that it checkpoints its
+    step: its driver runs in the head's container, its actors in any of them. Hosts replace their
+    containers in parallel; the first to ask stops it (up to STOP_GRACE), the others wait for that.
+    Returns what to add to the host's message."""
+    with c.stop_lock:
+        first = c.training_stop is None
+        if first:
+            c.training_stop = (h.name, stop_training(c, c.head, STOP_GRACE))
+    by, stopped = c.training_stop
+    if stopped.status != "changed":
+        return ""
+    return f"; first, {stopped.message}" if first else f"; after training was stopped for {by}'s container"
 
 
 def _ray_host(c: Cluster, h: HostState) -> Outcome:

@@ -171,6 +171,59 @@ def stopped_at(r, log, where: str) -> int:
     return step
 
 
+def wait_not_running(kit) -> None:
+    """After its last line the driver stops its workers, then exits: wait until status says so."""
+    for _ in range(30):
+        if "training: not running" in kit.run("status", "--known-hosts", str(kit.known_hosts)).stdout:
+            return
+        time.sleep(2)
+    raise AssertionError("status never said the finished training is not running")
+
+
+def test_replacing_only_worker_containers_stops_training_first(docker_cluster, testbed):
+    """The rollout actors live in the workers' containers: a setup re-run that replaces only those
+    (their options are out of date, the head's are not) SIGTERMs the training once, before the first
+    removal, so it checkpoints its step; training started again resumes from it.
+
+    The workers' containers are made out of date by hand: the very `docker run` setup's dry run
+    shows, with another config label, as after a change that touches workers only. Training then
+    starts by setup's own command, run by hand, since setup would first bring the workers up to date."""
+    kit, _ = docker_cluster
+    shutil.rmtree(testbed.storage / "ray" / "experiments", ignore_errors=True)  # storage outlives a session
+    log = testbed.storage / "ray" / "experiments" / "logs" / "areal-tiny.log"
+    dry = kit.run("setup", *kit.args, "--dry-run", "--train_param", "tiny", "--train-arg", "spread_roles=true",
+                  "--train-arg", "exp_ctrl.total_train_steps=100000")
+    cmds = [ln.split("[run] ", 1)[1] for ln in dry.stdout.splitlines() if "[run] docker " in ln]
+    workers = [cmd for cmd in cmds if cmd.startswith("docker run ") and "areal-kit.role=worker" in cmd]
+    train = [cmd for cmd in cmds if cmd.startswith("docker exec -d ")]
+    assert len(workers) == 2 and len(train) == 1, dry.stdout
+    for i, cmd in zip((2, 3), workers):
+        digest = re.search(r"areal-kit[.]config=(\w+)", cmd).group(1)
+        label = testbed.ssh(i, 'docker inspect --format \'{{index .Config.Labels "areal-kit.config"}}\' '
+                               'areal-areal-worker').stdout.strip()
+        assert label == digest, "the dry run shows the container setup started"
+        testbed.ssh(i, f"docker rm -f areal-areal-worker && {cmd.replace(digest, 'out-of-date')}")
+    for _ in range(60):
+        if len(json.loads(head_python(testbed, RAY_NODES))) == 3:
+            break
+        time.sleep(2)
+    testbed.ssh(1, train[0])
+    wait_for(log, "(global step 2) finishes", 600)
+    rollout_ips = {ip for cls, ip in json.loads(head_python(testbed, RAY_ACTORS)) if "Rollout" in (cls or "")}
+    assert rollout_ips and testbed.ips[0] not in rollout_ips, "spread_roles puts the engines on the workers"
+
+    r = kit.run("setup", *kit.args)
+    assert r.returncode == 0, r.stdout
+    assert any("] ray: areal-areal-head running" in ln for ln in lines(r, "ok")), "the head is not replaced"
+    step = stopped_at(r, log, "] ray: areal-areal-worker started (stopped or started with other options; first, "
+                              "training stopped after SIGTERM")
+    after = [ln for ln in lines(r, "changed") if "; after training was stopped for " in ln]
+    assert len(after) == 1 and "] ray: areal-areal-worker started" in after[0], r.stdout
+    start_training(kit, step + 2)
+    resumed(log, step, step + 2)
+    wait_not_running(kit)
+
+
 def test_training_survives_setup_changes_and_down_without_losing_a_step(docker_cluster, testbed):
     """Training started by setup (--train_param) keeps every step through what stops it:
     - setup with other options replaces the head container the training runs in: it SIGTERMs the
@@ -198,12 +251,7 @@ def test_training_survives_setup_changes_and_down_without_losing_a_step(docker_c
 
     start_training(kit, step + 2)
     resumed(log, step, step + 2)
-    for _ in range(30):  # after its last line the driver stops its workers, then exits
-        if "training: not running" in kit.run("status", "--known-hosts", str(kit.known_hosts)).stdout:
-            break
-        time.sleep(2)
-    else:
-        raise AssertionError("status never said the finished training is not running")
+    wait_not_running(kit)
     r = kit.run("down", "--known-hosts", str(kit.known_hosts))
     assert r.returncode == 0 and any("] stop training: no training running" in ln for ln in lines(r, "ok")), r.stdout
     r = kit.run("down", "--known-hosts", str(kit.known_hosts))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -28,6 +29,7 @@ def stop(*_):
         return
     if sys.argv[1] == "silent":  # e.g. SIGTERM while it shuts down after its last step
         sys.exit(0)
+    print("got SIGTERM", flush=True)
     time.sleep(1.0)  # the step under way, then its checkpoint
     print("WARNING Run interrupted (SIGTERM) after global step 3, with its recover checkpoint /ckpt/globalstep3; "
           "the same command resumes it from there.", flush=True)
@@ -140,3 +142,21 @@ def test_status_names_the_step_and_the_log(head, tmp_path, started):
     start_driver(c, tmp_path, "stop", started=started)
     assert raystep.training_state(c, h) == (f"running, global step 3 finished, about 45.796s to go; "
                                             f"log {tmp_path / 'train.log'}")
+
+
+def test_hosts_replacing_containers_at_once_stop_training_once(tmp_path, started):
+    """setup's hosts replace their containers in parallel threads, and training's actors may be in
+    any of them: the first host SIGTERMs the training and waits for its checkpoint, the others wait
+    for that, and the driver gets one SIGTERM (a second would stop it at once, mid-step)."""
+    spec = ClusterSpec(hosts=[HostSpec(f"n{i}") for i in range(3)], storage=str(tmp_path / "storage"))
+    hosts = [HostState(spec=s, index=i, remote=LocalShell()) for i, s in enumerate(spec.hosts)]
+    c = Cluster(opts=SetupOptions(spec=spec, runtime="host"), hosts=hosts)
+    p = start_driver(c, tmp_path, "stop", started=started)
+    with ThreadPoolExecutor(3) as pool:
+        said = list(pool.map(lambda h: raystep._stop_training_once(c, h), hosts))
+    first = [s for s in said if s.startswith("; first, training stopped after SIGTERM: Run interrupted (SIGTERM) "
+                                             "after global step 3")]
+    assert len(first) == 1, said
+    assert sorted(said) == sorted(first + [f"; after training was stopped for {c.training_stop[0]}'s container"] * 2)
+    assert (tmp_path / "train.log").read_text().count("got SIGTERM") == 1
+    assert p.wait(timeout=5) == 143
