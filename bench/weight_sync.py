@@ -79,29 +79,6 @@ class RawBroadcast:
         self.child.join(60)
 
 
-def _parts(ctrl) -> dict:
-    """Where an auto sync's time goes: the same worker calls as Controller._sync, timed one by one."""
-    import ray
-
-    w = ctrl.workers
-    trainer, rollout = w.trainers[0], w.rollouts[0]
-    ctrl.state.version += 1
-    t0 = time.time()
-    ray.get(trainer.stage_weights.remote())
-    send = trainer.send_weights.options(concurrency_group="weights").remote(shared=True)
-    send, recv = ray.get([send, rollout.receive_weights.remote(ctrl.state.version, True)])
-    total = time.time() - t0
-    path = os.path.join(ctrl.cfg.fileroot, "cache", "weight_sync", "parts")
-    t0 = time.time()
-    ray.get(trainer.save_hf.remote(path))
-    save = time.time() - t0
-    load = ray.get(rollout.load_from_disk.remote(path, ctrl.state.version))["load_time"]
-    return {"mem_total": total, "mem_send": send["sync_send_time"], "mem_recv_load": recv["load_time"],
-            "mem_recv_wait": recv["load_wait"], "mem_recv_copy": recv["load_copy"],
-            "mem_recv_repack": recv["load_repack"], "mem_recv_placed": recv["load_placed"], "disk_save": save,
-            "disk_load": load}
-
-
 def run() -> Result:
     import ray
 
@@ -116,7 +93,7 @@ def run() -> Result:
     log = logs.RunLogger(job.paths, tensorboard=False, console=False)
     ctrl = C.Controller(job, log)
     times = {"auto": [], "broadcast": [], "disk": [], "raw": []}
-    repack = {"auto": [], "broadcast": [], "disk": []}  # the engine's share of each sync: vLLM's re-pack
+    reports = {"auto": [], "broadcast": [], "disk": []}  # each sync's own figures: [trainer's send,] engine's load
     raw = RawBroadcast(model_path, REPS)
     try:
         ctrl.start()
@@ -126,25 +103,27 @@ def run() -> Result:
                 cfg.weight_sync = mode  # _sync reads it each call; the group stays joined
                 ctrl.state.version += 1
                 times[mode].append(ctrl._sync(wait_engines=True))
-                repack[mode].append(ray.get(ctrl._receiving)[-1]["load_repack"])  # the engine's own figures
+                reports[mode].append(ray.get(ctrl._receiving))
             times["raw"].append(raw.once())
-        runs = [_parts(ctrl) for _ in range(3)]
-        parts = {k: engines.median(r[k] for r in runs) for k in runs[0]}
     finally:
         ctrl.stop()
         ray.shutdown()
         log.close()
         raw.close()
     m, b, d, raw_s = (engines.median(times[k]) for k in ("auto", "broadcast", "disk", "raw"))
-    rp = {k: engines.median(v) for k, v in repack.items()}
+    load = {k: {part: engines.median(r[-1][part] for r in v) for part in v[0][-1]} for k, v in reports.items()}
+    rp = {k: v["load_repack"] for k, v in load.items()}  # every path's engine ends in vLLM's re-pack
+    send = engines.median(r[0]["sync_send_time"] for r in reports["auto"])
+    save = engines.median(t - r[-1]["load_time"] for t, r in zip(times["disk"], reports["disk"]))
     mb = raw.flat.numel() / 1e6
     n = workload.n_params(model_path)
     figures = {"params": n, "megabytes": mb, "memory_s": m, "broadcast_s": b, "disk_s": d, "raw_broadcast_s": raw_s,
                "memory_mb_per_s": mb / m, "broadcast_mb_per_s": mb / b, "raw_mb_per_s": mb / raw_s,
                "memory_over_raw": m / raw_s, "broadcast_over_raw": b / raw_s, "disk_over_broadcast": d / b,
                **{f"{k}_repack_s": v for k, v in rp.items()}, "cpu_isa": _isa(),
-               "reps": REPS, "tensors": n_tensors, "tensors_in_place": parts.pop("mem_recv_placed"),
-               **{f"part_{k}_s": v for k, v in parts.items()}}
+               "reps": REPS, "tensors": n_tensors, "tensors_in_place": load["auto"]["load_placed"],
+               "auto_send_s": send, "auto_load_s": load["auto"]["load_time"], "auto_wait_s": load["auto"]["load_wait"],
+               "disk_save_s": save, "disk_load_s": load["disk"]["load_time"]}
     rows = [["in memory, auto (shared memory on one node)", m, rp["auto"], mb / m, f"{m / raw_s:.1f}x raw"],
             ["in memory, broadcast (gloo, as across nodes)", b, rp["broadcast"], mb / b, f"{b / raw_s:.1f}x raw"],
             ["disk: save + fsync + reload", d, rp["disk"], mb / d, f"{d / raw_s:.1f}x raw"],
@@ -153,13 +132,13 @@ def run() -> Result:
              f"ties it); disk path on {_fs(fileroot)}. Seconds per sync include the Ray calls and vLLM's weight "
              "re-packing (every path pays it). The ratio is disk over auto; broadcast alone is "
              f"{d / b:.2f}x the disk path."),
-             (f"One auto sync taken apart (medians of 3): {parts['mem_total']:.2f} s = trainer send "
-             f"{parts['mem_send']:.2f} s (its writes run ahead; it ends when the engine takes the last "
-             "doorbell), overlapped with the "
-             f"engine's load {parts['mem_recv_load']:.2f} s (waiting for writes {parts['mem_recv_wait']:.2f} s, "
-             f"re-packing {parts['mem_recv_repack']:.2f} s; {figures['tensors_in_place']:.0f} of {n_tensors} "
-             f"tensors written straight into the parameters); disk = save with fsync {parts['disk_save']:.2f} s "
-             f"+ engine reload {parts['disk_load']:.2f} s."),
+             (f"The syncs above taken apart (medians of {REPS}, each part the trainer's or engine's own report): "
+             f"auto {m:.2f} s = trainer send {send:.2f} s (its writes run ahead; it ends when the engine takes the "
+             f"last doorbell), overlapped with the engine's load {load['auto']['load_time']:.2f} s (waiting for "
+             f"writes {load['auto']['load_wait']:.2f} s, re-packing {rp['auto']:.2f} s; "
+             f"{figures['tensors_in_place']:.0f} of {n_tensors} tensors written straight into the parameters); "
+             f"disk {d:.2f} s = save with fsync and the Ray calls {save:.2f} s + engine reload "
+             f"{load['disk']['load_time']:.2f} s."),
              (f"Every path ends in the same re-pack of every linear layer for oneDNN on CPU ({rp['auto']:.2f} s of "
              f"the auto sync, {rp['disk']:.2f} s of the disk path's, on the engine's one core: the tiny preset gives "
              "trainer and engine a core each; a transposing copy at heart, and it keeps generation 1.3x faster than "
