@@ -58,7 +58,7 @@ def weight_sync_line(cfg, n_workers: int) -> str:
         return (f"weight sync: disk: trainer rank 0 saves a Hugging Face folder in {weight_sync_dir(cfg)}, "
                 f"{n_workers} engine worker(s) reload it")
     line = (f"weight sync: {cfg.weight_sync}: trainer rank 0 broadcasts to {n_workers} engine worker(s) in "
-            f"{DEFAULT_BUCKET_BYTES >> 20} MB buckets (NCCL on GPUs, gloo on CPU)")
+            f"{DEFAULT_BUCKET_BYTES >> 20} MB buckets, the first {DEFAULT_BUCKET_BYTES >> 23} MB (NCCL on GPUs, gloo on CPU)")
     return line + ("; on CPU it writes engines on its node through shared memory" if cfg.weight_sync == "auto" else "")
 
 

@@ -10,7 +10,8 @@ each sync broadcasts every tensor straight from its storage, a bucket at a time.
 are pipelined: the sender queues bucket i+1's broadcasts while bucket i's finish, and the receiver
 has bucket i+1 arriving (straight into the engine's parameters where it knows their place, else
 into one flat buffer per bucket) while the engine loads, and on CPU re-packs, the layers of
-bucket i. A sync then costs about the slower of transfer and load rather than their sum, and the
+bucket i. A sync then costs about the slower of transfer and load rather than their sum, plus
+the first bucket's transfer, which the engines wait for: it is an eighth of the others. The
 receiver holds at most two buckets of buffers however big the model is. On the trainer, the send
 runs on a second thread while training goes on (`Outbox`).
 
@@ -70,14 +71,18 @@ def as_meta(m) -> TensorMeta:
 
 
 def make_plan(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES):
-    """Group tensors into buckets of one dtype and at most bucket_bytes (a big tensor alone)."""
+    """Group tensors into buckets of one dtype and at most bucket_bytes (a big tensor alone).
+
+    The first bucket holds at most an eighth of that: the engines wait for a whole bucket before
+    they can load anything, and after the first they are busy while the next ones arrive."""
     buckets: list[list[TensorMeta]] = []
     size = 0
     for name, t in named:
         meta = TensorMeta.of(name, t)
         nbytes = meta.nbytes
         last = buckets[-1] if buckets else None
-        if last is None or size + nbytes > bucket_bytes or last[0].dtype != meta.dtype:
+        limit = bucket_bytes // 8 if len(buckets) == 1 else bucket_bytes
+        if last is None or size + nbytes > limit or last[0].dtype != meta.dtype:
             buckets.append([meta])
             size = nbytes
         else:

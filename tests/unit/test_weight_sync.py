@@ -9,6 +9,8 @@ import torch
 
 from areal_kit.rl import weight_sync
 
+BUCKET = 16384  # the first bucket is 2 KiB: "a" and "b" together
+
 
 def _tensors() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
@@ -53,9 +55,9 @@ def _serve(target, plan, *args):
 
 def test_buckets_arrive_intact_in_order(tmp_path):
     tensors = _tensors()
-    # 2 KiB buckets: float tensors split over several buckets, the int tensor in its own (one dtype
-    # each), two small tensors sharing one broadcast
-    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=2048)
+    # 16 KiB buckets (the first 2 KiB): float tensors split over several buckets, the int tensor
+    # in its own (one dtype each), two small tensors sharing one broadcast
+    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=BUCKET)
     assert any(b - a > 1 for bucket in plan for a, b in weight_sync.runs(bucket))
     assert len(plan) >= 4
     assert all(len({m.dtype for m in b}) == 1 for b in plan)
@@ -72,7 +74,7 @@ def test_buckets_arrive_intact_in_order(tmp_path):
 
 def test_tensors_with_a_place_arrive_straight_in_it():
     tensors = _tensors()
-    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=2048)
+    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=BUCKET)
     child, group, out = _serve(_placing_receiver, plan)
     weight_sync.send(group, plan, tensors, "cpu")
     in_place, into, got = out.get(timeout=60)
@@ -132,6 +134,12 @@ def test_outbox_copies_do_not_hold_the_step_and_a_failed_send_surfaces():
         box.send(broken)
 
 
+def test_first_bucket_is_an_eighth_so_engines_start_loading_early():
+    plan = weight_sync.make_plan([(f"t{i}", torch.empty(256)) for i in range(20)], bucket_bytes=8192)  # 1 KiB each
+    assert [len(b) for b in plan] == [1, 8, 8, 3]
+    assert [m.name for b in plan for m in b] == [f"t{i}" for i in range(20)]
+
+
 def test_runs_group_consecutive_small_tensors_only():
     big = weight_sync.SMALL_BYTES // 4  # float32 elements of one "big" tensor
     plan = weight_sync.make_plan([("n1", torch.empty(8)), ("n2", torch.empty(8)), ("w", torch.empty(big)),
@@ -162,7 +170,7 @@ def test_shared_tensors_are_written_straight_into_the_receivers_memory():
     there; a doorbell per bucket tells the receiver they are in. Two syncs with different values,
     so a second write that did not land would show."""
     tensors = _tensors()
-    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=2048)
+    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=BUCKET)
     names = ["big", "a", "d"]  # one alone, two that would otherwise travel in runs
     child, group, out = _serve(_shared_receiver, plan, names)
     region = out.get(timeout=60)
