@@ -293,7 +293,9 @@ def down(
     grace: float = _O(STOP_GRACE, "--grace", min=0, help="Seconds training may take, after SIGTERM, to finish its step "
                       "and write that step's recover checkpoint; 0: stop it with Ray at once."),
 ) -> int:
-    """Stop training (SIGTERM: it checkpoints the step under way), then Ray and its containers on
-    every host (workers first); remove secrets files."""
+    """Stop training, then Ray and its containers on every host (workers first).
+
+    Training gets SIGTERM first, so it checkpoints the step under way; secrets files are removed.
+    """
     return _manage("down", name, hosts, hostnames, inventory, username, ssh_port, private_key_file,
                    runtime, python, known_hosts, host_key_policy, ssh_wait, dry_run, grace)

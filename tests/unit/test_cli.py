@@ -225,3 +225,17 @@ def test_sigterm_and_ctrl_c_exit_codes(capsys, monkeypatch):
         monkeypatch.setattr(launch, "launch", interrupted)
         got, _, err = run(["train", "tiny"], capsys)
         assert (got, err.strip()) == (code, said.strip())
+
+
+def test_every_command_summary_is_one_line():
+    """The command list shows a docstring's first paragraph as typed: a summary that wraps in the
+    source shows a line break in the middle of a sentence."""
+    import typer
+
+    from areal_kit.cli import app
+
+    group = typer.main.get_command(app)
+    assert set(group.commands) >= {"setup", "train", "eval", "down", "logs", "plot"}
+    for name, command in group.commands.items():
+        summary = command.help.strip().split("\n\n")[0]
+        assert "\n" not in summary, f"{name}: {summary!r}"
