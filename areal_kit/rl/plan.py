@@ -52,13 +52,13 @@ def weight_sync_dir(cfg) -> str:
 
 
 def weight_sync_line(cfg, n_workers: int) -> str:
-    from areal_kit.rl.weight_sync import DEFAULT_BUCKET_BYTES
+    from areal_kit.rl.weight_sync import DEFAULT_BUCKET_BYTES, first_bucket_bytes
 
     if cfg.weight_sync == "disk":
         return (f"weight sync: disk: trainer rank 0 saves a Hugging Face folder in {weight_sync_dir(cfg)}, "
                 f"{n_workers} engine worker(s) reload it")
     line = (f"weight sync: {cfg.weight_sync}: trainer rank 0 broadcasts to {n_workers} engine worker(s) in "
-            f"{DEFAULT_BUCKET_BYTES >> 20} MB buckets, the first {DEFAULT_BUCKET_BYTES >> 23} MB (NCCL on GPUs, gloo on CPU)")
+            f"{DEFAULT_BUCKET_BYTES >> 20} MB buckets, the first {first_bucket_bytes() >> 20} MB (NCCL on GPUs, gloo on CPU)")
     return line + ("; on CPU it writes engines on its node through shared memory" if cfg.weight_sync == "auto" else "")
 
 

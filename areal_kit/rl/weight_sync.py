@@ -70,6 +70,11 @@ def as_meta(m) -> TensorMeta:
     return TensorMeta(name, tuple(shape), dtype)
 
 
+def first_bucket_bytes(bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
+    """The first bucket's limit: an eighth of the others (see make_plan)."""
+    return bucket_bytes // 8
+
+
 def make_plan(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES):
     """Group tensors into buckets of one dtype and at most bucket_bytes (a big tensor alone).
 
@@ -81,7 +86,7 @@ def make_plan(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT
         meta = TensorMeta.of(name, t)
         nbytes = meta.nbytes
         last = buckets[-1] if buckets else None
-        limit = bucket_bytes // 8 if len(buckets) == 1 else bucket_bytes
+        limit = first_bucket_bytes(bucket_bytes) if len(buckets) == 1 else bucket_bytes
         if last is None or size + nbytes > limit or last[0].dtype != meta.dtype:
             buckets.append([meta])
             size = nbytes
