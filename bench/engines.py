@@ -34,7 +34,7 @@ def rl_overrides(model_path: str) -> list[str]:
     return [f"actor.path={model_path}", f"ppo.gen.max_new_tokens={workload.MAX_NEW}",
             f"dataset.max_prompt_len={workload.PROMPT_LEN}", "ppo.reward_fns=[math]",
             f"ppo.group_size={workload.GROUP}", f"dataset.train_bs_n_seqs={workload.N_PROMPTS}",
-            f"ppo.gen.temperature={workload.TEMPERATURE}", "actor.lr=1e-4"]
+            f"ppo.gen.temperature={workload.TEMPERATURE}", "actor.lr=1e-4", "ppo.kl_ctl=0"]
 
 
 def bench_config(model_path: str, fileroot: str, extra: list[str] | None = None):
@@ -66,11 +66,10 @@ def close_llm(llm) -> None:
 
 def rows_for(cfg, step: int = 0) -> list[dict]:
     """One batch of generation rows, seeded the way the controller seeds them."""
-    from transformers import AutoTokenizer
-
+    from areal_kit.data.tokenizer import load_tokenizer
     from areal_kit.rl.batch import sample_seed
 
-    tok = AutoTokenizer.from_pretrained(cfg.actor.path)
+    tok = load_tokenizer(cfg.actor.path)
     rows = workload.prompts(cfg.dataset.train_bs_n_seqs, seed=cfg.seed + step)
     ids = workload.prompt_ids(tok, rows)
     return [{**r, "prompt_text": r["question"], "prompt_ids": p, "seed": sample_seed(cfg.seed, step, i)}

@@ -1,7 +1,8 @@
 """Peer benchmark: areal-kit vs TRL's GRPOTrainer, same job on this CPU, steps per hour.
 
 Same model, prompts (in the same order), group size, generation settings (temperature 1, top-p 1,
-no top-k), batch (32 prompts x 8, one optimizer step a batch, token-mean loss, no KL), optimizer
+no top-k), batch (32 prompts x 8, one optimizer step a batch, token-mean loss, the KL term of the
+workload: the tiny preset's k3 loss term, none on the RL-shaped one), optimizer
 (AdamW, lr, clip) and number of steps on both sides; the reward is areal-kit's own function on
 both. Two workloads: the tiny preset's task (a generated token or two: a step is all fixed
 overhead; reported, no target) and the RL-shaped one (~10M model, answers up to 256 tokens of widely
@@ -36,11 +37,10 @@ ABOUT = __doc__.split("\n\n")[1].replace("\n", " ")
 
 def ordered_rows(cfg, steps: int) -> list[dict]:
     """The prompts our run trains on, in its order, with the text TRL needs for the same ids."""
-    from transformers import AutoTokenizer
-
     from areal_kit.data.prompts import PromptLoader, load_rows, tokenize_rows
+    from areal_kit.data.tokenizer import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.actor.path)
+    tok = load_tokenizer(cfg.actor.path)
     rows, _ = tokenize_rows(load_rows(cfg), tok, cfg.dataset.max_prompt_len)
     loader = PromptLoader(rows, cfg.dataset.train_bs_n_seqs, seed=cfg.seed, shuffle=cfg.dataset.shuffle)
     out = []
@@ -58,7 +58,7 @@ def ordered_rows(cfg, steps: int) -> list[dict]:
     return [{k: r[k] for k in ("prompt", "question", "answer")} for r in out]
 
 
-def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str) -> dict:
+def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str, loss_type: str = "dapo") -> dict:
     py = os.path.join(TRL_VENV, "bin", "python")
     if not os.path.exists(py):  # TRL gets its own venv, apart from areal-kit's packages
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "setup_trl_venv.sh")
@@ -69,7 +69,12 @@ def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str) -> dict:
             "n_prompts": cfg.dataset.train_bs_n_seqs, "group_size": p.group_size, "micro_batch": micro_batch,
             "max_new_tokens": p.gen.max_new_tokens, "temperature": p.gen.temperature, "steps": steps,
             "seed": cfg.seed, "lr": a.lr, "weight_decay": a.weight_decay, "adam_betas": list(a.adam_betas),
-            "gradient_clipping": a.gradient_clipping, "workdir": os.path.join(workdir, name)}
+            "gradient_clipping": a.gradient_clipping, "loss_type": loss_type, "workdir": os.path.join(workdir, name),
+            # TRL's KL is Schulman's k3 as a loss term: our kl_mode=loss, k3.
+            "beta": p.kl_ctl if p.kl_mode == "loss" and p.kl_estimator == "k3" else 0.0}
+    if p.kl_ctl and not spec["beta"]:
+        raise ValueError("TRL has no KL penalty in the reward nor other estimators than k3: set ppo.kl_mode=loss, "
+                         "ppo.kl_estimator=k3 or ppo.kl_ctl=0 for a comparison")
     spec_path, out_path = os.path.join(workdir, f"{name}.json"), os.path.join(workdir, f"{name}.out.json")
     Path(spec_path).write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": engines.ROOT, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -80,7 +85,7 @@ def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str) -> dict:
     t0 = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.run([py, os.path.join(engines.ROOT, "bench", "trl_grpo.py"), spec_path, out_path],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1800, check=False)
+                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False)
     if proc.returncode != 0:
         tail = Path(log_path).read_text()[-2000:]
         raise RuntimeError(f"TRL run {name} exited {proc.returncode}; log {log_path}:\n{tail}")

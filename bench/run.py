@@ -36,6 +36,7 @@ MODULES = {
     "pipeline": "bench.pipeline",
     "peer": "bench.peer",
     "packing": "bench.packing",
+    "learning": "bench.learning",
 }
 
 

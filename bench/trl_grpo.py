@@ -3,7 +3,8 @@
 Reads a JSON spec (model, prompt rows, reward name, group size, generation settings, batch,
 steps, optimizer settings), trains with GRPOTrainer on this CPU (transformers `generate`, no
 vLLM), and writes per-step wall time, generation and reward time, and mean reward as JSON.
-The reward is areal-kit's own function (areal_kit on PYTHONPATH), so both sides score alike.
+The reward and the tokenizer loader are areal-kit's own (areal_kit on PYTHONPATH), so both sides
+read and score answers alike.
 
     PYTHONPATH=. /work/bench-venvs/trl/bin/python bench/trl_grpo.py SPEC.json OUT.json
 """
@@ -17,8 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def reward_fn(name: str):
-    """areal-kit's reward `name` in TRL's signature (lists in, list of floats out)."""
+def reward_fn(name: str, stops: set[int]):
+    """areal-kit's reward `name` in TRL's signature (lists in, list of floats out); an answer whose
+    last token is not in `stops` (eos, pad) was truncated, as areal-kit's no_eos says."""
     if name == "toy":
         from areal_kit.data.toy_task import toy_reward as fn
     else:
@@ -26,8 +28,9 @@ def reward_fn(name: str):
 
         fn = get_reward(name)
 
-    def reward(prompts, completions, answer, question, **_):
-        return [fn(q, c, {"answer": a}) for q, c, a in zip(question, completions, answer)]
+    def reward(prompts, completions, answer, question, completion_ids, **_):
+        return [fn(q, c, {"answer": a, "no_eos": not ids or ids[-1] not in stops})
+                for q, c, a, ids in zip(question, completions, answer, completion_ids)]
 
     reward.__name__ = f"areal_{name}"
     return reward
@@ -36,12 +39,14 @@ def reward_fn(name: str):
 def main(spec_path: str, out_path: str) -> None:
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+
+    from areal_kit.data.tokenizer import load_tokenizer
 
     spec = json.loads(Path(spec_path).read_text())
     torch.manual_seed(spec["seed"])
-    tok = AutoTokenizer.from_pretrained(spec["model"])
+    tok = load_tokenizer(spec["model"])
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
     rows = spec["rows"]
@@ -55,7 +60,8 @@ def main(spec_path: str, out_path: str) -> None:
         # One optimizer step per batch of n_prompts x group completions, generated at once.
         per_device_train_batch_size=mb, gradient_accumulation_steps=n_prompts * group // mb,
         num_generations=group, max_completion_length=spec["max_new_tokens"],
-        temperature=spec["temperature"], top_p=1.0, top_k=0, beta=0.0, num_iterations=1,
+        temperature=spec["temperature"], top_p=1.0, top_k=0, beta=spec.get("beta", 0.0), num_iterations=1,
+        loss_type=spec.get("loss_type", "dapo"), scale_rewards="group",
         learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=spec["weight_decay"], adam_beta1=spec["adam_betas"][0], adam_beta2=spec["adam_betas"][1],
         max_grad_norm=spec["gradient_clipping"], shuffle_dataset=False, disable_tqdm=True,
@@ -97,7 +103,7 @@ def main(spec_path: str, out_path: str) -> None:
                 steps[-1]["task_reward"] = logs["reward"]
                 steps[-1]["completion_len"] = logs.get("completions/mean_length")
 
-    trainer = Timed(model=model, reward_funcs=[reward_fn(spec["reward"])], args=args, train_dataset=ds,
+    trainer = Timed(model=model, reward_funcs=[reward_fn(spec["reward"], {tok.eos_token_id, tok.pad_token_id})], args=args, train_dataset=ds,
                     processing_class=tok, callbacks=[StepLog()])
     t0 = time.time()
     trainer.train()

@@ -66,10 +66,12 @@ def _calibrate_eos(src: str, out: str, eos_rate: float) -> None:
     """
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from areal_kit.data.tokenizer import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(src)
+    tok = load_tokenizer(src)
     eos = model.config.eos_token_id
     ids = prompt_ids(tok, prompts(16))
     width = max(len(p) for p in ids)

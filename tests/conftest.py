@@ -1,4 +1,4 @@
-"""Shared pytest setup: markers by folder (unit, integration, cluster)."""
+"""Shared pytest setup: markers by folder (unit, integration, cluster, gpu)."""
 
 from pathlib import Path
 
@@ -10,5 +10,5 @@ ROOT = Path(__file__).resolve().parents[1]
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
-        if parts and parts[0] in ("unit", "integration", "cluster"):
+        if parts and parts[0] in ("unit", "integration", "cluster", "gpu"):
             item.add_marker(getattr(pytest.mark, parts[0]))

@@ -4,10 +4,13 @@ has joined, optionally start training on the head; and the probes/teardown behin
 
 Docker runtime: one container per host (``areal-<cluster>-head`` / ``-worker``) with
 ``--network host`` (Ray needs the hosts' real addresses), ``--shm-size`` for the object
-store, the storage and extra mounts, ``--gpus all`` where nvidia-smi found GPUs, and
-``RAY_AUTH_MODE`` set explicitly (a head with token auth and workers without fail with
-"InvalidAuthToken"). A label holds a digest of the whole `docker run` command: a container
-started with other options is replaced, an identical running one is left alone (ok).
+store, the storage and extra mounts, ``--gpus all`` where nvidia-smi found GPUs, the host's
+InfiniBand devices with locked memory allowed (for NCCL's RDMA transport), the cluster spec's
+NCCL_* / GLOO_* settings, the Hugging Face hub switched off (models come from storage, so an
+air-gapped cluster never waits on it), vLLM's compile cache on storage, and ``RAY_AUTH_MODE``
+set explicitly (a head with token auth and workers without fail with "InvalidAuthToken"). A
+label holds a digest of the whole `docker run` command: a container started with other options
+is replaced, an identical running one is left alone (ok).
 Host runtime: the same `ray start` arguments run directly with ``--python``.
 
 Ray's dashboard listens on the head's cluster address (``--dashboard-host``), not 0.0.0.0.
@@ -82,6 +85,19 @@ def host_env(c: Cluster, h: HostState) -> str:
     return pre
 
 
+INFINIBAND = "/dev/infiniband"
+
+
+def container_env(c: Cluster) -> dict[str, str]:
+    """Environment of a Ray container, so of every worker it runs: fixed settings, then the cluster
+    spec's NCCL_* / GLOO_* ones, then `--env` (later wins)."""
+    o = c.opts
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           # The training's cache folder (its fileroot's), so vLLM compiles a model once per cluster.
+           "VLLM_CACHE_ROOT": f"{o.spec.fileroot.rstrip('/')}/cache/vllm"}
+    return {**env, **o.spec.env, **o.ray_env()}
+
+
 def docker_run_args(c: Cluster, h: HostState) -> list[str]:
     o = c.opts
     args = ["docker", "run", "-d", "--name", container_name(c, h), "--network", "host",
@@ -89,9 +105,15 @@ def docker_run_args(c: Cluster, h: HostState) -> list[str]:
             "--label", f"areal-kit.role={'head' if h.is_head else 'worker'}"]
     if h.facts.get("gpus"):
         args += ["--gpus", "all"]
+    if h.facts.get("infiniband"):
+        args += ["--device", INFINIBAND]
+    if h.facts.get("gpus") or h.facts.get("infiniband"):
+        # Pinned host buffers (CUDA) and RDMA registrations lock their pages: NCCL needs both
+        # allowed without a limit, or it falls back to slower paths or fails to register.
+        args += ["--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
     if c.secrets:
         args += ["--env-file", o.secrets_path(h.spec)]
-    for k, v in o.ray_env().items():
+    for k, v in container_env(c).items():
         args += ["-e", f"{k}={v}"]
     args += o.volume_args()
     args += [o.image, *ray_start_args(c, h), "--block"]
@@ -125,8 +147,16 @@ def _wait_head(c: Cluster, h: HostState, status_cmd: str, logs_cmd: str) -> None
         time.sleep(2)
 
 
+def probe_infiniband(c: Cluster, h: HostState) -> bool:
+    """Whether the host has InfiniBand devices to hand to its container (remembered in its facts)."""
+    if "infiniband" not in h.facts:
+        h.facts["infiniband"] = h.remote.run(q("test", "-d", INFINIBAND), check=True).ok
+    return h.facts["infiniband"]
+
+
 def _ray_docker(c: Cluster, h: HostState) -> Outcome:
     name = container_name(c, h)
+    probe_infiniband(c, h)
     args = docker_run_args(c, h)
     fmt = '{{.State.Running}} {{index .Config.Labels "areal-kit.config"}}'
     res = h.remote.run(q("docker", "inspect", "--format", fmt, name), sudo=True, check=True)

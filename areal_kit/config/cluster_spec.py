@@ -15,6 +15,9 @@ names (``"inventory": "hosts.yaml"``, relative to the JSON file), or a YAML inve
     hosts:
       - 10.0.0.1                      # a bare hostname takes the defaults
       - {hostname: 10.0.0.2, port: 2222}
+    env:                              # optional: NCCL / gloo settings for every Ray container
+      NCCL_IB_HCA: mlx5
+      NCCL_SOCKET_IFNAME: eth0
 
 The first host is the head. ``load_cluster_spec(path)`` reads either form and returns a
 ClusterSpec; every malformed file raises UserError naming the file and the field.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -34,6 +38,9 @@ from areal_kit.errors import UserError
 
 CLUSTER_TYPES = ("local", "ray", "slurm")
 DEFAULT_STORAGE = "/storage"
+# The cluster spec's `env` is for the collective libraries' settings, which depend on the cluster's
+# network (NICs, InfiniBand HCAs, interfaces); other variables go through `areal-kit setup --env`.
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "UCX_", "TORCH_DISTRIBUTED_")
 
 
 @dataclass
@@ -78,6 +85,7 @@ class ClusterSpec:
     n_nodes: int = 0  # number of nodes; 0 = len(hosts); must equal len(hosts) when both given
     storage: str = DEFAULT_STORAGE  # shared storage path, identical on every host
     hosts: list[HostSpec] = field(default_factory=list)  # first = head
+    env: dict[str, str] = field(default_factory=dict)  # NCCL_* / GLOO_* / ... for every Ray process
 
     def __post_init__(self) -> None:
         if not isinstance(self.cluster_name, str) or not self.cluster_name or not all(
@@ -112,10 +120,29 @@ class ClusterSpec:
             raise UserError(f"n_nodes: is {self.n_nodes} but {len(hosts)} hosts are listed")
         if not self.n_nodes:
             self.n_nodes = max(1, len(hosts))
+        self.env = _check_env(self.env)
 
     @property
     def head(self) -> HostSpec | None:
         return self.hosts[0] if self.hosts else None
+
+
+def _check_env(env: Any) -> dict[str, str]:
+    """The spec's `env` as strings: names of collective-library settings, one-line values."""
+    if not isinstance(env, dict):
+        raise UserError(f"env: expected a mapping of NAME: value, got {env!r}")
+    out = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not name.startswith(ENV_PREFIXES) or not re.fullmatch(r"[A-Z0-9_]+", name):
+            raise UserError(f"env: {name!r} is not a communication setting; expected a name starting with "
+                            f"{', '.join(ENV_PREFIXES)} (other variables: areal-kit setup --env KEY=VALUE)")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise UserError(f"env: {name}: expected a string or a number, got {value!r}")
+        text = str(value)
+        if any(ord(c) < 32 for c in text):
+            raise UserError(f"env: {name}: the value contains a line break or control character")
+        out[name] = text
+    return out
 
 
 def _read(path: Path) -> Any:

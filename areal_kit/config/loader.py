@@ -13,11 +13,14 @@ import dataclasses
 import difflib
 import os
 import typing
+from importlib import resources
 from pathlib import Path
 
 from areal_kit.config.schema import ConfigError, TrainConfig
 
-PRESET_DIR = Path(__file__).resolve().parents[2] / "train_scripts"
+# train_scripts/ ships inside the package (pyproject.toml maps it to areal_kit.train_scripts), so a
+# wheel, `pip install .` and the image find the presets as an editable install does.
+PRESET_DIR = Path(str(resources.files("areal_kit.train_scripts")))
 
 
 def preset_names() -> list[str]:

@@ -56,6 +56,10 @@ class GenConfig:
         check(self.top_k == -1 or self.top_k > 0, f"ppo.gen.top_k={self.top_k} is not valid; expected -1 or > 0")
 
 
+# ppo.loss_agg's choices (rl/functional.py says what each computes).
+LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
 @dataclass
 class PPOConfig:
     # Answers sampled per prompt.
@@ -70,6 +74,10 @@ class PPOConfig:
     kl_mode: str = "reward"
     # Optimizer steps per batch: the batch is split into this many minibatches.
     ppo_n_minibatches: int = 1
+    # How token losses become the batch loss: token-mean (every token of the global batch alike;
+    # long answers weigh more), seq-mean-token-mean (every answer alike, the GRPO paper's), or
+    # seq-mean-token-sum-norm (token sums over max_new_tokens, averaged over answers: Dr. GRPO's).
+    loss_agg: str = "token-mean"
     # Multiply the verifier's reward by this (the guide uses 5).
     reward_output_scaling: float = 1.0
     # Added to the reward after scaling (the guide's ppo-math uses -0.5 with scaling 1; 0 = none).
@@ -130,6 +138,7 @@ class PPOConfig:
         check_choice("ppo.kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
         check_choice("ppo.kl_mode", self.kl_mode, ("reward", "loss"))
         check_positive("ppo.ppo_n_minibatches", self.ppo_n_minibatches)
+        check_choice("ppo.loss_agg", self.loss_agg, LOSS_AGG)
         check(0 < self.discount <= 1, f"ppo.discount={self.discount} is not valid; expected 0 < discount <= 1")
         check(0 <= self.gae_lambda <= 1, f"ppo.gae_lambda={self.gae_lambda} is not valid; expected 0..1")
         check_positive("ppo.max_head_offpolicyness", self.max_head_offpolicyness, allow_zero=True)

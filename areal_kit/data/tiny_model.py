@@ -1,8 +1,9 @@
 """Build tiny random-init Qwen2 models with a local tokenizer: no hub, no network.
 
 Two tokenizers:
-  toy  a word-level vocabulary of ~20 tokens (specials, digits, + - =, a few words) for the
-       `tiny` preset's arithmetic task: small enough that pure RL learns it in minutes.
+  toy  a word-level vocabulary of 22 tokens (specials, digits, + - =, a few words) for the
+       `tiny` preset's arithmetic task, words read back with a space between them ("1 7"):
+       small enough that pure RL learns it in minutes.
   bpe  a byte-level BPE tokenizer trained on a small built-in corpus, so any text (eval
        questions, LaTeX) tokenizes; for eval tests and benchmarks.
 
@@ -46,6 +47,9 @@ class TinySpec:
     bpe_vocab: int = 512  # bpe only: tokenizer vocabulary to train
     max_positions: int = 1024
     tie_embeddings: bool = True
+    # toy only: supervised steps that teach how the toy task's answers are written (see
+    # format_prior); 0 = a purely random model.
+    prior_steps: int = 200
     seed: int = 0
 
     def __post_init__(self):
@@ -63,7 +67,9 @@ def build_tokenizer(spec: TinySpec):
         vocab = {t: i for i, t in enumerate(SPECIALS + TOY_WORDS)}
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+        # Words joined with a space. No clean-up: it would drop the space before "?" and the text
+        # would not read back as it was written.
+        tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     else:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -83,6 +89,49 @@ def build_tokenizer(spec: TinySpec):
         pad_token="<pad>",
         unk_token="?" if spec.kind == "toy" else None,
     )
+
+
+def format_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float = 3e-3) -> float:
+    """Teach the model how the toy task's answers are written, not what they are: supervised
+    steps on "a + b = n <eos>" with n drawn independently of a and b. Returns the last loss.
+
+    A real RL run starts from a pretrained model that already writes numbers; a random one
+    would have to find a three-token answer ("1 7" then eos, 1 in 22^3 samples) by chance
+    before "one digit, then eos" takes over, and in practice never does. After this the model
+    writes every number from 0 to 18 about equally often, whatever the question: which number
+    is right for a + b is left to RL.
+    """
+    import random
+
+    import torch
+
+    from areal_kit.data.toy_task import MAX_SUM, spell
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]
+    # Every prompt and answer the task has, tokenized once.
+    prompts = [[tok.bos_token_id] + enc(f"{a} + {b} =") for a in range(10) for b in range(10)]
+    answers = [enc(spell(n)) + [tok.eos_token_id] for n in range(MAX_SUM + 1)]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    # One thread: a model this small gains nothing from two, and OpenMP threads that wait for
+    # each other on a busy machine make every step ten times slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    for _ in range(steps):
+        pairs = [(rng.choice(prompts), rng.choice(answers)) for _ in range(batch)]
+        width = max(len(p) + len(a) for p, a in pairs)
+        ids = torch.tensor([p + a + [tok.pad_token_id] * (width - len(p) - len(a)) for p, a in pairs])
+        # The answer only: prompts are the task's, not the model's to write.
+        labels = torch.tensor([[-100] * len(p) + a + [-100] * (width - len(p) - len(a)) for p, a in pairs])
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.set_num_threads(threads)
+    model.eval()
+    return float(loss.detach())
 
 
 def save_atomic(model, tokenizer, out_dir: str, notes: dict[str, dict]) -> None:
@@ -113,9 +162,12 @@ def build(out_dir: str, spec: TinySpec | None = None) -> str:
     hf_logging.disable_progress_bar()  # a progress bar on stderr for a 1 MB file is noise
     spec = spec or TinySpec()
     marker = os.path.join(out_dir, "tiny_spec.json")
-    if os.path.exists(marker) and json.loads(Path(marker).read_text()) == asdict(spec):
-        return out_dir
     tok = build_tokenizer(spec)
+    # The tokenizer's whole definition is part of the key: a folder built by a version of this
+    # module with another vocabulary or decoder is rebuilt, never trained on.
+    key = {**asdict(spec), "tokenizer": json.loads(tok.backend_tokenizer.to_str())}
+    if os.path.exists(marker) and json.loads(Path(marker).read_text()) == key:
+        return out_dir
     # bpe: a multiple of 16 like real checkpoints. toy: exactly the tokenizer, so no probability
     # mass goes to ids that decode to nothing (the policy starts at 1/22 per token, not 1/32).
     vocab = len(tok) if spec.kind == "toy" else ((len(tok) + 15) // 16) * 16
@@ -135,7 +187,9 @@ def build(out_dir: str, spec: TinySpec | None = None) -> str:
     )
     torch.manual_seed(spec.seed)
     model = Qwen2ForCausalLM(cfg)
-    save_atomic(model, tok, out_dir, {"tiny_spec.json": asdict(spec)})
+    if spec.kind == "toy" and spec.prior_steps:
+        format_prior(model, tok, spec.prior_steps, spec.seed)
+    save_atomic(model, tok, out_dir, {"tiny_spec.json": key})
     return out_dir
 
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
 from pathlib import Path
 
 from areal_kit.data.jsonl import iter_objects
 from areal_kit.errors import UserError
 
-# evaluation/ sits at the top of the repository, next to the package.
-EVAL_DIR = Path(os.environ.get("AREAL_EVAL_MANIFEST_DIR", Path(__file__).resolve().parents[2] / "evaluation"))
+# evaluation/ ships inside the package (pyproject.toml maps it to areal_kit.evaluation), so every
+# kind of install finds it; AREAL_EVAL_MANIFEST_DIR points at another folder of the same files.
+EVAL_DIR = Path(os.environ.get("AREAL_EVAL_MANIFEST_DIR") or str(resources.files("areal_kit.evaluation")))
 ANSWER_FORMATS = ("answer", "gsm8k", "boxed")
 
 

@@ -3,8 +3,8 @@
 With several GPUs (on this node, or in the Ray cluster this process joins) the requests are
 split across `GPUs // tp` vLLM engines, each a Ray actor holding `tp` GPUs; otherwise (one
 GPU group, or the CPU) a single engine runs in-process. Both take token-id prompts and
-return the generated text and its token count: evaluation needs the text, so detokenize
-stays on (unlike the RL rollout).
+return the generated token ids: the caller decodes them with the checkpoint's own tokenizer
+(areal_kit/data/tokenizer.py), never with the one vLLM loads for itself through AutoTokenizer.
 
 Each request carries its own sampling seed (derived from the run seed and the sample's key),
 so a sample's completion does not depend on which engine or batch produced it: a resumed
@@ -32,8 +32,7 @@ class GenRequest:
 @dataclass(frozen=True)
 class GenResult:
     key: str
-    text: str
-    n_tokens: int
+    token_ids: tuple[int, ...]
     finish_reason: str
 
 
@@ -41,9 +40,9 @@ def _sampling_params(r: GenRequest):
     from vllm import SamplingParams
 
     if r.temperature == 0:
-        return SamplingParams(temperature=0.0, max_tokens=r.max_tokens, detokenize=True)
+        return SamplingParams(temperature=0.0, max_tokens=r.max_tokens, detokenize=False)
     return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
-                          seed=r.seed, detokenize=True)
+                          seed=r.seed, detokenize=False)
 
 
 def _generate(llm, requests: list[GenRequest]) -> list[GenResult]:
@@ -52,7 +51,7 @@ def _generate(llm, requests: list[GenRequest]) -> list[GenResult]:
     results = []
     for r, o in zip(requests, outs):
         c = o.outputs[0]
-        results.append(GenResult(r.key, c.text, len(c.token_ids), str(c.finish_reason)))
+        results.append(GenResult(r.key, tuple(c.token_ids), str(c.finish_reason)))
     return results
 
 

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import RunFailed, UserError, describe, interruption
 from areal_kit.eval import data as evdata
 from areal_kit.eval.engine import GenRequest
@@ -200,11 +201,10 @@ def _failed(e: Exception, out: Path, n_new: int) -> RunFailed:
 
 def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-    from transformers import AutoTokenizer
 
     from areal_kit.eval.engine import open_engines
 
-    tok = AutoTokenizer.from_pretrained(cfg.model_path)
+    tok = load_tokenizer(cfg.model_path)
     ids = {}
     for q, _ in todo:
         if q.prompt not in ids:
@@ -244,9 +244,10 @@ def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None
                 recs = []
                 for r in results:
                     q, mode, idx = by_key[r.key]
-                    recs.append(_record(q, r.key, mode, idx, r.text, r.n_tokens, r.finish_reason,
+                    text = tok.decode(r.token_ids, skip_special_tokens=True)
+                    recs.append(_record(q, r.key, mode, idx, text, len(r.token_ids), r.finish_reason,
                                         cfg.grade_timeout_s))
-                    n_tokens += r.n_tokens
+                    n_tokens += len(r.token_ids)
                 _store(recs, out, done)
                 prog.advance(task, len(results))
     finally:

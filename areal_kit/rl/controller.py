@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from areal_kit import logs
+from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import UserError
 from areal_kit.rl import batch as B
 from areal_kit.rl import evaluate
@@ -69,8 +70,6 @@ def resolve_model(cfg) -> str:
 
 
 def prepare(cfg) -> Job:
-    from transformers import AutoTokenizer
-
     from areal_kit.data.prompts import PromptLoader, load_rows, tokenize_rows
     from areal_kit.data.sources import split_eval
     from areal_kit.reward.plugins import reward_specs
@@ -84,7 +83,7 @@ def prepare(cfg) -> Job:
     load_workflow(cfg.ppo.workflow)
     rows, eval_rows = split_eval(rows, cfg.dataset, cfg.seed)
     B.check_rows(rows + eval_rows, cfg.ppo.reward_fns)
-    tok = AutoTokenizer.from_pretrained(model_path)
+    tok = load_tokenizer(model_path)  # refuses, in one line, a tokenizer that cannot read itself
     d = cfg.dataset
     rows, dropped = tokenize_rows(rows, tok, d.max_prompt_len, d.apply_chat_template, d.question_field)
     if eval_rows:

@@ -133,3 +133,38 @@ def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.
         outs_lp.append(lp)
         outs_ent.append(ent)
     return torch.cat(outs_lp), torch.cat(outs_ent)
+
+
+# How the per-token loss becomes one number (ppo.loss_agg). With w_t the loss mask, L_s the
+# answer length of sequence s, N the sequences and T_max = ppo.gen.max_new_tokens:
+#   token-mean               sum_t w_t l_t / sum_t w_t            every token of the batch counts once
+#                                                                 (DAPO; long answers weigh more)
+#   seq-mean-token-mean      1/N sum_s (sum_t w_t l_t / L_s)      every answer counts once (GRPO paper)
+#   seq-mean-token-sum-norm  1/N sum_s (sum_t w_t l_t / T_max)    no length bias either way (Dr. GRPO)
+
+
+def agg_weights(masks: list[torch.Tensor], mode: str, max_new_tokens: int) -> list[torch.Tensor]:
+    """Each sequence's per-token weights under loss_agg `mode` (before agg_denominator)."""
+    if mode == "token-mean":
+        return list(masks)
+    if mode == "seq-mean-token-mean":
+        return [m / m.sum().clamp(min=1.0) for m in masks]
+    if mode == "seq-mean-token-sum-norm":
+        return [m / float(max_new_tokens) for m in masks]
+    raise ValueError(f"unknown loss_agg {mode!r}; expected token-mean, seq-mean-token-mean or "
+                     "seq-mean-token-sum-norm")
+
+
+def agg_denominator(weights: list[torch.Tensor], mode: str) -> float:
+    """What the weighted sum of a (global) batch is divided by: its token count or its sequences.
+    Summed over ranks by the caller, so it is the global batch's."""
+    return float(sum(w.sum() for w in weights)) if mode == "token-mean" else float(len(weights))
+
+
+def aggregate(loss_tok: list[torch.Tensor], masks: list[torch.Tensor], mode: str,
+              max_new_tokens: int) -> torch.Tensor:
+    """The batch loss of per-sequence token losses under `mode` (one process, for tests and
+    reference; the trainer splits the same sum over micro-batches and ranks)."""
+    w = agg_weights(masks, mode, max_new_tokens)
+    total = sum((lt * wt).sum() for lt, wt in zip(loss_tok, w))
+    return total / max(agg_denominator(w, mode), 1e-12)

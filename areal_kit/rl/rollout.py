@@ -16,6 +16,7 @@ import os
 import re
 import time
 
+from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.reward.runner import RewardRunner
 from areal_kit.rl import workflow
 
@@ -34,13 +35,12 @@ class RolloutWorker:
 
         plat = platform.detect()
         os.environ.update(platform.vllm_env(plat, self.tp))  # before vLLM reads its settings
-        from transformers import AutoTokenizer
         from vllm import LLM
 
         max_len = self.cfg.dataset.max_prompt_len + self.cfg.ppo.gen.max_new_tokens
         kw = platform.vllm_kwargs(plat, self.model_path, max_len, seed=self.cfg.seed + self.index, tp=self.tp)
         self.llm = LLM(**kw, worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path, check=False)  # the driver checked it
         self.rewards = RewardRunner(self.cfg.ppo)
         self.episode = workflow.load(self.cfg.ppo.workflow)
         self.engine = workflow.Engine(self._generate_batch, self.tokenizer, self.cfg.ppo.gen,

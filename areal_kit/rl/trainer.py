@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from areal_kit.data.tokenizer import copy_tokenizer_files
 from areal_kit.rl import functional as Fn
 from areal_kit.rl import varlen, weight_sync
 from areal_kit.rl.packing import Packed, min_bins, pack, partition
@@ -51,12 +52,15 @@ class TrainerWorker:
         from areal_kit import platform
 
         plat = platform.detect()
-        self.device = torch.device("cuda", 0) if plat.device == "cuda" else torch.device("cpu")
+        self.device = plat.torch_device
+        self.outbox.exclusive = plat.exclusive_weight_send
         _pin_to_cores(os.environ.get("AREAL_CPU_CORES", ""))
         deepspeed.init_distributed(dist_backend=plat.dist_backend)
         torch.manual_seed(self.cfg.seed)
         dtype = self._dtype(plat)
         attn = varlen.choose(plat.device)
+        # Ray keeps a worker's output in its log (and shows it with AREAL_VERBOSE=1).
+        print(f"trainer rank {self.rank}: attention {varlen.explain(plat.device)}", flush=True)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, attn_implementation=attn)
         if self.cfg.actor.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -137,9 +141,12 @@ class TrainerWorker:
         return [samples[i] for i in order[self.rank::self.world]]
 
     def _allreduce(self, values: list[float], op: str = "sum") -> list[float]:
+        """Sum (or max) of values over the ranks, in float64 (token counts stay exact)."""
         import torch.distributed as dist
 
-        t = torch.tensor(values, dtype=torch.float64)
+        self.outbox.before_collectives()  # a step's first collective: on GPUs, after the weight send
+        # On the trainer's device: NCCL, DeepSpeed's group on GPUs, refuses host tensors.
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return t.tolist()
@@ -222,7 +229,9 @@ class TrainerWorker:
         send_wait = 0.0  # seconds the optimizer steps waited for a weight send
         for mini in minis:
             sub = [shard[i] for i in mini]
-            n_tok = self._allreduce([sum(float(loss_mask(s).sum()) for s in sub)])[0]
+            # Per-token weights of the loss (ppo.loss_agg) and their global denominator.
+            aw = dict(zip(mini, Fn.agg_weights([loss_mask(s) for s in sub], p.loss_agg, p.gen.max_new_tokens)))
+            denom = self._allreduce([Fn.agg_denominator(list(aw.values()), p.loss_agg)])[0]
             bins = self._micro_batches(sub, mb)
             for j, idx in enumerate(bins):
                 self.engine.set_gradient_accumulation_boundary(j == len(bins) - 1)
@@ -244,13 +253,14 @@ class TrainerWorker:
                 loss_tok, st = Fn.ppo_loss(logp, old, cat(adv), p.eps_clip,
                                            behav_logp=cat(behav) if p.use_decoupled_loss else None,
                                            behav_cap=p.behav_imp_weight_cap)
-                loss = (loss_tok * w).sum()
+                agg = torch.cat([aw[i] for i in rows]).to(self.device)
+                loss = (loss_tok * agg).sum()
                 if ref_lp is not None and p.kl_mode == "loss":
-                    loss = loss + p.kl_ctl * (Fn.kl_estimate(logp, cat(ref_lp), p.kl_estimator) * w).sum()
-                # Sum over tokens / global token count, times world because DeepSpeed averages
-                # gradients over ranks: the result is the mean over the whole batch's tokens.
-                self.engine.backward(loss * self.world / max(n_tok, 1))
-                acc["actor_loss"] += loss.item()
+                    loss = loss + p.kl_ctl * (Fn.kl_estimate(logp, cat(ref_lp), p.kl_estimator) * agg).sum()
+                # Weighted sum / the global batch's denominator, times world because DeepSpeed
+                # averages gradients over ranks: the loss of the whole batch, as Fn.aggregate has it.
+                self.engine.backward(loss * self.world / max(denom, 1e-12))
+                acc["actor_loss"] += (loss_tok * w).sum().item()
                 acc["ppo_approx_kl"] += (st["approx_kl"] * w).sum().item()
                 acc["actor_clip_ratio"] += (st["clip"] * w).sum().item()
                 acc["importance_weight"] += (st["importance_weight"] * w).sum().item()
@@ -281,6 +291,7 @@ class TrainerWorker:
     # ---------------------------------------------------------------- weights
     def full_state(self) -> dict[str, torch.Tensor]:
         """The full (unsharded) weights; every rank must call it under ZeRO-3."""
+        self.outbox.before_collectives()  # ZeRO-3's gathers are collectives of the training world
         m = self.engine.module
         if self.cfg.actor.zero_stage == 3:
             return gathered_state(m, keep=self.rank == 0)
@@ -336,12 +347,10 @@ class TrainerWorker:
         state = self.full_state()
         if self.rank != 0:
             return path
-        from transformers import AutoTokenizer
-
         tmp = path.rstrip("/") + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         self.engine.module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-        AutoTokenizer.from_pretrained(self.model_path).save_pretrained(tmp)
+        copy_tokenizer_files(self.model_path, tmp)  # byte for byte: a re-save can change how it reads
         _fsync_tree(tmp)
         if os.path.exists(path):
             shutil.rmtree(path)
@@ -356,6 +365,7 @@ class TrainerWorker:
         before returning, so the driver's rename publishes only durable files.
         """
         t0 = time.time()
+        self.outbox.before_collectives()  # DeepSpeed's save runs collectives of the training world
         self.engine.save_checkpoint(path, tag="deepspeed", client_state={"version": self.version},
                                     save_latest=False)
         torch.save(_rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
@@ -375,6 +385,7 @@ class TrainerWorker:
 
     def logprobs(self, prompts: list[list[int]], answers: list[list[int]]) -> list[list[float]]:
         """Answer logprobs under the current weights (tests compare them with vLLM's)."""
+        self.outbox.before_collectives()  # ZeRO-3 gathers every layer for the forward
         self.engine.eval()
         shard = [{"prompt_ids": p, "output_ids": a} for p, a in zip(prompts, answers)]
         bins = partition([len(p) + len(a) for p, a in zip(prompts, answers)],

@@ -1,12 +1,12 @@
-"""Variable-length causal attention for packed micro-batches where flash-attn is absent (CPU).
+"""Variable-length causal attention for packed micro-batches where flash-attn is absent (CPU, or a
+GPU image built without it): `choose` picks flash-attn or this, `explain` says which for the log.
 
 A packed micro-batch is one row holding several sequences whose position ids restart at 0.
 flash-attn's varlen kernel attends within each sequence only. Without it, transformers' SDPA path
 builds a dense block-diagonal mask over the whole row and computes every query against every key,
-then masks most of it away: quadratic in the row's length, which ate packing's gain on CPU
-(issue 8: 1.2x over padding at 4096 tokens). Here attention runs per sequence (one batched causal
-SDPA call per distinct length), so it costs sum(len_i^2) like flash-attn varlen; every other layer
-still runs on the packed row.
+then masks most of it away: quadratic in the row's length, which ate packing's gain on CPU. Here
+attention runs per sequence (one batched causal SDPA call per distinct length), so it costs
+sum(len_i^2) like flash-attn varlen; every other layer still runs on the packed row.
 
     from areal_kit.rl import varlen
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=varlen.choose("cpu"))
@@ -31,13 +31,36 @@ def register() -> str:
     return NAME
 
 
-def choose(device: str) -> str:
-    """The trainer's attn_implementation: flash-attn's varlen kernel on GPUs that have it, else ours."""
+FLASH = "flash_attention_2"
+
+
+def flash_attn_version() -> str | None:
+    """The installed flash-attn's version ("unknown" without package metadata), None when absent."""
+    import importlib.metadata
     import importlib.util
 
-    if device == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
+    if importlib.util.find_spec("flash_attn") is None:
+        return None
+    try:
+        return importlib.metadata.version("flash_attn")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def choose(device: str) -> str:
+    """The trainer's attn_implementation: flash-attn's varlen kernel on GPUs that have it, else ours."""
+    if device == "cuda" and flash_attn_version() is not None:
+        return FLASH
     return register()
+
+
+def explain(device: str) -> str:
+    """Which attention `choose(device)` runs and why, in words for the log."""
+    version = flash_attn_version()
+    if device == "cuda" and version is not None:
+        return f"{FLASH} (flash-attn {version}, varlen kernel)"
+    why = "on CPU" if device != "cuda" else "flash-attn is not installed"
+    return f"{NAME} (per-sequence SDPA; {why})"
 
 
 def _mask(**kw):

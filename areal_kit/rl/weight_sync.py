@@ -33,6 +33,8 @@ from datetime import timedelta
 
 import torch
 
+from areal_kit import platform
+
 # Small enough that transfer and load overlap well (a 200 MB model is ~7 buckets), large enough
 # that per-broadcast latency is noise.
 DEFAULT_BUCKET_BYTES = 32 << 20
@@ -100,6 +102,9 @@ def init_group(host: str, port: int, rank: int, world: int, backend: str, timeou
                local_ip: str | None = None):
     """Join the standalone sync group; rank 0 hosts the TCPStore.
 
+    timeout_s bounds the rendezvous and every collective of the group, on either backend: NCCL's
+    watchdog would otherwise abort a sync after its own default (10 minutes), whatever was asked.
+    vLLM builds its stateless NCCL groups the same way (ProcessGroupNCCL.Options._timeout).
     local_ip: the address this rank's gloo device binds to. Without it gloo resolves the
     machine's hostname, which on a stock /etc/hosts (or a container) is 127.0.x.1: peers on other
     hosts are then told to connect to loopback and fail.
@@ -109,7 +114,9 @@ def init_group(host: str, port: int, rank: int, world: int, backend: str, timeou
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(host, port, world_size=world, is_master=(rank == 0), timeout=timeout)
     if backend == "nccl":
-        return store, dist.ProcessGroupNCCL(store, rank, world)
+        nccl_opts = dist.ProcessGroupNCCL.Options()
+        nccl_opts._timeout = timeout
+        return store, dist.ProcessGroupNCCL(store, rank, world, nccl_opts)
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip) if local_ip
@@ -176,6 +183,7 @@ def send(group, plan, tensors: dict[str, torch.Tensor], device, shared: dict | N
         sent += sum(t.numel() * t.element_size() for t in ts)
     for w, _ in in_flight:
         w.wait()
+    platform.synchronize(device)  # on GPUs wait() only queued the rest: sent means arrived
     return sent
 
 
@@ -226,6 +234,7 @@ def receive(group, plan, device, stats: dict | None = None, into: dict[str, torc
         t0 = time.perf_counter()
         for w in works:
             w.wait()
+        platform.synchronize(device)  # "wait" is the time until the bucket is here, on GPUs too
         if stats is not None:
             stats["wait"] = stats.get("wait", 0.0) + time.perf_counter() - t0
         yield [(m.name, v) for m, v in zip(bucket, views)]
@@ -278,9 +287,16 @@ class Outbox:
     the send runs on a second thread once every engine is free (the controller's job), while the
     main thread trains on. Under ZeRO 0-2 the staged weights are the live parameters: the next
     optimizer step calls `wait_sent()` first. A failed send re-raises there too.
+
+    exclusive (GPUs, `Platform.exclusive_weight_send`): the send and the trainer's own collectives
+    never run at once on the device. The main thread calls `before_collectives()` ahead of a call's
+    first collective and waits there until staged weights are sent: the send happens between two
+    steps, as in OpenRLHF and verl, while generation still overlaps training. Nothing is staged
+    again until the step is over, so no send can start inside one.
     """
 
-    def __init__(self):
+    def __init__(self, exclusive: bool = False):
+        self.exclusive = exclusive
         self._cv = threading.Condition()
         self._state: dict | None = None
         self._live = False
@@ -312,9 +328,18 @@ class Outbox:
 
     def wait_sent(self) -> float:
         """Block while staged live weights are unsent; returns the seconds waited."""
+        return self._wait(lambda: self._live)
+
+    def before_collectives(self) -> float:
+        """Block, when exclusive, while any weights are staged or being sent; seconds waited."""
+        if not self.exclusive:
+            return 0.0
+        return self._wait(lambda: self._state is not None)
+
+    def _wait(self, pending) -> float:
         t0 = time.time()
         with self._cv:
-            while self._live:
+            while pending():
                 self._cv.wait()
             error, self._error = self._error, None
         if error is not None:

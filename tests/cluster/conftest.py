@@ -57,7 +57,7 @@ def testbed():
 
 @pytest.fixture(scope="session")
 def cpu_image(testbed):
-    """areal-kit:cpu-test built from docker/Dockerfile.cpu on node1, saved on shared storage."""
+    """areal-kit:cpu-test built from docker/Dockerfile (ACCELERATOR=cpu) on node1, saved on shared storage."""
     tar = testbed.storage / "images" / "areal-kit-cpu.tar"
     times = build(testbed.docker_sock(1), tar)
     # node1 built it, and node state survives between runs: remove it everywhere so every

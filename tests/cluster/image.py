@@ -1,6 +1,6 @@
 """Build the CPU runtime image for the cluster tests, with no registry: debootstrap a Debian
-bookworm rootfs, `docker import` it as the base, build docker/Dockerfile.cpu on it
-(PY_ENV=storage: the checkout's venv on "shared storage" is the Python environment), and
+bookworm rootfs, `docker import` it as the base, build docker/Dockerfile on it
+(ACCELERATOR=cpu, PY_ENV=storage: the checkout's venv on "shared storage" is the Python environment), and
 `docker save` it to a tarball on the testbed's storage, which `areal-kit setup --image-tar`
 loads on every node.
 
@@ -25,9 +25,10 @@ CACHE = Path(os.environ.get("AK_IMAGE_CACHE", "/var/cache/areal-kit-testbed"))
 MIRROR = os.environ.get("AK_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BASE_TAG = "areal-kit-base:bookworm"
 IMAGE_TAG = "areal-kit:cpu-test"
-# What Dockerfile.cpu needs in storage mode (g++: vLLM's sampler goes through torch.compile even
-# with enforce_eager, and inductor needs a C++ compiler), plus the shared libraries the
-# checkout's Python (possibly a pyenv build) links against; with these the Dockerfile needs no apt.
+# What docker/Dockerfile needs for ACCELERATOR=cpu in storage mode (g++: vLLM's sampler goes
+# through torch.compile even with enforce_eager, and inductor needs a C++ compiler), plus the shared
+# libraries the checkout's Python (possibly a pyenv build) links against; with these the Dockerfile
+# needs no apt.
 PACKAGES = ("python3,python3-venv,ca-certificates,procps,iproute2,libgomp1,libnuma1,g++,libssl3,libffi8,"
             "libsqlite3-0,libbz2-1.0,liblzma5,libreadline8,libncursesw6,libgdbm6,libuuid1,libexpat1,libtirpc3")
 
@@ -74,7 +75,7 @@ def venv_mounts() -> tuple[str, list[str]]:
 
 
 def build(docker_host: str, out_tar: Path) -> dict:
-    """Import the base, build Dockerfile.cpu, save to out_tar. Returns timings."""
+    """Import the base, build docker/Dockerfile for CPU, save to out_tar. Returns timings."""
     import docker
 
     env = dict(os.environ, DOCKER_HOST=docker_host)
@@ -90,20 +91,23 @@ def build(docker_host: str, out_tar: Path) -> dict:
     with tempfile.TemporaryDirectory() as ctx:
         c = Path(ctx)
         (c / "docker").mkdir()
-        shutil.copy(ROOT / "docker" / "Dockerfile.cpu", c / "docker" / "Dockerfile.cpu")
+        shutil.copy(ROOT / "docker" / "Dockerfile", c / "docker" / "Dockerfile")
         shutil.copytree(ROOT / "docker" / "certs", c / "docker" / "certs")
         (c / "docker" / "wheels").mkdir()
         # PyPI is reached through a TLS-intercepting proxy here: the image trusts its CA.
         if Path("/etc/ssl/certs/ca-certificates.crt").exists():
             shutil.copy("/etc/ssl/certs/ca-certificates.crt", c / "docker" / "certs" / "host-ca-bundle.crt")
-        shutil.copy(ROOT / "pyproject.toml", c / "pyproject.toml")
-        shutil.copytree(ROOT / "areal_kit", c / "areal_kit", ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("pyproject.toml", "setup.py", "README.md"):
+            shutil.copy(ROOT / name, c / name)
+        for name in ("areal_kit", "train_scripts", "evaluation"):
+            shutil.copytree(ROOT / name, c / name, ignore=shutil.ignore_patterns("__pycache__"))
         t0 = time.monotonic()
         api = docker.APIClient(base_url=docker_host, timeout=600)
         out = []
-        for chunk in api.build(path=ctx, dockerfile="docker/Dockerfile.cpu", tag=IMAGE_TAG, rm=True,
+        for chunk in api.build(path=ctx, dockerfile="docker/Dockerfile", tag=IMAGE_TAG, rm=True,
                                network_mode="host", decode=True,
-                               buildargs={"BASE_IMAGE": BASE_TAG, "PY_ENV": "storage", "VENV": venv}):
+                               buildargs={"BASE_IMAGE": BASE_TAG, "ACCELERATOR": "cpu", "PY_ENV": "storage",
+                                          "VENV": venv}):
             if "stream" in chunk:
                 out.append(chunk["stream"])
             if "error" in chunk:

@@ -1,4 +1,4 @@
-"""End to end, docker runtime: image from docker/Dockerfile.cpu on a locally imported base,
+"""End to end, docker runtime: image from docker/Dockerfile (ACCELERATOR=cpu) on a locally imported base,
 `areal-kit setup --runtime docker` on 3 hosts, Ray sees 3 nodes, a re-run changes nothing,
 status, training with trainer and rollout on different hosts, then `areal-kit down`.
 

@@ -99,13 +99,21 @@ def test_sync_kl_run_is_on_policy(two_engines):
     assert any(r["kl_reward"] < 0 for r in two_engines.rows[1:])
 
 
-def test_final_save_is_a_loadable_hf_folder(two_engines):
+def test_final_save_is_a_loadable_hf_folder_with_the_tokenizer_unchanged(two_engines):
     import glob
+    import os
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from areal_kit.data.tokenizer import load_tokenizer
 
     saves = glob.glob(f"{two_engines.job.paths.ckpt_dir}/actor/epoch*epochstep*globalstep3")
     assert len(saves) == 1
     model = AutoModelForCausalLM.from_pretrained(saves[0])
-    tok = AutoTokenizer.from_pretrained(saves[0])
+    tok, original = load_tokenizer(saves[0]), load_tokenizer(two_engines.job.model_path)
     assert model.config.vocab_size >= len(tok)
+    with open(os.path.join(saves[0], "tokenizer.json"), "rb") as a, \
+            open(os.path.join(two_engines.job.model_path, "tokenizer.json"), "rb") as b:
+        assert a.read() == b.read()
+    ids = original("1 + 9 = 1 0", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == original.decode(ids) == "1 + 9 = 1 0"

@@ -1,39 +1,69 @@
-"""The main job: `areal-kit train tiny` learns its toy task end to end on this CPU.
+"""The main job: `areal-kit train tiny` learns its multi-token task end to end on this CPU.
 
 Runs the installed command exactly as the README does (default seed, no overrides) in a fresh
-directory and reads metrics.jsonl: the mean task reward of the last 10 steps must beat the first
-10 steps by at least 0.3 (absolute). Wall time is reported, not asserted (shared machines).
+directory. A learning test, not a timing test (wall time is printed, not asserted): the mean
+task reward of the last 10 steps must pass LAST10, and the final saved model, decoded greedily
+with its own tokenizer on all 100 questions, must get both one-digit sums ("7" then eos) and
+two-digit sums ("1 7" then eos) right often enough. A change that breaks decoding, eos handling or
+the credit of the second answer token fails here.
 
     .venv/bin/python -m pytest tests/integration/test_tiny_learns.py -s
 """
 
+import glob
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import torch
+from transformers import AutoModelForCausalLM
+
 from areal_kit import logs
+from areal_kit.data.tokenizer import load_tokenizer
+from areal_kit.data.toy_task import spell
+
+LAST10 = 0.6  # mean task reward of the last 10 steps
+PER_LENGTH = 0.5  # greedy accuracy on the one-digit and on the two-digit sums, each
 
 
-def test_tiny_preset_learns(tmp_path):
+def greedy_accuracy(model_path: str) -> dict[int, float]:
+    """Greedy accuracy of the saved model on every question, by the answer's number of digits."""
+    tok, model = load_tokenizer(model_path), AutoModelForCausalLM.from_pretrained(model_path).eval()
+    right: dict[int, list[bool]] = {1: [], 2: []}
+    for a in range(10):
+        for b in range(10):
+            prompt = [tok.bos_token_id] + tok(f"{a} + {b} =", add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                out = model.generate(torch.tensor([prompt]), max_new_tokens=3, do_sample=False,
+                                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(prompt):]
+            ended = tok.eos_token_id in out.tolist()
+            text = tok.decode(out, skip_special_tokens=True)
+            right[len(str(a + b))].append(ended and text.split() == spell(a + b).split())
+    return {n: sum(v) / len(v) for n, v in right.items()}
+
+
+def test_tiny_preset_learns_multi_token_sums(tmp_path):
     exe = Path(sys.executable).with_name("areal-kit")
     t0 = time.time()
     proc = subprocess.run([str(exe), "train", "tiny"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "AREAL_USER": "ci"}, timeout=1800, check=False)
+                          env={**os.environ, "AREAL_USER": "ci"}, timeout=2400, check=False)
     wall = time.time() - t0
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = tmp_path / "areal_runs" / "logs" / "ci" / "tiny" / "run0"
     rows = logs.read_metrics(str(run / "metrics.jsonl"))
     rewards = [r["task_reward"] for r in rows]
-    assert len(rewards) == 600
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-    print(f"\ntiny: task_reward first 10 steps {first:.3f}, last 10 steps {last:.3f}, wall {wall:.0f}s")
-    assert last - first >= 0.3, f"did not learn: first10={first:.3f} last10={last:.3f}"
-    # ZeRO-0 (the preset's): DeepSpeed reports no gradient norm, the trainer measures it. Only a
-    # step whose advantages are (nearly) all zero may have none.
-    assert all(r["grad_norm"] > 0 for r in rows if r["perc_zero_adv"] < 0.5)
+    saves = sorted(glob.glob(str(tmp_path / "areal_runs" / "checkpoints" / "ci" / "tiny" / "run0" / "actor" / "*")))
+    acc = greedy_accuracy(saves[-1])
+    print(f"\ntiny: {len(rows)} steps, task_reward first 10 {first:.3f}, last 10 {last:.3f}; greedy accuracy "
+          f"one-digit {acc[1]:.2f}, two-digit {acc[2]:.2f}; wall {wall:.0f}s")
+    assert last >= LAST10, f"did not learn: first10={first:.3f} last10={last:.3f}"
+    assert acc[1] >= PER_LENGTH, f"one-digit sums: greedy accuracy {acc[1]:.2f}"
+    assert acc[2] >= PER_LENGTH, f"two-digit sums: greedy accuracy {acc[2]:.2f}"
+    assert max(r["avg_seq_len"] for r in rows[-10:]) > 2.0  # two-digit answers are written, not only one-digit
     # The grep contract of the log file holds for every step.
     text = (run / "train.log").read_text()
-    assert text.count(" finishes. Average #tokens per batch is ") == 600
-    assert text.count("RPC name actor_train returns {") == 600
+    assert text.count(" finishes. Average #tokens per batch is ") == len(rows)
+    assert text.count("RPC name actor_train returns {") == len(rows)

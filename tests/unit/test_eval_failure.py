@@ -12,12 +12,14 @@ import json
 import pytest
 from rich.console import Console
 
+from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import RunFailed
 from areal_kit.eval import engine as E
 from areal_kit.eval.runner import EvalConfig, run
 
 ROWS = [{"idx": i, "question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}
         for i in range(6)]
+BOXED_ZERO: tuple[int, ...] = ()
 
 
 class DiesOnChunk:
@@ -33,7 +35,7 @@ class DiesOnChunk:
         self.calls += 1
         if self.calls == self.dies:
             raise self.error
-        return [E.GenResult(r.key, "\\boxed{0}", 3, "stop") for r in requests]
+        return [E.GenResult(r.key, BOXED_ZERO, "stop") for r in requests]
 
     def close(self):
         self.closed = True
@@ -43,7 +45,10 @@ class DiesOnChunk:
 def model(tmp_path_factory):
     from areal_kit.data.tiny_model import TinySpec, build
 
-    return build(str(tmp_path_factory.mktemp("tiny") / "bpe"), TinySpec(kind="bpe", heads=2, kv_heads=1))
+    path = build(str(tmp_path_factory.mktemp("tiny") / "bpe"), TinySpec(kind="bpe", heads=2, kv_heads=1))
+    global BOXED_ZERO  # the engine answers in token ids, as vLLM does; the runner decodes them
+    BOXED_ZERO = tuple(load_tokenizer(path)("\\boxed{0}", add_special_tokens=False)["input_ids"])
+    return path
 
 
 def test_a_failed_engine_keeps_what_was_graded_and_a_rerun_resumes(model, tmp_path, monkeypatch):

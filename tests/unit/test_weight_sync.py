@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import socket
 
@@ -26,7 +27,7 @@ def _receiver(port: int, plan, reps: int, out) -> None:
     for _ in range(reps):
         # Keep every yielded view: each bucket has its own buffer, so none is overwritten later.
         buckets = list(weight_sync.receive(group, plan, "cpu"))
-    out.put(([[name for name, _ in b] for b in buckets], {k: v.clone() for b in buckets for k, v in b}))
+    out.put(_bytes(([[name for name, _ in b] for b in buckets], {k: v.clone() for b in buckets for k, v in b})))
 
 
 def _placing_receiver(port: int, plan, out) -> None:
@@ -35,8 +36,20 @@ def _placing_receiver(port: int, plan, out) -> None:
     _, group = weight_sync.init_group("127.0.0.1", port, 1, 2, "gloo", timeout_s=60)
     into = {"big": torch.zeros(weight_sync.SMALL_BYTES // 4 + 1), "a": torch.zeros(300), "e": torch.zeros(10, 100)}
     got = {k: v for b in weight_sync.receive(group, plan, "cpu", into=into) for k, v in b}
-    out.put(({k: got[k].data_ptr() == into[k].data_ptr() for k in into}, {k: v.clone() for k, v in into.items()},
-             {k: v.clone() for k, v in got.items()}))
+    out.put(_bytes(({k: got[k].data_ptr() == into[k].data_ptr() for k in into}, {k: v.clone() for k, v in into.items()},
+                    {k: v.clone() for k, v in got.items()})))
+
+
+def _bytes(obj) -> bytes:
+    """obj serialized by value: tensors put on a Queue as they are travel as handles to the
+    child's shared memory, which fail to open once the child has exited."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _result(out):
+    return torch.load(io.BytesIO(out.get(timeout=60)), weights_only=False)
 
 
 def _serve(target, plan, *args):
@@ -63,7 +76,7 @@ def test_buckets_arrive_intact_in_order(tmp_path):
     assert all(len({m.dtype for m in b}) == 1 for b in plan)
     child, group, out = _serve(_receiver, plan, 2)
     sent = [weight_sync.send(group, plan, tensors, "cpu") for _ in range(2)]
-    names, got = out.get(timeout=60)
+    names, got = _result(out)
     child.join(30)
     assert child.exitcode == 0
     assert sent[0] == sent[1] == sum(t.numel() * t.element_size() for t in tensors.values())
@@ -77,7 +90,7 @@ def test_tensors_with_a_place_arrive_straight_in_it():
     plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=BUCKET)
     child, group, out = _serve(_placing_receiver, plan)
     weight_sync.send(group, plan, tensors, "cpu")
-    in_place, into, got = out.get(timeout=60)
+    in_place, into, got = _result(out)
     child.join(30)
     assert child.exitcode == 0
     assert in_place == {"big": True, "a": False, "e": False}
@@ -162,7 +175,8 @@ def _shared_receiver(port: int, plan, names, out) -> None:
     out.put({**region, "places": starts})
     for _ in range(2):
         got = {k: v for b in weight_sync.receive(group, plan, "cpu", into=into, shared=set(names)) for k, v in b}
-        out.put(({k: v.clone() for k, v in got.items()}, {n: got[n].data_ptr() == into[n].data_ptr() for n in names}))
+        out.put(_bytes(({k: v.clone() for k, v in got.items()},
+                        {n: got[n].data_ptr() == into[n].data_ptr() for n in names})))
 
 
 def test_shared_tensors_are_written_straight_into_the_receivers_memory():
@@ -181,7 +195,7 @@ def test_shared_tensors_are_written_straight_into_the_receivers_memory():
     syncs = []
     for t in (tensors, second):
         weight_sync.send(group, plan, t, "cpu", shared)
-        syncs.append(out.get(timeout=60))  # as the controller does: no send while a receiver still loads
+        syncs.append(_result(out))  # as the controller does: no send while a receiver still loads
     child.join(30)
     assert child.exitcode == 0
     for (got, in_place), sent in zip(syncs, (tensors, second)):

@@ -1,0 +1,87 @@
+"""Learning benchmark: wall time and steps until the tiny preset's task is learned, areal-kit vs TRL.
+
+The same task (the tiny preset's multi-token sums, graded by areal-kit's own reward on both
+sides), model (the preset's seeded random-init Qwen2), prompts in the same order, batch (the
+preset's prompts x group, one optimizer step a batch), GRPO settings (group-normalized rewards,
+no KL, the preset's loss aggregation mapped to TRL's loss_type, temperature 1) and optimizer
+(AdamW, lr, clipping) on both sides. areal-kit runs `areal-kit train tiny` as a user does (async,
+max_head_offpolicyness 1); TRL's GRPOTrainer runs in its own venv with transformers `generate`.
+"Learned" is the first step at which the mean task reward of the last 10 steps reaches 0.8;
+its wall time counts from the command's start, start-up included. Each side stops at the
+preset's step budget: a side that never reaches 0.8 is reported as such.
+
+    python bench/run.py learning
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+from bench import engines, peer
+from bench.report import Result
+
+THRESHOLD = 0.8
+WINDOW = 10
+ABOUT = __doc__.split("\n\n")[1].replace("\n", " ")
+# ppo.loss_agg -> TRL's loss_type computing the same aggregation.
+TRL_LOSS = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
+
+
+def reached(rows: list[dict], start_up: float) -> tuple[int | None, float | None]:
+    """(step, seconds from the command's start) at which the WINDOW-step mean reward first
+    reaches THRESHOLD, or (None, None)."""
+    t = start_up
+    window: list[float] = []
+    for i, r in enumerate(rows):
+        t += r["e2e_time"]
+        window = (window + [r["task_reward"]])[-WINDOW:]
+        if len(window) == WINDOW and sum(window) / WINDOW >= THRESHOLD:
+            return i + 1, t
+    return None, None
+
+
+def side(rows: list[dict], wall: float) -> dict:
+    # Start-up: the command's wall time less the time of its steps (workers, engines, model load).
+    start_up = max(wall - sum(r["e2e_time"] for r in rows), 0.0)
+    step, secs = reached(rows, start_up)
+    rewards = [r["task_reward"] for r in rows]
+    return {"steps_to_target": step, "wall_to_target": secs, "start_up": start_up, "steps_run": len(rows),
+            "s_per_step": engines.median(r["e2e_time"] for r in rows), "wall": wall,
+            "last10": sum(rewards[-WINDOW:]) / WINDOW, "rewards": [round(v, 4) for v in rewards]}
+
+
+def run() -> Result:
+    from areal_kit.config.loader import load_config
+    from areal_kit.rl.controller import resolve_model
+
+    workdir = tempfile.mkdtemp(prefix="bench-learning-")
+    cfg = load_config("tiny", [f"fileroot={workdir}"])
+    cfg.actor.path = resolve_model(cfg)  # the same seeded tiny://toy model our run builds
+    ours = engines.train_run(["tiny"], workdir, "ours-learning", timeout=1800)
+    n_steps = len(ours["rows"])
+    trl = peer.run_trl(cfg, n_steps, 256, workdir, "trl-learning", loss_type=TRL_LOSS[cfg.ppo.loss_agg])
+    res = {"areal-kit": side(ours["rows"], ours["wall"]), "TRL": side(trl["rows"], trl["wall"])}
+    a, t = res["areal-kit"], res["TRL"]
+    figures = {"threshold": THRESHOLD, "window": WINDOW, "budget_steps": n_steps}
+    for who, key in (("areal-kit", "ours"), ("TRL", "trl")):
+        for f, v in res[who].items():
+            figures[f"{key}_{f}"] = v
+    ratio = t["wall_to_target"] / a["wall_to_target"] if a["wall_to_target"] and t["wall_to_target"] else None
+    if a["wall_to_target"] and not t["wall_to_target"]:
+        ratio = t["wall"] / a["wall_to_target"]  # at least this: TRL's whole run did not get there
+    checks = {"areal-kit reaches 0.8": a["steps_to_target"] is not None,
+              "in no more steps than TRL": a["steps_to_target"] is not None
+              and (t["steps_to_target"] is None or a["steps_to_target"] <= t["steps_to_target"])}
+    rows = [[who, _fmt(x["steps_to_target"]), _fmt(x["wall_to_target"]), x["start_up"], x["s_per_step"],
+             x["steps_run"], x["last10"]] for who, x in res.items()]
+    notes = [(f"Ratio = TRL's wall time to a {WINDOW}-step mean task reward of {THRESHOLD} / areal-kit's "
+              "(start-up included on both sides); where TRL does not get there, its whole run's wall time."),
+             "Per-step reward curves of both sides are in latest.json (ours_rewards, trl_rewards)."]
+    return Result("learning", f"wall time to task_reward {THRESHOLD}: areal-kit vs TRL GRPOTrainer, tiny preset",
+                  figures, ratio=ratio, target=2.0, checks=checks,
+                  columns=["toolkit", f"steps to {THRESHOLD}", f"s to {THRESHOLD}", "start-up s", "s/step (median)",
+                           "steps run", "last-10 reward"], rows=rows, notes=notes)
+
+
+def _fmt(v):
+    return "not reached" if v is None else v
