@@ -336,6 +336,9 @@ class TrainConfig:
     # that on CPU, when every engine is on the trainer's node, it writes them straight into the
     # engines' parameters (shared memory). disk: save a checkpoint, engines reload it.
     weight_sync: str = "auto"
+    # Seconds the weight-sync group waits at its rendezvous and in any one broadcast before it
+    # fails (on GPUs, NCCL's watchdog timeout): a sync stuck on a dead peer becomes an error.
+    weight_sync_timeout_s: float = 600.0
     # Seed for data order, sampling and initialization.
     seed: int = 1
     # recover_mode: auto (resume a matching checkpoint) | resume (must resume) | fault (only
@@ -364,6 +367,8 @@ class TrainConfig:
         check_positive("n_nodes", self.n_nodes)
         check_positive("n_gpus_per_node", self.n_gpus_per_node)
         check_choice("weight_sync", self.weight_sync, ("auto", "broadcast", "disk"))
+        check(self.weight_sync_timeout_s > 0,
+              f"weight_sync_timeout_s={self.weight_sync_timeout_s} is not valid; expected > 0 seconds")
         check_choice("cpu_cores", self.cpu_cores, ("auto", "split", "shared"))
         check_choice("recover_mode", self.recover_mode, ("auto", "resume", "fault", "disabled"))
         check_positive("recover_retries", self.recover_retries, allow_zero=True)

@@ -127,9 +127,13 @@ class Controller:
         how = "save + reload"
         if self.cfg.weight_sync != "disk":
             self._shared, how = actors.init_weight_sync(self.workers, shared=self.cfg.weight_sync == "auto")
+        import ray
+
+        attention = ray.get(self.workers.trainers[0].attention.remote())
         self.log.info(f"Workers ready in {time.time() - t0:.1f}s: {len(self.workers.trainers)} trainer rank(s) "
-                      f"(setup {setup['trainer_setup']:.1f}s), {len(self.workers.rollouts)} rollout engine(s) "
-                      f"(setup {setup['rollout_setup']:.1f}s), weight sync {self.cfg.weight_sync}: {how}.")
+                      f"(setup {setup['trainer_setup']:.1f}s, attention {attention}), {len(self.workers.rollouts)} "
+                      f"rollout engine(s) (setup {setup['rollout_setup']:.1f}s), weight sync {self.cfg.weight_sync}: "
+                      f"{how}.")
 
     def dead_workers(self, timeout_s: float = 10) -> int:
         """How many of this attempt's actors are dead (a busy one, still running a call, is alive)."""

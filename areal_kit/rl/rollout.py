@@ -137,7 +137,8 @@ class RolloutWorker:
         # vLLM's workers are child processes without Ray: tell them this node's address.
         local_ip = ray.util.get_node_ip_address()
         return self.llm.collective_rpc("init_weight_sync",
-                                       args=(host, port, rank_offset, world, backend, plan, local_ip))
+                                       args=(host, port, rank_offset, world, backend, plan, local_ip,
+                                             self.cfg.weight_sync_timeout_s))
 
     def share_weights(self) -> list:
         """Each worker's shared parameter memory for the trainer on this node, or {"why": ...}."""

@@ -59,8 +59,9 @@ class TrainerWorker:
         torch.manual_seed(self.cfg.seed)
         dtype = self._dtype(plat)
         attn = varlen.choose(plat.device)
-        # Ray keeps a worker's output in its log (and shows it with AREAL_VERBOSE=1).
-        print(f"trainer rank {self.rank}: attention {varlen.explain(plat.device)}", flush=True)
+        # Which attention runs is decided on the trainer's node (flash-attn may be installed there
+        # and not on the driver's): the controller asks for it and logs it (`attention()`).
+        self.attention_note = varlen.explain(plat.device)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, attn_implementation=attn)
         if self.cfg.actor.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -106,6 +107,10 @@ class TrainerWorker:
             return 0.5 * (1 + math.cos(math.pi * frac)) if a.lr_scheduler == "cosine" else 1.0 - frac
 
         return f
+
+    def attention(self) -> str:
+        """The attention this rank trains with, in words for the run's log (after setup)."""
+        return self.attention_note
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a port free on it (for rendezvous hosted by this rank)."""
@@ -310,7 +315,8 @@ class TrainerWorker:
         return weight_sync.make_plan(list(state.items())) if self.rank == 0 else None
 
     def init_sync(self, host: str, port: int, world: int, backend: str, plan) -> bool:
-        self._store, self.sync_group = weight_sync.init_group(host, port, 0, world, backend, local_ip=host)
+        self._store, self.sync_group = weight_sync.init_group(host, port, 0, world, backend, local_ip=host,
+                                                              timeout_s=self.cfg.weight_sync_timeout_s)
         self._plan = plan
         return True
 

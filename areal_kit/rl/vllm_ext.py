@@ -38,12 +38,12 @@ from areal_kit import platform
 
 class WeightSyncExtension:
     def init_weight_sync(self, host: str, port: int, rank_offset: int, world: int, backend: str,
-                         plan, local_ip: str | None = None) -> int:
+                         plan, local_ip: str | None = None, timeout_s: float = 600) -> int:
         from areal_kit.rl import weight_sync
 
         rank = rank_offset + int(getattr(self, "rank", 0))
         self._areal_store, self._areal_group = weight_sync.init_group(host, port, rank, world, backend,
-                                                                      local_ip=local_ip)
+                                                                      local_ip=local_ip, timeout_s=timeout_s)
         self._areal_plan = plan
         self._areal_local = local_ip is None or local_ip == host  # on the trainer's node
         return rank

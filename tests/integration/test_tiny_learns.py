@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM
 from areal_kit import logs
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.data.toy_task import spell
+from areal_kit.rl import varlen
 
 LAST10 = 0.5  # mean task reward of the last 10 steps: well under a learned run, far above a broken one
 PER_LENGTH = 0.3  # greedy accuracy on the one-digit and on the two-digit sums, each
@@ -67,3 +68,4 @@ def test_tiny_preset_learns_multi_token_sums(tmp_path):
     text = (run / "train.log").read_text()
     assert text.count(" finishes. Average #tokens per batch is ") == len(rows)
     assert text.count("RPC name actor_train returns {") == len(rows)
+    assert f"attention {varlen.explain('cpu')}" in text  # the log says which attention trains
