@@ -118,8 +118,9 @@ def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: i
                   enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 2048))
     else:
         kw.update(dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization)
-        if tp > 1:
-            # Inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs the actor
-            # already holds; worker processes on the actor's own GPUs are what we want.
-            kw["distributed_executor_backend"] = "mp"
+    if tp > 1:
+        # Inside a Ray actor (in its placement group) vLLM would pick its Ray executor and ask Ray
+        # for the GPUs the actor already holds (on CPU it refuses: no Ray there); worker processes
+        # on the actor's own devices are what we want.
+        kw["distributed_executor_backend"] = "mp"
     return kw

@@ -1,8 +1,9 @@
 """Start Ray, place trainer and rollout actors by the allocation mode, wire the sync group.
 
-GPU: a trainer rank takes one GPU, a rollout engine takes `tp` GPUs. CPU: every "GPU" of the
-allocation is a worker slot of one logical CPU, so `vllm.d2p1m1+d1p1m1` on a laptop gives two
-vLLM engines and one DeepSpeed rank, the same actors a GPU cluster would get.
+GPU: a trainer rank takes one GPU, a rollout engine takes `tp` GPUs on one node. CPU: every "GPU"
+of the allocation is a worker slot of one logical CPU, so `vllm.d2p1m1+d1p1m1` on a laptop gives
+two vLLM engines and one DeepSpeed rank, the same actors a GPU cluster would get. Every worker's
+place is reserved (rl/placement.py) before the first one starts.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from areal_kit import platform
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
+from areal_kit.rl import placement
 from areal_kit.rl.plan import check_gpu_sharing
 
 
@@ -46,28 +48,15 @@ class Workers:
     trainers: list  # actor handles, rank order
     rollouts: list  # actor handles, one per engine
     gen_tp: int
+    places: placement.Reservation | None = None
 
 
-def _options(plat, n_gpus: int, node_id: str | None) -> dict:
-    opts: dict = {"num_cpus": 1} if plat.is_cpu else {"num_gpus": n_gpus, "num_cpus": 1}
-    if node_id:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    return opts
-
-
-def _role_nodes(cfg) -> tuple[str | None, list[str | None]]:
-    """(trainer node, rollout nodes) when spread_roles, else Ray decides (None)."""
-    import ray
-
-    if not cfg.spread_roles:
-        return None, [None]
-    nodes = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: n["NodeManagerAddress"])
-    if len(nodes) < 2:
-        raise UserError(f"spread_roles=true needs a Ray cluster of at least 2 nodes, found {len(nodes)}; "
-                        "set spread_roles=false or join more nodes")
-    return nodes[0]["NodeID"], [n["NodeID"] for n in nodes[1:]]
+def reserve(cfg, plat) -> placement.Reservation:
+    """Every worker's place on the joined Ray cluster, reserved: trainer ranks packed node by node,
+    each engine's GPUs on one node; spread_roles keeps trainers and engines on different nodes."""
+    check_gpu_sharing(cfg, plat)
+    alloc = parse_allocation(cfg.allocation_mode)
+    return placement.reserve(placement.on_cluster(alloc, plat, cfg.spread_roles))
 
 
 def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
@@ -78,24 +67,23 @@ def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
 
     plat = platform.detect()
     alloc = parse_allocation(cfg.allocation_mode)
-    check_gpu_sharing(cfg, plat)
+    places = reserve(cfg, plat)
     env = worker_env(cfg, cache_root)
-    trainer_node, rollout_nodes = _role_nodes(cfg)
     n_train = alloc.train_gpus
     cores = core_sets(cfg, n_train, alloc.gen.dp, alloc.gen.tp) if plat.is_cpu else None
     # Weight sends run on their own thread (TrainerWorker.send_weights), beside training.
     Trainer = ray.remote(concurrency_groups={"weights": 1})(TrainerWorker)
-    trainers = [Trainer.options(**_options(plat, 1, trainer_node)).remote(
+    trainers = [Trainer.options(**places.trainer_options(r)).remote(
         r, n_train, cfg, model_path, _pinned(env, cores, [r]), total_steps) for r in range(n_train)]
     # Rank 0's node hosts the DeepSpeed rendezvous; the port must be free there, not here.
-    master, port = _placed(trainers[0].address.remote(), plat, n_train + alloc.gen.dp * alloc.gen.tp)
+    master, port = ray.get(trainers[0].address.remote())
     ray.get([t.set_master.remote(master, port) for t in trainers])
     Rollout = ray.remote(RolloutWorker)
     tp = alloc.gen.tp
-    rollouts = [Rollout.options(**_options(plat, tp, rollout_nodes[i % len(rollout_nodes)])).remote(
+    rollouts = [Rollout.options(**places.engine_options(i)).remote(
         i, model_path, cfg, _pinned(env, cores, range(n_train + i * tp, n_train + (i + 1) * tp)), tp)
         for i in range(alloc.gen.dp)]
-    return Workers(trainers, rollouts, alloc.gen.tp)
+    return Workers(trainers, rollouts, tp, places)
 
 
 def core_sets(cfg, n_train: int, n_engines: int, tp: int) -> list[list[int]] | None:
@@ -132,20 +120,6 @@ def _pinned(env: dict[str, str], cores: list[list[int]] | None, slots) -> dict[s
         return env
     lists = [",".join(map(str, cores[s])) for s in slots]
     return {**env, "AREAL_CPU_CORES": ",".join(lists), "VLLM_CPU_OMP_THREADS_BIND": "|".join(lists)}
-
-
-def _placed(ref, plat, n_slots: int, timeout_s: float = 600):
-    """ray.get that names the shortage instead of waiting forever for resources."""
-    import ray
-
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        have = ray.available_resources()
-        unit = "CPU" if plat.is_cpu else "GPU"
-        raise UserError(f"the Ray cluster could not place the workers within {timeout_s:.0f}s: the allocation "
-                        f"needs {n_slots} {unit} slot(s), {have.get(unit, 0):g} are free; free them or change "
-                        "allocation_mode") from None
 
 
 def setup(workers: Workers) -> dict[str, float]:

@@ -1,15 +1,17 @@
 """The dry-run plan: everything `areal-kit train PRESET --dry-run` can check without GPUs.
 
     areal-kit train 1.5B_n4 --dry-run
+    AREAL_DEVICE=cuda areal-kit train 7B_n4 --dry-run     # the plan on GPU nodes, from a CPU machine
 """
 
 from __future__ import annotations
 
 import os
 
-from areal_kit import logs
+from areal_kit import logs, platform, stack
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
+from areal_kit.rl import placement, varlen
 
 
 def dataset_size(cfg) -> tuple[int | None, str]:
@@ -62,7 +64,22 @@ def weight_sync_line(cfg, n_workers: int) -> str:
     return line + ("; on CPU it writes engines on its node through shared memory" if cfg.weight_sync == "auto" else "")
 
 
-def plan_lines(cfg) -> list[str]:
+def device_lines(cfg, plat) -> list[str]:
+    """What the run uses on plat's device: the exact versions of its stack (on GPUs, the image's),
+    the trainer's attention, and the placement groups it requests on the configured cluster."""
+    hint = "" if os.environ.get("AREAL_DEVICE") or not plat.is_cpu else " (no GPU here; AREAL_DEVICE=cuda plans for GPUs)"
+    lines = [f"device: {plat.device}{hint}",
+             f"stack ({plat.device} image): " + ", ".join(f"{name} {v}" for name, v in stack.versions(plat.device).items()),
+             f"attention (this install): {varlen.explain(plat.device)}"]
+    a = parse_allocation(cfg.allocation_mode)
+    try:
+        return lines + placement.on_nodes(a, plat, cfg.n_nodes, cfg.n_gpus_per_node, cfg.spread_roles).describe()
+    except UserError as e:  # the run lays out on the Ray cluster it joins, which may differ from the config
+        return lines + [f"placement: not on the configured {cfg.n_nodes} node(s): {e}"]
+
+
+def plan_lines(cfg, plat=None) -> list[str]:
+    plat = plat or platform.detect()
     a = parse_allocation(cfg.allocation_mode)
     p, d = cfg.ppo, cfg.dataset
     paths = logs.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)
@@ -76,6 +93,7 @@ def plan_lines(cfg) -> list[str]:
         f"training: {a.train_gpus} GPUs, DeepSpeed ZeRO-{cfg.actor.zero_stage} over {a.train.world} rank(s) ({a.train})"
         + (f" sharing the generation GPUs (CPU nodes only; on GPUs: {a.split() or 'vllm.GEN+TRAIN'})"
            if a.kind != "decoupled" else ""),
+        *device_lines(cfg, plat),
         f"model: {cfg.actor.path}" + (f"; reference: {cfg.ref.path or cfg.actor.path} (kl_ctl {p.kl_ctl}, "
                                        f"{p.kl_estimator}, in {p.kl_mode})" if p.kl_ctl > 0 else "; no reference model"),
         (f"batch: {d.train_bs_n_seqs} prompts x {p.group_size} answers = {n_seqs} sequences; "

@@ -1,6 +1,7 @@
 """The presets in train_scripts/: the guide's settings, and `--dry-run` of each on this CPU machine."""
 
 import pytest
+from cli_run import dry_run
 
 from areal_kit.cli import main
 from areal_kit.config.alloc import parse_allocation
@@ -76,16 +77,6 @@ def test_tiny_runs_on_one_cpu_machine():
     assert cfg.dataset.train_bs_n_seqs >= 32  # DESIGN.md: fewer prompts collapse the toy task
 
 
-def dry_run(argv, capsys):
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    assert code == 0, out.err
-    assert "Traceback" not in out.out + out.err
-    return out.out
 
 
 @pytest.mark.parametrize("name", GPU_PRESETS)
