@@ -1,7 +1,7 @@
 """The `areal-kit` command line: setup, train, eval, grade, status, down, logs, plot.
 
 Each subcommand lives next to the code it drives (cluster/cmd.py, rl/cmd.py, eval/cmd.py,
-runview.py); this module only assembles them and turns bad input into one line and exit 2.
+monitor.py); this module only assembles them and turns bad input into one line and exit 2.
 Command modules import heavy libraries (torch, ray, vllm) inside the command, never at the
 top, so `areal-kit --help` stays instant.
 
@@ -38,7 +38,7 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from areal_kit import runview
+    from areal_kit import monitor
     from areal_kit.cluster import cmd as cluster_cmd
     from areal_kit.eval import cmd as eval_cmd
     from areal_kit.rl import cmd as rl_cmd
@@ -49,8 +49,8 @@ def _register() -> None:
     app.command("grade")(eval_cmd.grade)
     app.command("status")(cluster_cmd.status)
     app.command("down")(cluster_cmd.down)
-    app.command("logs")(runview.logs)
-    app.command("plot")(runview.plot)
+    app.command("logs")(monitor.logs)
+    app.command("plot")(monitor.plot)
 
 
 _register()

@@ -2,7 +2,7 @@
 worker, a running controller, and `areal-kit train` runs read back from metrics.jsonl.
 
 Everything here goes through areal_kit's own classes (RolloutWorker, Controller, the CLI), so a
-benchmark measures the code a user runs, with the settings of areal_kit.platform.
+benchmark measures the code a user runs, with the settings of areal_kit.hardware.
 
     cfg = bench_config(workload.rl_model(), fileroot)          # the RL-shaped workload's config
     w = rollout_worker(cfg)                                   # vLLM in this process (EngineCore child)

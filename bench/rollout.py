@@ -3,7 +3,7 @@
 Same model, prompts and sampling on both sides, on the RL-shaped workload (bench/workload.py):
 32 prompts x 8 samples, up to 256 new tokens, eos ~1/80 a token, temperature 1, behaviour
 logprobs returned by both. Ours is areal_kit's RolloutWorker (vLLM with the settings of
-areal_kit.platform) in this process; the baseline is one batched `generate` call with KV cache
+areal_kit.hardware) in this process; the baseline is one batched `generate` call with KV cache
 (what TRL and most hand-written loops do), logprobs from compute_transition_scores. The two
 alternate, twice each, after a warm-up; the ratio is of median tokens/s.
 

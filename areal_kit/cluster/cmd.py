@@ -6,8 +6,8 @@
     areal-kit status            # the cluster set up last from this machine (--name to choose)
     areal-kit down
 
-Steps (cluster/steps.py, cluster/raystep.py, cluster/data.py) run on all hosts in parallel
-via cluster/runner.py; exit code 0 when every host succeeded, 1 when any failed, 2 for bad
+Steps (cluster/steps.py, cluster/ray_cluster.py, cluster/data.py) run on all hosts in parallel
+via cluster/parallel.py; exit code 0 when every host succeeded, 1 when any failed, 2 for bad
 input. Per-host logs go to --log-dir.
 """
 
@@ -69,8 +69,8 @@ def _ray_token(cluster_name: str) -> str:
 
 def _build(opts, copts, secrets: dict[str, str]):
     from areal_kit.cluster.options import Cluster
+    from areal_kit.cluster.parallel import HostState
     from areal_kit.cluster.remote import DryRemote, HostLog, Remote, check_key_file
-    from areal_kit.cluster.runner import HostState
 
     for k in {h.key_file for h in opts.spec.hosts}:
         check_key_file(k)
@@ -144,10 +144,10 @@ def setup(
 ) -> int:
     """Provision bare hosts over SSH into a Ray cluster (containers or host), optionally start training."""
     from areal_kit.cluster import data as data_step
-    from areal_kit.cluster import raystep, steps
+    from areal_kit.cluster import ray_cluster, steps
     from areal_kit.cluster.options import SetupOptions, save_state
+    from areal_kit.cluster.parallel import Step, make_console, print_dry_run, run_steps
     from areal_kit.cluster.remote import ConnectOptions
-    from areal_kit.cluster.runner import Step, make_console, print_dry_run, run_steps
 
     spec = _spec(hosts, hostnames, inventory, username, ssh_port, private_key_file, storage, name, n_gpus_per_node)
     opts = SetupOptions(spec=spec, runtime=runtime, image=image, image_tar=image_tar, python=python,
@@ -166,8 +166,8 @@ def setup(
     plan = [Step("connect", steps.connect), Step("preflight", steps.preflight),
             Step("storage", steps.storage, head_first=True), Step("install", steps.install),
             Step("image", steps.image), Step("data", data_step.data, head_only=True),
-            Step("ray", raystep.ray, head_first=True), Step("ray_ready", raystep.ray_ready, head_only=True),
-            Step("train", raystep.train, head_only=True)]
+            Step("ray", ray_cluster.ray, head_first=True), Step("ray_ready", ray_cluster.ray_ready, head_only=True),
+            Step("train", ray_cluster.train, head_only=True)]
     console = make_console()
     try:
         if dry_run:
@@ -207,9 +207,9 @@ def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, p
             python, known_hosts, host_key_policy, ssh_wait, dry_run, grace: float = 0.0) -> int:
     from rich.table import Table
 
-    from areal_kit.cluster import raystep, steps
+    from areal_kit.cluster import ray_cluster, steps
+    from areal_kit.cluster.parallel import Step, make_console, print_dry_run, run_steps
     from areal_kit.cluster.remote import ConnectOptions
-    from areal_kit.cluster.runner import Step, make_console, print_dry_run, run_steps
 
     opts = _saved_or_given(name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime, python)
     opts.dry_run = dry_run
@@ -223,8 +223,8 @@ def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, p
         if which == "down":
             # Training first, while its workers still run: it checkpoints the step under way.
             plan = [Step("connect", steps.connect),
-                    Step("stop training", functools.partial(raystep.stop_training, grace=grace), head_only=True),
-                    Step("down", raystep.down, head_last=True)]
+                    Step("stop training", functools.partial(ray_cluster.stop_training, grace=grace), head_only=True),
+                    Step("down", ray_cluster.down, head_last=True)]
             if dry_run:
                 for h in cluster.hosts:
                     for s in plan:
@@ -233,13 +233,13 @@ def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, p
                 print_dry_run(cluster, console)
                 return 0
             return 0 if run_steps(cluster, plan, console) else 1
-        plan = [Step("connect", steps.connect), Step("ray", raystep.probe)]
+        plan = [Step("connect", steps.connect), Step("ray", ray_cluster.probe)]
         ok = run_steps(cluster, plan, console)
         head = cluster.head
         alive = None
         if not head.failed:
-            res = head.remote.run(raystep.nodes_cmd(cluster, [], 0, 0), sudo=opts.runtime == "docker", timeout=60)
-            alive = raystep.parse_nodes(res)
+            res = head.remote.run(ray_cluster.nodes_cmd(cluster, [], 0, 0), sudo=opts.runtime == "docker", timeout=60)
+            alive = ray_cluster.parse_nodes(res)
         t = Table(title=f"cluster {opts.spec.cluster_name} ({opts.runtime})")
         for col in ("host", "address", "ray process", "in Ray cluster", "GPUs"):
             t.add_column(col)
@@ -250,7 +250,7 @@ def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, p
         console.print(t)
         console.print(f"Ray reports {len(alive)} alive node(s)" if alive is not None else "Ray head not answering")
         if not head.failed:
-            console.print(f"training: {raystep.training_state(cluster, head)}", markup=False, soft_wrap=True)
+            console.print(f"training: {ray_cluster.training_state(cluster, head)}", markup=False, soft_wrap=True)
         ok = ok and alive is not None and all(h.ip in alive for h in cluster.hosts)
         return 0 if ok else 1
     finally:

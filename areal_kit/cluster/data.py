@@ -13,7 +13,7 @@ import re
 import shlex
 
 from areal_kit.cluster.options import Cluster, q
-from areal_kit.cluster.runner import HostState, Outcome
+from areal_kit.cluster.parallel import HostState, Outcome
 from areal_kit.cluster.steps import must
 from areal_kit.errors import UserError
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import shlex
 
 from areal_kit.cluster.options import Cluster, q
+from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
 from areal_kit.cluster.remote import ConnectError, Result
-from areal_kit.cluster.runner import HostState, Outcome, StepFailed
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive"
 NVIDIA_REPO = (

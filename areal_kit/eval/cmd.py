@@ -58,7 +58,7 @@ def eval_(
 
     from areal_kit.eval import compare
     from areal_kit.eval import data as evdata
-    from areal_kit.eval.runner import EvalConfig, run
+    from areal_kit.eval.evaluation import EvalConfig, run
 
     models = compare.expand(model_path)
     out = Path(output_path)

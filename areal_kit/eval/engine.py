@@ -56,7 +56,7 @@ def _generate(llm, requests: list[GenRequest]) -> list[GenResult]:
 
 
 def _make_llm(model_path: str, max_model_len: int, seed: int, tp: int):
-    from areal_kit import platform as plat
+    from areal_kit import hardware as plat
 
     p = plat.detect()
     if p.is_cpu:
@@ -145,7 +145,7 @@ def available_gpus() -> int:
 def open_engines(model_path: str, max_model_len: int, seed: int = 0, tp: int = 1,
                  num_engines: int = 0):
     """LocalEngine or RayEngines: num_engines=0 picks GPUs // tp (1 on the CPU)."""
-    from areal_kit import platform as plat
+    from areal_kit import hardware as plat
 
     use_gpu = not plat.detect().is_cpu
     n = num_engines or (max(1, available_gpus() // tp) if use_gpu else 1)

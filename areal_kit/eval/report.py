@@ -30,7 +30,7 @@ def _mean(xs: list[float]) -> float | None:
 
 def aggregate(cfg, questions: dict, records: dict[str, dict[str, dict]]) -> dict:
     """Numbers per dataset from the records of the current questions and sample count."""
-    from areal_kit.eval.runner import sample_keys
+    from areal_kit.eval.evaluation import sample_keys
 
     results = {}
     for name, qs in questions.items():

@@ -12,7 +12,7 @@ import itertools
 import os
 from dataclasses import dataclass
 
-from areal_kit import platform
+from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 from areal_kit.rl import placement
@@ -20,7 +20,7 @@ from areal_kit.rl.plan import check_gpu_sharing
 
 
 def worker_env(cfg, cache_root: str) -> dict[str, str]:
-    env = platform.cpu_env(cache_root) if platform.detect().is_cpu else {}
+    env = hardware.cpu_env(cache_root) if hardware.detect().is_cpu else {}
     env.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
     env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
     env["PYTHONHASHSEED"] = str(cfg.seed)
@@ -39,7 +39,7 @@ def start_ray(cfg, n_slots: int) -> None:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, log_to_driver=verbose, logging_level="WARNING")
         return
-    ncpu = max(n_slots, os.cpu_count() or 1) if platform.detect().is_cpu else None
+    ncpu = max(n_slots, os.cpu_count() or 1) if hardware.detect().is_cpu else None
     ray.init(num_cpus=ncpu, include_dashboard=False, log_to_driver=verbose, logging_level="WARNING")
 
 
@@ -65,7 +65,7 @@ def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
     from areal_kit.rl.rollout import RolloutWorker
     from areal_kit.rl.trainer import TrainerWorker
 
-    plat = platform.detect()
+    plat = hardware.detect()
     alloc = parse_allocation(cfg.allocation_mode)
     places = reserve(cfg, plat)
     env = worker_env(cfg, cache_root)
@@ -136,7 +136,7 @@ def init_weight_sync(workers: Workers, shared: bool = False) -> tuple[bool, str]
     that worked and how the weights will travel, for the log."""
     import ray
 
-    backend = platform.detect().dist_backend
+    backend = hardware.detect().dist_backend
     # Every rank joins the plan's gather (ZeRO-3); rank 0 returns it.
     plan = ray.get([t.sync_plan.remote() for t in workers.trainers])[0]
     host, port = ray.get(workers.trainers[0].address.remote())

@@ -36,10 +36,10 @@ def train(
         console.print(table)
         return
     if dry_run:
-        from areal_kit import platform
+        from areal_kit import hardware
         from areal_kit.rl.plan import check_gpu_sharing, plan_lines
 
-        check_gpu_sharing(cfg, platform.detect())  # where the run would fail: on this machine's device
+        check_gpu_sharing(cfg, hardware.detect())  # where the run would fail: on this machine's device
         for line in plan_lines(cfg):
             console.print(line, highlight=False, soft_wrap=True)
         console.print("[green]dry run: configuration is valid[/green]")

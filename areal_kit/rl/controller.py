@@ -21,7 +21,7 @@ from areal_kit import logs
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import UserError
 from areal_kit.rl import batch as B
-from areal_kit.rl import evaluate
+from areal_kit.rl import validation
 from areal_kit.rl.plan import weight_sync_dir
 
 
@@ -49,7 +49,7 @@ class Job:
     total_steps: int
     n_dropped: int
     recover_attempts: int = 0  # launch attempts so far (rl/recover.py: fault mode, relaunch messages)
-    eval_rows: list = field(default_factory=list)  # the in-training eval split, tokenized (rl/evaluate.py)
+    eval_rows: list = field(default_factory=list)  # the in-training eval split, tokenized (rl/validation.py)
 
     @property
     def n_epochs(self) -> int:
@@ -213,8 +213,8 @@ class Controller:
                        ref_logp_time=stats.get("ref_logp_time", 0.0),
                        prox_logp_time=stats.get("prox_logp_time", 0.0))
             row.update(self._plugin_stats(outs))
-            if self.job.eval_rows and evaluate.due(cfg, st.global_step, job.total_steps):
-                row.update(evaluate.run(self, st.global_step))
+            if self.job.eval_rows and validation.due(cfg, st.global_step, job.total_steps):
+                row.update(validation.run(self, st.global_step))
             self._log_step(epoch, epoch_step, row)
             last = row
             self._after_step(epoch, epoch_step)

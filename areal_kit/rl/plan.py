@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from areal_kit import logs, platform, stack
+from areal_kit import hardware, logs, stack
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 from areal_kit.rl import placement, varlen
@@ -79,7 +79,7 @@ def device_lines(cfg, plat) -> list[str]:
 
 
 def plan_lines(cfg, plat=None) -> list[str]:
-    plat = plat or platform.detect()
+    plat = plat or hardware.detect()
     a = parse_allocation(cfg.allocation_mode)
     p, d = cfg.ppo, cfg.dataset
     paths = logs.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)

@@ -31,14 +31,14 @@ class RolloutWorker:
 
     def setup(self) -> float:
         t0 = time.time()
-        from areal_kit import platform
+        from areal_kit import hardware
 
-        plat = platform.detect()
-        os.environ.update(platform.vllm_env(plat, self.tp))  # before vLLM reads its settings
+        plat = hardware.detect()
+        os.environ.update(hardware.vllm_env(plat, self.tp))  # before vLLM reads its settings
         from vllm import LLM
 
         max_len = self.cfg.dataset.max_prompt_len + self.cfg.ppo.gen.max_new_tokens
-        kw = platform.vllm_kwargs(plat, self.model_path, max_len, seed=self.cfg.seed + self.index, tp=self.tp)
+        kw = hardware.vllm_kwargs(plat, self.model_path, max_len, seed=self.cfg.seed + self.index, tp=self.tp)
         self.llm = LLM(**kw, worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs")
         self.tokenizer = load_tokenizer(self.model_path, check=False)  # the driver checked it
         self.rewards = RewardRunner(self.cfg.ppo)
@@ -118,7 +118,7 @@ class RolloutWorker:
 
     def evaluate(self, rows: list[dict], max_new_tokens: int) -> list[dict]:
         """Greedy answers of rows, graded pass@1 like `areal-kit eval` (in-training eval)."""
-        from areal_kit.rl.evaluate import grade_row
+        from areal_kit.rl.validation import grade_row
 
         outs = self.llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in rows],
                                  self._params(None, 1, max_new_tokens, 0.0), use_tqdm=False)

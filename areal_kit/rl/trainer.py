@@ -1,6 +1,6 @@
 """Trainer worker: one DeepSpeed rank of the actor (and the frozen reference model), in a Ray actor.
 
-Ranks form a torch.distributed world (gloo on CPU, NCCL on GPU, from areal_kit.platform). Each
+Ranks form a torch.distributed world (gloo on CPU, NCCL on GPU, from areal_kit.hardware). Each
 step every rank gets the whole batch (one Ray object), takes its shard of sequences, packs it into
 micro-batches of at most max_tokens_per_mb tokens, and accumulates gradients so that the loss is
 the mean over every answer token of the global batch, not a mean of micro-batch means.
@@ -49,9 +49,9 @@ class TrainerWorker:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        from areal_kit import platform
+        from areal_kit import hardware
 
-        plat = platform.detect()
+        plat = hardware.detect()
         self.device = plat.torch_device
         self.outbox.exclusive = plat.exclusive_weight_send
         _pin_to_cores(os.environ.get("AREAL_CPU_CORES", ""))

@@ -33,7 +33,7 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
-from areal_kit import platform
+from areal_kit import hardware
 
 
 class WeightSyncExtension:
@@ -86,7 +86,7 @@ class WeightSyncExtension:
         names = getattr(self, "_areal_shared", frozenset()) if shared else frozenset()
         self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, _device(self), stats, into=places,
                                              shared=names), stats)
-        platform.synchronize(_device(self))  # on GPUs the copies were only queued: loaded means done
+        hardware.synchronize(_device(self))  # on GPUs the copies were only queued: loaded means done
         self._areal_version = version
         return stats
 
@@ -95,7 +95,7 @@ class WeightSyncExtension:
         reading the files counts as "copy")."""
         stats = _new_stats()
         self._areal_load(_safetensors(path), stats)
-        platform.synchronize(_device(self))
+        hardware.synchronize(_device(self))
         self._areal_version = version
         return stats
 

@@ -33,7 +33,7 @@ from datetime import timedelta
 
 import torch
 
-from areal_kit import platform
+from areal_kit import hardware
 
 # Small enough that transfer and load overlap well (a 200 MB model is ~7 buckets), large enough
 # that per-broadcast latency is noise.
@@ -183,7 +183,7 @@ def send(group, plan, tensors: dict[str, torch.Tensor], device, shared: dict | N
         sent += sum(t.numel() * t.element_size() for t in ts)
     for w, _ in in_flight:
         w.wait()
-    platform.synchronize(device)  # on GPUs wait() only queued the rest: sent means arrived
+    hardware.synchronize(device)  # on GPUs wait() only queued the rest: sent means arrived
     return sent
 
 
@@ -234,7 +234,7 @@ def receive(group, plan, device, stats: dict | None = None, into: dict[str, torc
         t0 = time.perf_counter()
         for w in works:
             w.wait()
-        platform.synchronize(device)  # "wait" is the time until the bucket is here, on GPUs too
+        hardware.synchronize(device)  # "wait" is the time until the bucket is here, on GPUs too
         if stats is not None:
             stats["wait"] = stats.get("wait", 0.0) + time.perf_counter() - t0
         yield [(m.name, v) for m, v in zip(bucket, views)]

@@ -8,7 +8,7 @@ recover checkpoint after step 2; `areal-kit train` of the same run resumes it on
 (every rank loads its ZeRO shard) and trains step 3; `areal-kit eval` then evaluates the saved
 model on a few gsm8k-style questions written here. This is the CPU integration path
 (tests/integration/rl_run.py, the installed commands) with the device chosen by
-areal_kit.platform: nothing here branches on it but the tolerance and the expected backend.
+areal_kit.hardware: nothing here branches on it but the tolerance and the expected backend.
 
     python -m pytest tests/gpu -v                    # a node with 3+ GPUs: the GPU image, or
                                                      # pip install -e '.[gpu,dev]'
@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # the integration helpers
 from rl_run import Run, _engine_vs_trainer
 
-from areal_kit import logs, platform
+from areal_kit import hardware, logs
 from areal_kit.data.tiny_model import TinySpec, build
 from areal_kit.rl.recover_io import latest
 
@@ -103,8 +103,8 @@ def test_two_ranks_and_an_engine_train_with_the_platforms_backend(trained):
     assert [r["global_step"] for r in trained["rows"]] == [1, 2]
     assert all(r["version"] == r["global_step"] for r in trained["rows"])
     if not ON_CPU:  # CPU engines on the trainer's node take shared memory instead
-        assert f"weight sync auto: broadcast over {platform.detect().dist_backend}" in trained["log"]
-        assert platform.detect().dist_backend == "nccl"
+        assert f"weight sync auto: broadcast over {hardware.detect().dist_backend}" in trained["log"]
+        assert hardware.detect().dist_backend == "nccl"
 
 
 def test_engine_logprobs_equal_the_trainers_after_the_sync(trained):

@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from areal_kit.cluster import raystep
+from areal_kit.cluster import ray_cluster
 from areal_kit.cluster.options import Cluster, SetupOptions
+from areal_kit.cluster.parallel import HostState
 from areal_kit.cluster.remote import Result
-from areal_kit.cluster.runner import HostState
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 
 DRIVER = """
@@ -104,7 +104,7 @@ def test_down_waits_for_the_step_and_reports_the_checkpoint(head, tmp_path, reap
     c, h = head
     p = start_driver(c, tmp_path, "stop", reaped, started)
     t0 = time.monotonic()
-    o = raystep.stop_training(c, h, grace=30)
+    o = ray_cluster.stop_training(c, h, grace=30)
     assert o.status == "changed", o.message
     assert o.message == ("training stopped after SIGTERM: Run interrupted (SIGTERM) after global step 3, with its "
                          "recover checkpoint /ckpt/globalstep3; the same command resumes it from there.")
@@ -115,7 +115,7 @@ def test_down_waits_for_the_step_and_reports_the_checkpoint(head, tmp_path, reap
 def test_down_reports_only_what_the_log_said_after_the_sigterm(head, tmp_path, started):
     c, h = head
     p = start_driver(c, tmp_path, "silent", started=started)
-    o = raystep.stop_training(c, h, grace=30)
+    o = ray_cluster.stop_training(c, h, grace=30)
     assert o.status == "changed" and "global step 1," not in o.message, o.message
     assert o.message.startswith("training stopped after SIGTERM: its log's last line: ") and \
         o.message.endswith("Estimated remaining time: 45.796s.")
@@ -125,7 +125,7 @@ def test_down_reports_only_what_the_log_said_after_the_sigterm(head, tmp_path, s
 def test_down_gives_up_after_the_grace_period(head, tmp_path, started):
     c, h = head
     p = start_driver(c, tmp_path, "ignore", started=started)
-    o = raystep.stop_training(c, h, grace=1)
+    o = ray_cluster.stop_training(c, h, grace=1)
     assert o.status == "changed" and "still running 1s after SIGTERM" in o.message
     assert p.poll() is None
 
@@ -133,14 +133,14 @@ def test_down_gives_up_after_the_grace_period(head, tmp_path, started):
 def test_grace_zero_skips_the_stop(head, tmp_path, started):
     c, h = head
     p = start_driver(c, tmp_path, "stop", started=started)
-    o = raystep.stop_training(c, h, grace=0)
+    o = ray_cluster.stop_training(c, h, grace=0)
     assert o.status == "skipped" and p.poll() is None
 
 
 def test_status_names_the_step_and_the_log(head, tmp_path, started):
     c, h = head
     start_driver(c, tmp_path, "stop", started=started)
-    assert raystep.training_state(c, h) == (f"running, global step 3 finished, about 45.796s to go; "
+    assert ray_cluster.training_state(c, h) == (f"running, global step 3 finished, about 45.796s to go; "
                                             f"log {tmp_path / 'train.log'}")
 
 
@@ -153,7 +153,7 @@ def test_hosts_replacing_containers_at_once_stop_training_once(tmp_path, started
     c = Cluster(opts=SetupOptions(spec=spec, runtime="host"), hosts=hosts)
     p = start_driver(c, tmp_path, "stop", started=started)
     with ThreadPoolExecutor(3) as pool:
-        said = list(pool.map(lambda h: raystep._stop_training_once(c, h), hosts))
+        said = list(pool.map(lambda h: ray_cluster._stop_training_once(c, h), hosts))
     first = [s for s in said if s.startswith("; first, training stopped after SIGTERM: Run interrupted (SIGTERM) "
                                              "after global step 3")]
     assert len(first) == 1, said

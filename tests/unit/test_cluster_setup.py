@@ -12,8 +12,8 @@ import pytest
 from areal_kit.cli import main
 from areal_kit.cluster import fetch
 from areal_kit.cluster.options import Cluster, SetupOptions
+from areal_kit.cluster.parallel import HostState, Outcome, Step, StepFailed, make_console, run_steps
 from areal_kit.cluster.remote import HostLog
-from areal_kit.cluster.runner import HostState, Outcome, Step, StepFailed, make_console, run_steps
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import RunFailed
 from areal_kit.eval import engine as E
-from areal_kit.eval.runner import EvalConfig, run
+from areal_kit.eval.evaluation import EvalConfig, run
 
 ROWS = [{"idx": i, "question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}
         for i in range(6)]

@@ -5,7 +5,7 @@ import json
 
 from areal_kit.eval import report
 from areal_kit.eval.data import Question
-from areal_kit.eval.runner import EvalConfig, load_records, run, sample_keys, sample_seed
+from areal_kit.eval.evaluation import EvalConfig, load_records, run, sample_keys, sample_seed
 
 
 def make_cfg(tmp_path, **kw):

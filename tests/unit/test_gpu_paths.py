@@ -21,7 +21,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from areal_kit import platform
+from areal_kit import hardware
 from areal_kit.rl import varlen, weight_sync
 from areal_kit.rl.vllm_ext import WeightSyncExtension
 
@@ -159,14 +159,14 @@ def test_sync_group_gets_the_timeout_on_nccl_and_on_gloo(monkeypatch):
 
 
 def test_sync_times_wait_for_the_device_on_gpus_only(monkeypatch):
-    """On CUDA, wait() only orders the caller's stream: platform.synchronize blocks on that stream
+    """On CUDA, wait() only orders the caller's stream: hardware.synchronize blocks on that stream
     (CUDA's own call, recorded here); gloo's wait() already blocked, so CPU adds nothing."""
     calls = []
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(
         synchronize=lambda: calls.append(torch.device(device))))
-    platform.synchronize("cpu")
+    hardware.synchronize("cpu")
     assert calls == []
-    platform.synchronize(torch.device("cuda", 0))
+    hardware.synchronize(torch.device("cuda", 0))
     assert calls == [torch.device("cuda", 0)]
 
 
@@ -174,7 +174,7 @@ def test_weight_send_returns_after_synchronizing_its_device(monkeypatch):
     """A real send over gloo (world of one) ends with the device's synchronize, after every wait:
     the "sent" state and sync_send_time then mean delivered, not queued."""
     events = []
-    monkeypatch.setattr(weight_sync.platform, "synchronize", lambda device: events.append(("sync", str(device))))
+    monkeypatch.setattr(weight_sync.hardware, "synchronize", lambda device: events.append(("sync", str(device))))
     real = weight_sync._broadcast
 
     def traced(group, buf):
@@ -193,7 +193,7 @@ def test_weight_send_returns_after_synchronizing_its_device(monkeypatch):
 
 
 def test_platform_picks_the_weight_send_rule():
-    assert platform.detect("cuda").exclusive_weight_send
-    assert not platform.detect("cpu").exclusive_weight_send
-    assert platform.detect("cuda").torch_device == torch.device("cuda", 0)
-    assert platform.detect("cpu").torch_device == torch.device("cpu")
+    assert hardware.detect("cuda").exclusive_weight_send
+    assert not hardware.detect("cpu").exclusive_weight_send
+    assert hardware.detect("cuda").torch_device == torch.device("cuda", 0)
+    assert hardware.detect("cpu").torch_device == torch.device("cpu")

@@ -16,3 +16,15 @@ def test_ruff_finds_nothing():
     proc = subprocess.run([exe, "check", "--output-format", "concise", str(ROOT)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_test_files_have_unique_basenames():
+    """pytest's default import mode imports test files by basename: two folders holding the same
+    name make the whole run stop at collection, which a run of one folder alone does not show."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "test files share a basename: " + "; ".join(clashes)

@@ -1,16 +1,16 @@
 """The layout placement.pack computes: which node each trainer rank and engine is reserved on.
 
-tests/integration/test_placement.py reserves these layouts on a real 4-node Ray cluster.
+tests/integration/test_placement_ray.py reserves these layouts on a real 4-node Ray cluster.
 """
 
 import pytest
 
-from areal_kit import platform
+from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 from areal_kit.rl import placement
 
-GPU, CPU = platform.detect("cuda"), platform.detect("cpu")
+GPU, CPU = hardware.detect("cuda"), hardware.detect("cpu")
 
 
 def gpu_nodes(*free):

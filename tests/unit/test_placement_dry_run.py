@@ -8,7 +8,7 @@ platform check reads; nothing here starts torch's CUDA.
 import cli_run
 import pytest
 
-from areal_kit import platform, stack
+from areal_kit import hardware, stack
 from areal_kit.rl import varlen
 
 
@@ -74,7 +74,7 @@ def test_tiny_on_cpu_reserves_a_cpu_slot_per_worker(capsys, monkeypatch):
 
 
 def test_without_a_gpu_the_plan_says_how_to_see_the_gpu_one(capsys, monkeypatch):
-    if platform.detect().device == "cuda":
+    if hardware.detect().device == "cuda":
         pytest.skip("this machine has a GPU: the plan is the GPU one")
     lines = dry_run(["train", "tiny", "--dry-run"], capsys)
     assert "device: cpu (no GPU here; AREAL_DEVICE=cuda plans for GPUs)" in lines

@@ -4,7 +4,7 @@ The send runs on the trainer actor's second thread while the main thread trains.
 (`Platform.exclusive_weight_send`) the two must never overlap: NCCL documents concurrent
 collectives of two communicators on one GPU as a deadlock risk, and OpenRLHF and verl send between
 steps. On CPU (gloo) they overlap, and only the optimizer step waits for live weights. These tests
-force each platform's rule on this CPU: `platform.detect("cuda")` gives the GPU rule without a GPU.
+force each platform's rule on this CPU: `hardware.detect("cuda")` gives the GPU rule without a GPU.
 
     .venv/bin/python -m pytest tests/unit/test_send_ordering.py
 """
@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from areal_kit import platform
+from areal_kit import hardware
 from areal_kit.config.loader import load_config
 from areal_kit.rl import weight_sync
 from areal_kit.rl.trainer import TrainerWorker
@@ -39,7 +39,7 @@ def _slow_send(release: threading.Event, order: list):
 def test_collectives_wait_for_a_staged_send_on_gpus_only(device):
     """ZeRO-3 stages a copy (live=False): the optimizer step never waits for it, and on CPU no
     collective does either; on GPUs the next collective waits until it is sent."""
-    box = weight_sync.Outbox(exclusive=platform.detect(device).exclusive_weight_send)
+    box = weight_sync.Outbox(exclusive=hardware.detect(device).exclusive_weight_send)
     box.stage({"w": torch.ones(2)}, live=False)
     order: list = []
     release = threading.Event()
@@ -89,7 +89,7 @@ def trainer(tmp_path, monkeypatch):
 def test_trainer_step_first_collective_waits_for_the_send_on_gpus(trainer, device):
     """The trainer's real send (send_weights over a gloo group to an engine that is slow to take
     it) against the real first collective of a step (_allreduce, via _micro_batches)."""
-    trainer.outbox.exclusive = platform.detect(device).exclusive_weight_send
+    trainer.outbox.exclusive = hardware.detect(device).exclusive_weight_send
     state = {"w": torch.randn(4 << 20)}  # 16 MB: more than the sockets buffer, so the send waits for the engine
     plan = weight_sync.make_plan(list(state.items()))
     port = _port()

@@ -1,4 +1,4 @@
-"""In-training eval (rl/evaluate.py): references from each row format, the `areal-kit eval` grader,
+"""In-training eval (rl/validation.py): references from each row format, the `areal-kit eval` grader,
 when it runs, and its config checks."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from areal_kit.config.loader import load_config
 from areal_kit.config.schema import ConfigError
-from areal_kit.rl import evaluate as E
+from areal_kit.rl import validation as E
 
 
 def test_references_from_each_row_format():
@@ -18,7 +18,7 @@ def test_references_from_each_row_format():
 
 
 def test_grade_row_is_the_eval_grader():
-    from areal_kit.eval.runner import grade_completion
+    from areal_kit.eval.evaluation import grade_completion
 
     row = {"solutions": ["\\boxed{4}", "\\boxed{-4}"]}
     assert E.grade_row("so x = \\boxed{-4}", row) and not E.grade_row("so x = \\boxed{5}", row)

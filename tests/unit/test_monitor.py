@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from areal_kit import logs as L
-from areal_kit import runview
+from areal_kit import monitor
 from areal_kit.cli import main
 
 T0 = 1_700_000_000.0
@@ -60,12 +60,12 @@ def make_run(root, steps=6, resumed_at=None, finished=False, pid=None, recover_s
 
 def test_dead_run_shows_last_step_recover_point_eta_and_how_to_resume(tmp_path):
     p = make_run(tmp_path, resumed_at=4)
-    st = runview.read_status(runview.resolve_run(p.log_dir))
+    st = monitor.read_status(monitor.resolve_run(p.log_dir))
     assert st.state == "dead" and st.total_steps == 10 and st.resumes == 1
     assert [r["global_step"] for r in st.rows] == [1, 2, 3, 4, 5, 6]
     assert st.rows[-1]["task_reward"] == 0.9  # the resumed run's row wins
     assert st.recover.global_step == 4
-    text = "\n".join(runview.summary_lines(st, now=T0 + 200))
+    text = "\n".join(monitor.summary_lines(st, now=T0 + 200))
     assert "state      dead (driver pid 999999999" in text
     assert "last step  6/10 (epoch 1 step 6/100), task_reward 0.9000" in text
     assert "recover    global step 4" in text and "globalstep4" in text
@@ -77,41 +77,41 @@ def test_dead_run_shows_last_step_recover_point_eta_and_how_to_resume(tmp_path):
 def test_failed_run_names_its_error_and_how_to_resume(tmp_path):
     error = "TrainerWorker.train_step: ValueError: packed batch has 3 rows, expected 4"
     p = make_run(tmp_path, failed=error, pid=os.getpid())  # even while the driver is still exiting
-    st = runview.read_status(runview.resolve_run(p.log_dir))
+    st = monitor.read_status(monitor.resolve_run(p.log_dir))
     assert (st.state, st.why) == ("failed", error)
-    text = "\n".join(runview.summary_lines(st, now=T0 + 200))
+    text = "\n".join(monitor.summary_lines(st, now=T0 + 200))
     assert f"state      failed ({error})" in text and "it resumes at global step 5" in text
     # A new launch of the same trial starts over: the old failure no longer counts.
     with open(p.log_file, "a") as f:
         f.write("20231114-22:16:00 INFO Run tiny/run0: 10 steps, 100 per epoch, 3200 prompts; logs in x\n")
-    assert runview.read_status(runview.resolve_run(p.log_dir)).state == "running"
+    assert monitor.read_status(monitor.resolve_run(p.log_dir)).state == "running"
 
 
 def test_interrupted_run_says_by_what(tmp_path):
     p = make_run(tmp_path, interrupted="SIGTERM", pid=os.getpid())
-    st = runview.read_status(runview.resolve_run(p.log_dir))
+    st = monitor.read_status(monitor.resolve_run(p.log_dir))
     assert (st.state, st.why) == ("interrupted", "SIGTERM")
-    assert "it resumes at global step 5" in "\n".join(runview.summary_lines(st, now=T0 + 200))
+    assert "it resumes at global step 5" in "\n".join(monitor.summary_lines(st, now=T0 + 200))
 
 
 def test_running_and_finished(tmp_path):
     p = make_run(tmp_path / "a", pid=os.getpid())
-    assert runview.read_status(runview.resolve_run(p.log_dir)).state == "running"
+    assert monitor.read_status(monitor.resolve_run(p.log_dir)).state == "running"
     p = make_run(tmp_path / "b", finished=True)
-    st = runview.read_status(runview.resolve_run(p.log_dir))
-    assert st.state == "finished" and "eta        done" in runview.summary_lines(st)
+    st = monitor.read_status(monitor.resolve_run(p.log_dir))
+    assert st.state == "finished" and "eta        done" in monitor.summary_lines(st)
 
 
 def test_other_host_is_judged_by_the_last_write(tmp_path):
     p = make_run(tmp_path)
     driver = Path(p.log_dir, "driver.json")
     driver.write_text(json.dumps({**json.loads(driver.read_text()), "host": "elsewhere"}))
-    files = runview.resolve_run(p.log_dir)
-    assert runview.read_status(files).state == "probably running"
+    files = monitor.resolve_run(p.log_dir)
+    assert monitor.read_status(files).state == "probably running"
     old = time.time() - 3600
     for f in (files.log_file, files.metrics_file):
         os.utime(f, (old, old))
-    st = runview.read_status(files)
+    st = monitor.read_status(files)
     assert st.state == "probably dead" and "1h 00m" in st.why and "elsewhere" in st.why
 
 

@@ -39,7 +39,7 @@ def references(row: dict) -> list[str]:
 
 
 def grade_row(text: str, row: dict) -> bool:
-    from areal_kit.eval.runner import grade_completion
+    from areal_kit.eval.evaluation import grade_completion
 
     return grade_completion(text, references(row))[1]
 

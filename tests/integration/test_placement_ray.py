@@ -1,6 +1,6 @@
 """Placement of the 4-node presets on a real multi-node Ray cluster with 4 x 8 declared GPUs.
 
-    .venv/bin/python -m pytest tests/integration/test_placement.py
+    .venv/bin/python -m pytest tests/integration/test_placement_ray.py
 
 The cluster is real (ray.cluster_utils.Cluster: a raylet per node, on this machine); its GPUs are
 declared, not present. The GPU branch of the placement is forced with AREAL_DEVICE=cuda in the
@@ -17,7 +17,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from areal_kit import platform
+from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
 from areal_kit.errors import UserError
@@ -63,7 +63,7 @@ def gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("AREAL_DEVICE", "cuda")
     monkeypatch.setenv("AREAL_USER", "tester")
     monkeypatch.chdir(tmp_path)
-    yield platform.detect()
+    yield hardware.detect()
     placement.release()
 
 

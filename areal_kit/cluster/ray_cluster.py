@@ -25,7 +25,7 @@ import shlex
 import time
 
 from areal_kit.cluster.options import STOP_GRACE, Cluster, env_prefix, parse_size, q
-from areal_kit.cluster.runner import HostState, Outcome, StepFailed
+from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
 from areal_kit.cluster.steps import must
 
 # Runs on the head with the cluster's Python: waits (in one driver connection) until every
