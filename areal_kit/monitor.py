@@ -101,7 +101,7 @@ class Status:
 
 
 def read_status(files: RunFiles, now: float | None = None, tail: int = 5) -> Status:
-    from areal_kit.rl import recover_io as recover
+    from areal_kit.rl.checkpoint import store as recover
 
     now = now or time.time()
     st = Status(files)

@@ -45,8 +45,8 @@ def bench_config(model_path: str, fileroot: str, extra: list[str] | None = None)
 
 def rollout_worker(cfg):
     """A started RolloutWorker in this process, with the env the controller gives its actors."""
-    from areal_kit.rl.actors import worker_env
-    from areal_kit.rl.rollout import RolloutWorker
+    from areal_kit.rl.workers.groups import worker_env
+    from areal_kit.rl.workers.rollout import RolloutWorker
 
     env = worker_env(cfg, os.path.join(cfg.fileroot, "cache"))
     w = RolloutWorker(0, cfg.actor.path, cfg, env)
@@ -67,7 +67,7 @@ def close_llm(llm) -> None:
 def rows_for(cfg, step: int = 0) -> list[dict]:
     """One batch of generation rows, seeded the way the controller seeds them."""
     from areal_kit.data.tokenizer import load_tokenizer
-    from areal_kit.rl.batch import sample_seed
+    from areal_kit.rl.algo.batch import sample_seed
 
     tok = load_tokenizer(cfg.actor.path)
     rows = workload.prompts(cfg.dataset.train_bs_n_seqs, seed=cfg.seed + step)

@@ -2,8 +2,8 @@
 
 One training pass (forward, token logprobs, backward) of the ~10M bench model over a batch of
 64 sequences whose answer lengths vary widely (the RL-shaped workload's: roughly geometric,
-mean ~80, capped at 256). Packed: areal_kit's trainer path (rl/packing.py partition + pack, the
-trainer's packed forward with restarting position ids and per-sequence attention, rl/varlen.py)
+mean ~80, capped at 256). Packed: areal_kit's trainer path (rl/algo/packing.py partition + pack, the
+trainer's packed forward with restarting position ids and per-sequence attention, rl/algo/varlen.py)
 in micro-batches of at most 4096 tokens; also the same packed rows under stock SDPA's dense
 block-diagonal mask, for reference. Padded: the usual layout, micro-batches of a fixed number of sequences (4096 // 263 = 15) in
 batch order, each padded to its longest sequence, with an attention mask. Tokens/s counts real
@@ -44,8 +44,8 @@ def packed_pass(model, prompts, answers, max_tokens: int = MAX_TOKENS) -> int:
     """The trainer's own micro-batching and packed forward (TrainerWorker._logprobs); real tokens."""
     import torch
 
-    from areal_kit.rl.packing import pack, partition
-    from areal_kit.rl.trainer import TrainerWorker
+    from areal_kit.rl.algo.packing import pack, partition
+    from areal_kit.rl.workers.trainer import TrainerWorker
 
     me = SimpleNamespace(device=torch.device("cpu"), cfg=SimpleNamespace(ppo=SimpleNamespace(
         gen=SimpleNamespace(temperature=workload.TEMPERATURE))))
@@ -61,8 +61,8 @@ def padded_pass(model, prompts, answers, pad_id: int) -> int:
     """Fixed-size micro-batches padded to their longest row (HF-Trainer style); real tokens."""
     import torch
 
-    from areal_kit.rl import functional as Fn
-    from areal_kit.rl.packing import pad
+    from areal_kit.rl.algo import functional as Fn
+    from areal_kit.rl.algo.packing import pad
 
     per_mb = MAX_TOKENS // (max(len(p) for p in prompts) + workload.MAX_NEW)
     head = model.get_output_embeddings()
@@ -86,7 +86,7 @@ def run() -> Result:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from areal_kit.rl import varlen
+    from areal_kit.rl.algo import varlen
 
     path = workload.rl_model()
     load = lambda attn: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).train()
@@ -116,7 +116,7 @@ def run() -> Result:
             [f"padded, {per_mb} sequences/mb", sq, padded_tokens, n, n / sq]]
     lens = [len(a) for a in answers]
     notes = [(f"Answer lengths {min(lens)}..{max(lens)} (mean {sum(lens) / len(lens):.0f}), same {MAX_TOKENS}-token "
-              "budget for every layout. The trainer attends within each packed sequence (rl/varlen.py: a batched "
+              "budget for every layout. The trainer attends within each packed sequence (rl/algo/varlen.py: a batched "
               "causal SDPA call per distinct length, as flash-attn's varlen kernel does on GPU); stock SDPA on the same packed row "
               f"builds a dense block-diagonal mask, quadratic in the row's length ({sq / sd:.2f}x padded only).")]
     return Result("packing", "trainer tokens/s: packed vs padded micro-batches", figures, ratio=sq / sp,

@@ -41,12 +41,12 @@ def _free_port() -> int:
 def _raw_receiver(port: int, nbytes: int, reps: int) -> None:
     import torch
 
-    from areal_kit.rl import weight_sync
+    from areal_kit.rl.weight_sync import transport
 
-    _, group = weight_sync.init_group("127.0.0.1", port, 1, 2, "gloo")
+    _, group = transport.init_group("127.0.0.1", port, 1, 2, "gloo")
     buf = torch.empty(nbytes, dtype=torch.uint8)
     for _ in range(reps):
-        weight_sync._broadcast(group, buf).wait()
+        transport._broadcast(group, buf).wait()
 
 
 class RawBroadcast:
@@ -57,7 +57,7 @@ class RawBroadcast:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from areal_kit.rl import weight_sync
+        from areal_kit.rl.weight_sync import transport
 
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         # The bytes a sync sends: every parameter once (the engine ties lm_head itself).
@@ -66,13 +66,13 @@ class RawBroadcast:
         self.child = mp.get_context("spawn").Process(target=_raw_receiver, args=(port, self.flat.numel(), reps),
                                                      daemon=True)
         self.child.start()
-        _, self.group = weight_sync.init_group("127.0.0.1", port, 0, 2, "gloo")
+        _, self.group = transport.init_group("127.0.0.1", port, 0, 2, "gloo")
 
     def once(self) -> float:
-        from areal_kit.rl import weight_sync
+        from areal_kit.rl.weight_sync import transport
 
         t0 = time.time()
-        weight_sync._broadcast(self.group, self.flat).wait()
+        transport._broadcast(self.group, self.flat).wait()
         return time.time() - t0
 
     def close(self) -> None:

@@ -56,7 +56,7 @@ class GenConfig:
         check(self.top_k == -1 or self.top_k > 0, f"ppo.gen.top_k={self.top_k} is not valid; expected -1 or > 0")
 
 
-# ppo.loss_agg's choices (rl/functional.py says what each computes).
+# ppo.loss_agg's choices (rl/algo/functional.py says what each computes).
 LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -123,7 +123,7 @@ class PPOConfig:
     non_stop_penalty_value: float = 0.0
     # Rollout workflow of one prompt: "" = single-turn generate + verify, or a dotted path
     # pkg.mod:obj / file.py:obj to an async function (engine, row) or a class with
-    # `async arun_episode(engine, row)` (see areal_kit/rl/workflow.py).
+    # `async arun_episode(engine, row)` (see areal_kit/rl/workers/workflow.py).
     workflow: str = ""
     # Generation settings.
     gen: GenConfig = field(default_factory=GenConfig)

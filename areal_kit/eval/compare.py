@@ -17,7 +17,7 @@ from pathlib import Path
 
 from areal_kit.errors import UserError
 from areal_kit.eval import report
-from areal_kit.rl.saving import step_of
+from areal_kit.rl.checkpoint.hf import step_of
 
 METRICS = ("greedy_acc", "sample_pass@1")
 

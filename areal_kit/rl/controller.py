@@ -1,7 +1,7 @@
 """The master loop: rollout -> reward -> advantages -> train -> weight sync, step after step.
 
 One driver process owns the data order, the step counters and the logs; Ray actors do the work
-(areal_kit/rl/actors.py). With ppo.max_head_offpolicyness = k, generation of the next k batches
+(areal_kit/rl/workers/groups.py). With ppo.max_head_offpolicyness = k, generation of the next k batches
 is already queued on the engines while the trainer trains, and a batch is only trained on while
 its weights are at most k versions old (k = 0: strictly on-policy).
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from areal_kit import logs
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import UserError
-from areal_kit.rl import batch as B
 from areal_kit.rl import validation
+from areal_kit.rl.algo import batch as B
 from areal_kit.rl.plan import weight_sync_dir
 
 
@@ -35,7 +35,7 @@ class RunState:
     timer: dict = field(default_factory=dict)
     last_save_time: float = 0.0
     last_ckpt_time: float = 0.0
-    recover_path: str = ""  # the recover checkpoint this state was read from (rl/recover.py)
+    recover_path: str = ""  # the recover checkpoint this state was read from (rl/checkpoint/recover.py)
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Job:
     loader: object  # data.prompts.PromptLoader
     total_steps: int
     n_dropped: int
-    recover_attempts: int = 0  # launch attempts so far (rl/recover.py: fault mode, relaunch messages)
+    recover_attempts: int = 0  # launch attempts so far (rl/checkpoint/recover.py: fault mode, relaunch messages)
     eval_rows: list = field(default_factory=list)  # the in-training eval split, tokenized (rl/validation.py)
 
     @property
@@ -73,7 +73,7 @@ def prepare(cfg) -> Job:
     from areal_kit.data.prompts import PromptLoader, load_rows, tokenize_rows
     from areal_kit.data.sources import split_eval
     from areal_kit.reward.plugins import reward_specs
-    from areal_kit.rl.workflow import load as load_workflow
+    from areal_kit.rl.workers.workflow import load as load_workflow
 
     paths = logs.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)
     model_path = resolve_model(cfg)
@@ -112,21 +112,21 @@ class Controller:
     # ------------------------------------------------------------ lifecycle
     def start_ray(self) -> None:
         """Join (or start) the Ray cluster; start() does it too, when it was not done."""
-        from areal_kit.rl import actors
+        from areal_kit.rl.workers import groups
 
-        actors.start_ray(self.cfg, _slots(self.cfg))
+        groups.start_ray(self.cfg, _slots(self.cfg))
 
     def start(self) -> None:
-        from areal_kit.rl import actors
+        from areal_kit.rl.workers import groups
 
         t0 = time.time()
         self.start_ray()
         cache = os.path.join(self.cfg.fileroot, "cache")
-        self.workers = actors.create(self.cfg, self.job.model_path, cache, self.job.total_steps)
-        setup = actors.setup(self.workers)
+        self.workers = groups.create(self.cfg, self.job.model_path, cache, self.job.total_steps)
+        setup = groups.setup(self.workers)
         how = "save + reload"
         if self.cfg.weight_sync != "disk":
-            self._shared, how = actors.init_weight_sync(self.workers, shared=self.cfg.weight_sync == "auto")
+            self._shared, how = groups.init_weight_sync(self.workers, shared=self.cfg.weight_sync == "auto")
         import ray
 
         attention = ray.get(self.workers.trainers[0].attention.remote())
@@ -288,7 +288,7 @@ class Controller:
 
     # ------------------------------------------------------------ saves
     def _after_step(self, epoch: int, epoch_step: int) -> None:
-        from areal_kit.rl import saving
+        from areal_kit.rl.checkpoint import hf
 
         ec, st = self.cfg.exp_ctrl, self.state
         end_of_epoch = epoch_step + 1 == self.job.loader.steps_per_epoch
@@ -299,24 +299,24 @@ class Controller:
                or (ec.save_freq_epochs and end_of_epoch and (epoch + 1) % ec.save_freq_epochs == 0)
                or (ec.save_freq_secs and now - st.last_save_time >= ec.save_freq_secs))
         if due and st.global_step < self.job.total_steps:
-            saving.save_model(self, epoch, epoch_step)
+            hf.save_model(self, epoch, epoch_step)
             st.last_save_time = now
-        saving.maybe_dump_recover(self, epoch, epoch_step, end_of_epoch)
+        hf.maybe_dump_recover(self, epoch, epoch_step, end_of_epoch)
 
     def _stop_here(self, stop) -> None:
         """Stop between steps, as asked: the recover checkpoint of this step first (unless recover
         is disabled), so a re-run loses nothing."""
-        from areal_kit.rl import recover
+        from areal_kit.rl.checkpoint import recover
 
         if self.cfg.recover_mode != "disabled":
             stop.global_step, stop.checkpoint = self.state.global_step, recover.dump(self)
         raise stop
 
     def _final_save(self) -> None:
-        from areal_kit.rl import saving
+        from areal_kit.rl.checkpoint import hf
 
         loader = self.job.loader
-        saving.save_model(self, loader.epoch, max(loader.position - 1, 0))
+        hf.save_model(self, loader.epoch, max(loader.position - 1, 0))
 
 
 def _get_each(refs: list) -> list:

@@ -63,7 +63,7 @@ def launch(cfg, fresh: bool = False) -> int:
     lock = hold_run_lock(job.paths.log_dir, f"{cfg.experiment_name}/{cfg.trial_name}")
     log = logs.RunLogger(job.paths, cfg.tensorboard, cfg.wandb_project, f"{cfg.experiment_name}/{cfg.trial_name}")
     try:
-        from areal_kit.rl import recover
+        from areal_kit.rl.checkpoint import recover
     except ImportError:
         recover = None
     log.info(f"Run {cfg.experiment_name}/{cfg.trial_name}: {job.total_steps} steps, "

@@ -11,7 +11,8 @@ import os
 from areal_kit import hardware, logs, stack
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
-from areal_kit.rl import placement, varlen
+from areal_kit.rl.algo import varlen
+from areal_kit.rl.workers import placement
 
 
 def dataset_size(cfg) -> tuple[int | None, str]:
@@ -54,7 +55,7 @@ def weight_sync_dir(cfg) -> str:
 
 
 def weight_sync_line(cfg, n_workers: int) -> str:
-    from areal_kit.rl.weight_sync import DEFAULT_BUCKET_BYTES, first_bucket_bytes
+    from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
 
     if cfg.weight_sync == "disk":
         return (f"weight sync: disk: trainer rank 0 saves a Hugging Face folder in {weight_sync_dir(cfg)}, "

@@ -30,7 +30,7 @@ from rl_run import Run, _engine_vs_trainer
 
 from areal_kit import hardware, logs
 from areal_kit.data.tiny_model import TinySpec, build
-from areal_kit.rl.recover_io import latest
+from areal_kit.rl.checkpoint.store import latest
 
 ON_CPU = os.environ.get("AREAL_DEVICE") == "cpu"  # the dry check of the same steps
 N_GPUS = torch.cuda.device_count()

@@ -13,8 +13,8 @@ import time
 import pytest
 import ray
 
-from areal_kit.rl.actors import Workers
 from areal_kit.rl.controller import Controller
+from areal_kit.rl.workers.groups import Workers
 
 
 class Worker:

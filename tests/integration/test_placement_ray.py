@@ -4,7 +4,7 @@
 
 The cluster is real (ray.cluster_utils.Cluster: a raylet per node, on this machine); its GPUs are
 declared, not present. The GPU branch of the placement is forced with AREAL_DEVICE=cuda in the
-driver only, for actors.reserve, the function actors.create reserves with and takes each worker's
+driver only, for groups.reserve, the function groups.create reserves with and takes each worker's
 options from; the workers are replaced by a probe, which loads no model and reports where Ray put
 it. One node's raylet runs with RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1, as some clusters
 set it: the workers there must still see exactly their GPUs.
@@ -21,7 +21,7 @@ from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
 from areal_kit.errors import UserError
-from areal_kit.rl import actors, placement
+from areal_kit.rl.workers import groups, placement
 
 NODES, GPUS = 4, 8
 
@@ -71,7 +71,7 @@ def place(preset: str, plat, overrides=()):
     """Reserve the preset's layout as a run does and start a probe in each worker's place."""
     cfg = load_config(preset, list(overrides))
     alloc = parse_allocation(cfg.allocation_mode)
-    places = actors.reserve(cfg, plat)
+    places = groups.reserve(cfg, plat)
     probe = probe_class()
     trainers = [probe.options(**places.trainer_options(r)).remote() for r in range(alloc.train_gpus)]
     engines = [probe.options(**places.engine_options(i)).remote() for i in range(alloc.gen.dp)]
@@ -102,9 +102,9 @@ def test_a_relaunch_replaces_its_own_reservation(cluster, gpu):
     """A relaunch reserves the whole cluster again while the last attempt's groups still hold it:
     those are its own, released first, not other work to wait for."""
     cfg = load_config("1.5B_n4")
-    first = actors.reserve(cfg, gpu)
+    first = groups.reserve(cfg, gpu)
     t0 = time.monotonic()
-    again = actors.reserve(cfg, gpu)
+    again = groups.reserve(cfg, gpu)
     assert time.monotonic() - t0 < 10
     assert {ray.util.placement_group_table(pg)["state"] for pg in first.groups} == {"REMOVED"}
     assert {ray.util.placement_group_table(pg)["state"] for pg in again.groups} == {"CREATED"}
@@ -113,7 +113,7 @@ def test_a_relaunch_replaces_its_own_reservation(cluster, gpu):
 def test_more_gpus_than_the_cluster_has_fails_at_once(cluster, gpu):
     t0 = time.monotonic()
     with pytest.raises(UserError) as e:
-        actors.reserve(load_config("1.5B_n4", ["n_nodes=5", "allocation_mode=vllm.d16p1m1+d24p1m1"]), gpu)
+        groups.reserve(load_config("1.5B_n4", ["n_nodes=5", "allocation_mode=vllm.d16p1m1+d24p1m1"]), gpu)
     assert time.monotonic() - t0 < 5
     assert str(e.value) == ("24 trainer ranks + 16 engines x tp 1 need 40 GPUs, nodes have GPUs 8, 8, 8, 8 "
                             "(32 in all); change allocation_mode or free GPUs")
@@ -155,7 +155,7 @@ def test_busy_gpus_fail_after_the_timeout_with_what_is_free(cluster, gpu, busy, 
     busy([5, 0, 0, 0])
     t0 = time.monotonic()
     with pytest.raises(UserError) as e:
-        actors.reserve(load_config("7B_n4"), gpu)
+        groups.reserve(load_config("7B_n4"), gpu)
     assert time.monotonic() - t0 < 8
     assert str(e.value) == ("16 trainer ranks + 4 engines x tp 4 need 32 GPUs, nodes have free GPUs 3, 8, 8, 8 "
                             "(27 in all); change allocation_mode or free GPUs (other work holds the rest; "
@@ -167,6 +167,6 @@ def test_an_engine_that_fits_no_single_node_is_named(cluster, gpu, busy, monkeyp
     monkeypatch.setattr(placement, "TIMEOUT_S", 2.0)
     busy([5, 5, 5, 5])
     with pytest.raises(UserError) as e:
-        actors.reserve(load_config("7B_n4", ["n_nodes=1", "allocation_mode=vllm.d1p1m4+d4p1m1"]), gpu)
+        groups.reserve(load_config("7B_n4", ["n_nodes=1", "allocation_mode=vllm.d1p1m4+d4p1m1"]), gpu)
     assert str(e.value).startswith("engine 0 needs 4 GPUs on one node (tensor parallel 4); nodes have free "
                                    "GPUs 3, 3, 3, 3; ")

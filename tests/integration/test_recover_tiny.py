@@ -7,7 +7,7 @@
    checkpoint and finishes its last step; its final save into a folder that cannot be written
    stops the run with one line, and the earlier save is intact.
 
-Exact moments come from the AREAL_TEST_PAUSE hook in rl/recover.py (the driver waits there
+Exact moments come from the AREAL_TEST_PAUSE hook in rl/checkpoint/recover.py (the driver waits there
 until the test removes a marker file). Each launch spends ~60-180 s starting workers.
 
     .venv/bin/python -m pytest tests/integration/test_recover_tiny.py -v

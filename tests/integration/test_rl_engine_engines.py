@@ -38,10 +38,10 @@ def test_engines_receive_every_tensor_straight_into_their_parameters(two_engines
     weights that arrived that way."""
     import ray
 
-    from areal_kit.rl import weight_sync
+    from areal_kit.rl.weight_sync import transport
 
     plan = ray.get(two_engines.ctrl.workers.trainers[0].sync_plan.remote())
-    sent = sorted(weight_sync.as_meta(m).name for bucket in plan for m in bucket)
+    sent = sorted(transport.as_meta(m).name for bucket in plan for m in bucket)
     for engine in two_engines.ctrl.workers.rollouts:
         placed = ray.get(engine.__ray_call__.remote(lambda self: self.llm.collective_rpc("placed_weights")))
         assert placed == [sent]

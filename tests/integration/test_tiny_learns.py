@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 from areal_kit import logs
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.data.toy_task import spell
-from areal_kit.rl import varlen
+from areal_kit.rl.algo import varlen
 
 LAST10 = 0.5  # mean task reward of the last 10 steps: well under a learned run, far above a broken one
 PER_LENGTH = 0.3  # greedy accuracy on the one-digit and on the two-digit sums, each

@@ -7,7 +7,7 @@ flaky: a reward plug-in that raises for some answers (counted failures, reward 0
 a dict with an extra number otherwise.
 """
 
-from areal_kit.rl.workflow import Trajectory
+from areal_kit.rl.workers.workflow import Trajectory
 
 INSERTED = "="
 

@@ -1,4 +1,4 @@
-"""cpu_cores: which cores each CPU worker gets (rl/actors.py core_sets and _pinned).
+"""cpu_cores: which cores each CPU worker gets (rl/workers/groups.py core_sets and _pinned).
 
 The machine's core list is the one thing faked (os.sched_getaffinity), to lay out 2-, 3- and
 8-core machines on this 2-core one.
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from areal_kit.errors import UserError
-from areal_kit.rl import actors
+from areal_kit.rl.workers import groups
 
 
 def cfg(mode="auto", k=1, ray_address=""):
@@ -26,35 +26,35 @@ def cores(monkeypatch):
 
 def test_auto_splits_only_when_generation_and_training_overlap_on_a_local_ray(cores):
     cores(2)
-    assert actors.core_sets(cfg(k=1), 1, 1, 1) == [[0], [1]]
-    assert actors.core_sets(cfg(k=0), 1, 1, 1) is None  # roles take turns: each uses every core
-    assert actors.core_sets(cfg(k=1, ray_address="10.0.0.1:6379"), 1, 1, 1) is None
-    assert actors.core_sets(cfg("shared", k=2), 1, 1, 1) is None
-    assert actors.core_sets(cfg("split", k=0), 1, 1, 1) == [[0], [1]]
+    assert groups.core_sets(cfg(k=1), 1, 1, 1) == [[0], [1]]
+    assert groups.core_sets(cfg(k=0), 1, 1, 1) is None  # roles take turns: each uses every core
+    assert groups.core_sets(cfg(k=1, ray_address="10.0.0.1:6379"), 1, 1, 1) is None
+    assert groups.core_sets(cfg("shared", k=2), 1, 1, 1) is None
+    assert groups.core_sets(cfg("split", k=0), 1, 1, 1) == [[0], [1]]
 
 
 def test_every_slot_gets_its_share_and_no_core_is_given_twice(cores):
     cores(8)
-    sets = actors.core_sets(cfg(), 2, 1, 2)  # 2 trainer ranks + one engine at tp 2 = 4 slots
+    sets = groups.core_sets(cfg(), 2, 1, 2)  # 2 trainer ranks + one engine at tp 2 = 4 slots
     assert sets == [[0, 1], [2, 3], [4, 5], [6, 7]]
     cores(3)
-    assert [len(s) for s in actors.core_sets(cfg(), 1, 1, 1)] == [2, 1]  # the leftover core goes first
+    assert [len(s) for s in groups.core_sets(cfg(), 1, 1, 1)] == [2, 1]  # the leftover core goes first
 
 
 def test_too_few_cores_shares_under_auto_and_is_an_error_under_split(cores):
     cores(2)
-    assert actors.core_sets(cfg(), 1, 2, 1) is None
+    assert groups.core_sets(cfg(), 1, 2, 1) is None
     with pytest.raises(UserError, match=r"1 trainer rank\(s\) \+ 2 engine\(s\) x tp 1 = 3, this machine has 2"):
-        actors.core_sets(cfg("split"), 1, 2, 1)
+        groups.core_sets(cfg("split"), 1, 2, 1)
 
 
 def test_pinned_env_binds_trainers_and_each_tp_rank_of_an_engine():
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0-7", "X": "1"}
     sets = [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert actors._pinned(env, None, [0]) is env
-    t = actors._pinned(env, sets, [0])
+    assert groups._pinned(env, None, [0]) is env
+    t = groups._pinned(env, sets, [0])
     assert t["AREAL_CPU_CORES"] == "0,1" and t["X"] == "1"
-    e = actors._pinned(env, sets, range(2, 4))
+    e = groups._pinned(env, sets, range(2, 4))
     assert e["VLLM_CPU_OMP_THREADS_BIND"] == "4,5|6,7"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-7"  # the shared env is not changed
 
@@ -62,7 +62,7 @@ def test_pinned_env_binds_trainers_and_each_tp_rank_of_an_engine():
 def test_shared_cores_give_every_tp_rank_of_an_engine_every_core():
     """vLLM wants one core list per tp rank (it failed to start a tp=2 engine on "0-1")."""
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
-    assert actors._pinned(env, None, range(1, 3))["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|0-1"
-    assert actors._pinned(env, None, [1]) is env
+    assert groups._pinned(env, None, range(1, 3))["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|0-1"
+    assert groups._pinned(env, None, [1]) is env
     mine = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # the user's own lists stay
-    assert actors._pinned(mine, None, range(1, 3)) is mine
+    assert groups._pinned(mine, None, range(1, 3)) is mine

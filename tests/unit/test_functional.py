@@ -1,4 +1,4 @@
-"""RL math (rl/functional.py, rl/batch.py) against hand-computed values."""
+"""RL math (rl/algo/functional.py, rl/algo/batch.py) against hand-computed values."""
 
 import math
 
@@ -7,8 +7,8 @@ import torch
 
 from areal_kit.config.schema import PPOConfig
 from areal_kit.errors import UserError
-from areal_kit.rl import functional as Fn
-from areal_kit.rl.batch import check_rows, shape_rewards
+from areal_kit.rl.algo import functional as Fn
+from areal_kit.rl.algo.batch import check_rows, shape_rewards
 
 T = torch.tensor
 
@@ -285,7 +285,7 @@ def test_loss_averaged_over_the_global_batch_matches_one_big_batch():
     assert not all(torch.allclose(a, b, atol=1e-4) for a, b in zip(wrong, big))
 
 
-# ------------------------------------------------------------------ reward shaping (rl/batch.py)
+# ------------------------------------------------------------------ reward shaping (rl/algo/batch.py)
 def samples(rewards, group):
     out = [{"id": f"p{i // group}", "group": i % group, "task_reward": r} for i, r in enumerate(rewards)]
     return list(reversed(out))  # arrive out of order, as from several engines

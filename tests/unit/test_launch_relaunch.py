@@ -178,7 +178,8 @@ def fake_run(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from areal_kit import logs
-    from areal_kit.rl import controller, recover
+    from areal_kit.rl import controller
+    from areal_kit.rl.checkpoint import recover
 
     job = SimpleNamespace(total_steps=4, n_dropped=0, rows=[],
                           paths=SimpleNamespace(log_dir=str(tmp_path), log_file=str(tmp_path / "train.log")),

@@ -22,7 +22,7 @@ T, H, V, CHUNK = 8192, 64, 8192, 512  # one [T, V] fp32 block is 256 MiB; a chun
 
 SCRIPT = textwrap.dedent(f"""
     import json, sys, torch
-    from areal_kit.rl import functional as Fn
+    from areal_kit.rl.algo import functional as Fn
 
     def kib(field):
         for line in open("/proc/self/status"):

@@ -1,11 +1,11 @@
-"""ppo.loss_agg (rl/functional.py): each way of turning token losses into the batch loss, against
+"""ppo.loss_agg (rl/algo/functional.py): each way of turning token losses into the batch loss, against
 a hand computation on two answers of 2 and 4 tokens (the second with one masked-out token)."""
 
 import pytest
 import torch
 
 from areal_kit.config.schema import ConfigError, PPOConfig
-from areal_kit.rl import functional as Fn
+from areal_kit.rl.algo import functional as Fn
 
 LOSS = [torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0, 4.0, 8.0])]
 MASK = [torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0, 1.0, 0.0])]  # last token inserted, not trained

@@ -1,4 +1,4 @@
-"""Packing without padding (rl/packing.py): round trips, token budgets, exact bin counts, and a
+"""Packing without padding (rl/algo/packing.py): round trips, token budgets, exact bin counts, and a
 packed forward of a tiny Qwen2 equal to per-sequence forwards."""
 
 import random
@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from areal_kit.rl import functional as Fn
-from areal_kit.rl.packing import min_bins, pack, pad, partition
+from areal_kit.rl.algo import functional as Fn
+from areal_kit.rl.algo.packing import min_bins, pack, pad, partition
 
 PROMPTS = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]
 ANSWERS = [[11, 12], [13, 14, 15], [16], []]
@@ -138,10 +138,10 @@ def _load(path, attn):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).eval()
 
 
-# "varlen" is the trainer's CPU attention (rl/varlen.py); "sdpa" is transformers' block-diagonal mask.
+# "varlen" is the trainer's CPU attention (rl/algo/varlen.py); "sdpa" is transformers' block-diagonal mask.
 @pytest.fixture(scope="module", params=["varlen", "sdpa"])
 def tiny_model(request, tiny_path):
-    from areal_kit.rl import varlen
+    from areal_kit.rl.algo import varlen
 
     return _load(tiny_path, varlen.register() if request.param == "varlen" else "sdpa")
 
@@ -184,7 +184,7 @@ def _random_batch(vocab, lens, seed=0):
 
 def test_varlen_gradients_equal_per_sequence_gradients(tiny_path):
     """Training through the varlen attention gives the gradients of running each sequence alone."""
-    from areal_kit.rl import varlen
+    from areal_kit.rl.algo import varlen
 
     model = _load(tiny_path, varlen.register())
     assert model.config._attn_implementation == varlen.NAME
@@ -209,8 +209,8 @@ def test_varlen_gradients_equal_per_sequence_gradients(tiny_path):
 
 def test_varlen_padded_batch_falls_back_to_sdpa(tiny_path):
     """A padded batch (attention mask, several rows) under varlen gives stock SDPA's outputs."""
-    from areal_kit.rl import varlen
-    from areal_kit.rl.packing import pad
+    from areal_kit.rl.algo import varlen
+    from areal_kit.rl.algo.packing import pad
 
     ours, stock = _load(tiny_path, varlen.register()), _load(tiny_path, "sdpa")
     ids, att = pad(*_random_batch(ours.config.vocab_size, [(3, 2), (4, 8), (2, 1)]), pad_id=0)
@@ -221,7 +221,7 @@ def test_varlen_padded_batch_falls_back_to_sdpa(tiny_path):
 
 
 def test_varlen_segments():
-    from areal_kit.rl.varlen import segments
+    from areal_kit.rl.algo.varlen import segments
 
     assert segments(torch.tensor([0, 1, 2, 0, 0, 1])) == [(0, 3), (3, 4), (4, 6)]
     assert segments(torch.tensor([0, 1, 2, 3])) == [(0, 4)]

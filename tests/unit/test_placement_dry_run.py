@@ -9,7 +9,7 @@ import cli_run
 import pytest
 
 from areal_kit import hardware, stack
-from areal_kit.rl import varlen
+from areal_kit.rl.algo import varlen
 
 
 @pytest.fixture(autouse=True)

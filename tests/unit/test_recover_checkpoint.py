@@ -14,7 +14,7 @@ from areal_kit import logs
 from areal_kit.config.loader import load_config
 from areal_kit.data.prompts import PromptLoader
 from areal_kit.errors import UserError
-from areal_kit.rl import recover
+from areal_kit.rl.checkpoint import recover
 from areal_kit.rl.controller import Job, RunState
 
 

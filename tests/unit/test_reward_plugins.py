@@ -12,7 +12,7 @@ from areal_kit.config.schema import ConfigError, PPOConfig
 from areal_kit.errors import UserError
 from areal_kit.reward import plugins
 from areal_kit.reward.runner import RewardRunner, as_reward
-from areal_kit.rl.batch import shape_rewards, step_stats
+from areal_kit.rl.algo.batch import shape_rewards, step_stats
 
 PLUGIN = textwrap.dedent("""
     import os, signal, time

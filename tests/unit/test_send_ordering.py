@@ -20,8 +20,8 @@ import torch
 
 from areal_kit import hardware
 from areal_kit.config.loader import load_config
-from areal_kit.rl import weight_sync
-from areal_kit.rl.trainer import TrainerWorker
+from areal_kit.rl.weight_sync import transport
+from areal_kit.rl.workers.trainer import TrainerWorker
 
 HELD = 0.3  # seconds a blocked thread is given to (wrongly) get through
 
@@ -39,7 +39,7 @@ def _slow_send(release: threading.Event, order: list):
 def test_collectives_wait_for_a_staged_send_on_gpus_only(device):
     """ZeRO-3 stages a copy (live=False): the optimizer step never waits for it, and on CPU no
     collective does either; on GPUs the next collective waits until it is sent."""
-    box = weight_sync.Outbox(exclusive=hardware.detect(device).exclusive_weight_send)
+    box = transport.Outbox(exclusive=hardware.detect(device).exclusive_weight_send)
     box.stage({"w": torch.ones(2)}, live=False)
     order: list = []
     release = threading.Event()
@@ -56,7 +56,7 @@ def test_collectives_wait_for_a_staged_send_on_gpus_only(device):
 
 
 def test_gpu_rule_surfaces_a_failed_send_at_the_next_collective():
-    box = weight_sync.Outbox(exclusive=True)
+    box = transport.Outbox(exclusive=True)
     box.stage({"w": torch.ones(2)}, live=False)
 
     def broken(state):
@@ -91,15 +91,15 @@ def test_trainer_step_first_collective_waits_for_the_send_on_gpus(trainer, devic
     it) against the real first collective of a step (_allreduce, via _micro_batches)."""
     trainer.outbox.exclusive = hardware.detect(device).exclusive_weight_send
     state = {"w": torch.randn(4 << 20)}  # 16 MB: more than the sockets buffer, so the send waits for the engine
-    plan = weight_sync.make_plan(list(state.items()))
+    plan = transport.make_plan(list(state.items()))
     port = _port()
     engine_ready, go, order = threading.Event(), threading.Event(), []
 
     def engine():
-        _, group = weight_sync.init_group("127.0.0.1", port, 1, 2, "gloo", timeout_s=30, local_ip="127.0.0.1")
+        _, group = transport.init_group("127.0.0.1", port, 1, 2, "gloo", timeout_s=30, local_ip="127.0.0.1")
         engine_ready.set()
         go.wait(10)
-        got = [t for bucket in weight_sync.receive(group, plan, "cpu") for _, t in bucket]
+        got = [t for bucket in transport.receive(group, plan, "cpu") for _, t in bucket]
         order.append(("received", torch.equal(got[0], state["w"])))
 
     receiver = threading.Thread(target=engine)

@@ -4,7 +4,7 @@ for vLLM's: the real one is exercised in tests/integration/test_rl_engine_engine
 
 import torch
 
-from areal_kit.rl import vllm_ext
+from areal_kit.rl.weight_sync import vllm_ext
 
 
 def _load(params, bucket):
@@ -46,7 +46,7 @@ def test_a_copy_the_loader_then_overwrites_is_not_learned():
 def test_parameters_with_places_move_into_a_region_the_trainer_can_write():
     """vllm_ext._move_to_region: the parameters keep their values, their places follow them into
     the region, and a second mapping of it (what trainer rank 0 opens) writes into the parameters."""
-    from areal_kit.rl import weight_sync
+    from areal_kit.rl.weight_sync import transport
 
     g = torch.Generator().manual_seed(0)
     params = {n: torch.nn.Parameter(torch.randn(*shape, generator=g), requires_grad=False)
@@ -66,10 +66,10 @@ def test_parameters_with_places_move_into_a_region_the_trainer_can_write():
     assert offsets["q.weight"] % 64 == 0 and offsets["o.weight"] % 64 == 0
     assert moved["kv.weight"][0].data_ptr() == params["qkv.weight"].data[2:6].data_ptr()
 
-    trainer = weight_sync.open_region(region)
+    trainer = transport.open_region(region)
     for name, (dst, _) in moved.items():
-        meta = weight_sync.TensorMeta(name, tuple(dst.shape), "float32")
-        weight_sync.region_view(trainer, offsets[name], meta).fill_(len(name))
+        meta = transport.TensorMeta(name, tuple(dst.shape), "float32")
+        transport.region_view(trainer, offsets[name], meta).fill_(len(name))
     assert params["qkv.weight"][0:2].eq(len("q.weight")).all() and params["qkv.weight"][2:].eq(len("kv.weight")).all()
     assert params["o.weight"].eq(len("o.weight")).all()
     assert torch.equal(params["norm.weight"], before["norm.weight"])

@@ -7,7 +7,7 @@ import pytest
 
 from areal_kit.config.loader import load_config
 from areal_kit.config.schema import ConfigError
-from areal_kit.rl import weight_sync
+from areal_kit.rl.weight_sync import transport
 
 
 def test_a_peer_that_never_joins_fails_the_rendezvous_within_the_timeout():
@@ -17,7 +17,7 @@ def test_a_peer_that_never_joins_fails_the_rendezvous_within_the_timeout():
     s.close()
     t0 = time.time()
     with pytest.raises(Exception):  # noqa: B017 - torch raises DistStoreError or RuntimeError by version
-        weight_sync.init_group("127.0.0.1", port, 0, 2, "gloo", timeout_s=2, local_ip="127.0.0.1")
+        transport.init_group("127.0.0.1", port, 0, 2, "gloo", timeout_s=2, local_ip="127.0.0.1")
     assert time.time() - t0 < 30
 
 

@@ -1,4 +1,4 @@
-"""The workflow plug-in (rl/workflow.py) with a fake engine: generation calls of concurrent episodes
+"""The workflow plug-in (rl/workers/workflow.py) with a fake engine: generation calls of concurrent episodes
 are batched per turn, results reach the right episode, bad workflows fail clearly; and the trainer's
 loss mask."""
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from areal_kit.errors import UserError
-from areal_kit.rl import workflow as W
-from areal_kit.rl.trainer import loss_mask
+from areal_kit.rl.workers import workflow as W
+from areal_kit.rl.workers.trainer import loss_mask
 
 
 class FakeTok:
@@ -87,7 +87,7 @@ class ClassFlow:
 def test_load_default_function_and_class(tmp_path):
     assert W.load("") is W.single_turn
     (tmp_path / "flows.py").write_text(
-        "from areal_kit.rl.workflow import single_turn\n"
+        "from areal_kit.rl.workers.workflow import single_turn\n"
         "class Flow:\n    async def arun_episode(self, engine, row):\n        return await single_turn(engine, row)\n"
         "def sync_flow(engine, row):\n    return []\n")
     fn = W.load(f"{tmp_path}/flows.py:Flow")

@@ -8,7 +8,7 @@ then masks most of it away: quadratic in the row's length, which ate packing's g
 attention runs per sequence (one batched causal SDPA call per distinct length), so it costs
 sum(len_i^2) like flash-attn varlen; every other layer still runs on the packed row.
 
-    from areal_kit.rl import varlen
+    from areal_kit.rl.algo import varlen
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=varlen.choose("cpu"))
     model(input_ids=ids[None], position_ids=pos[None], use_cache=False)   # pos restarts per sequence
 """

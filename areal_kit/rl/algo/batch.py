@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from areal_kit.errors import UserError
-from areal_kit.rl import functional as Fn
+from areal_kit.rl.algo import functional as Fn
 
 # What each built-in reward reads from a dataset row.
 REWARD_FIELDS = {"toy": ("answer",), "math": ("answer", "solutions"), "gsm8k": ("answer",)}

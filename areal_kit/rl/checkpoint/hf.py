@@ -51,9 +51,9 @@ def prune(actor_dir: str, keep_last_n: int) -> None:
 
 
 def maybe_dump_recover(ctrl, epoch: int, epoch_step: int, end_of_epoch: bool) -> None:
-    """Recover checkpoints: see areal_kit/rl/recover.py (no-op until it exists)."""
+    """Recover checkpoints: see areal_kit/rl/checkpoint/recover.py (no-op until it exists)."""
     try:
-        from areal_kit.rl import recover
+        from areal_kit.rl.checkpoint import recover
     except ImportError:
         return
     recover.maybe_dump(ctrl, epoch, epoch_step, end_of_epoch)

@@ -16,9 +16,10 @@ import time
 import torch
 
 from areal_kit.data.tokenizer import copy_tokenizer_files
-from areal_kit.rl import functional as Fn
-from areal_kit.rl import varlen, weight_sync
-from areal_kit.rl.packing import Packed, min_bins, pack, partition
+from areal_kit.rl.algo import functional as Fn
+from areal_kit.rl.algo import varlen
+from areal_kit.rl.algo.packing import Packed, min_bins, pack, partition
+from areal_kit.rl.weight_sync import transport
 
 
 def _pin_to_cores(cores: str) -> None:
@@ -39,7 +40,7 @@ class TrainerWorker:
                            "LOCAL_WORLD_SIZE": "1"})
         self.rank, self.world, self.cfg, self.model_path = rank, world, cfg, model_path
         self.sync_group = None
-        self.outbox = weight_sync.Outbox()
+        self.outbox = transport.Outbox()
         self.version = 0
         self.total_steps = total_steps
 
@@ -312,10 +313,10 @@ class TrainerWorker:
 
     def sync_plan(self):
         state = self._sync_state()  # every rank: ZeRO-3 gathers
-        return weight_sync.make_plan(list(state.items())) if self.rank == 0 else None
+        return transport.make_plan(list(state.items())) if self.rank == 0 else None
 
     def init_sync(self, host: str, port: int, world: int, backend: str, plan) -> bool:
-        self._store, self.sync_group = weight_sync.init_group(host, port, 0, world, backend, local_ip=host,
+        self._store, self.sync_group = transport.init_group(host, port, 0, world, backend, local_ip=host,
                                                               timeout_s=self.cfg.weight_sync_timeout_s)
         self._plan = plan
         return True
@@ -331,9 +332,9 @@ class TrainerWorker:
     def open_shared(self, regions: list[dict], names: list[str]) -> int:
         """Rank 0: map the engines' shared parameter memory (engines on this node, see vllm_ext
         share_weights); sends with shared=True then write `names` straight into it."""
-        bufs = [weight_sync.open_region(r) for r in regions]
-        metas = {weight_sync.as_meta(m).name: m for bucket in self._plan for m in bucket}
-        self._shared = {n: [weight_sync.region_view(b, r["places"][n], metas[n]) for b, r in zip(bufs, regions)]
+        bufs = [transport.open_region(r) for r in regions]
+        metas = {transport.as_meta(m).name: m for bucket in self._plan for m in bucket}
+        self._shared = {n: [transport.region_view(b, r["places"][n], metas[n]) for b, r in zip(bufs, regions)]
                         for n in names}
         return len(self._shared)
 
@@ -344,7 +345,7 @@ class TrainerWorker:
         starts this only then, and the main thread goes on training meanwhile.
         """
         to = getattr(self, "_shared", None) if shared else None
-        return self.outbox.send(lambda state: weight_sync.send(self.sync_group, self._plan, state, self.device, to))
+        return self.outbox.send(lambda state: transport.send(self.sync_group, self._plan, state, self.device, to))
 
     def save_hf(self, path: str) -> str:
         """Hugging Face folder (weights + config + tokenizer), written atomically by rank 0."""
@@ -363,7 +364,7 @@ class TrainerWorker:
         os.replace(tmp, path)
         return path
 
-    # ---------------------------------------------------------------- recover (rl/recover.py)
+    # ---------------------------------------------------------------- recover (rl/checkpoint/recover.py)
     def save_recover(self, path: str) -> dict:
         """DeepSpeed checkpoint (model, optimizer, LR scheduler) plus this rank's RNG states into path.
 

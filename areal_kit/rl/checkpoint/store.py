@@ -1,6 +1,6 @@
 """Recover checkpoint folders on disk: durable writes, and which checkpoints are complete.
 
-Used by rl/recover.py (writing, resuming) and monitor.py (`areal-kit logs`, which reads them
+Used by rl/checkpoint/recover.py (writing, resuming) and monitor.py (`areal-kit logs`, which reads them
 without importing the engine). A folder `globalstep{g}` with a readable state.json is complete:
 it only gets that name by a rename after everything in it was fsynced.
 """

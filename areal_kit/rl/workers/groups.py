@@ -3,7 +3,7 @@
 GPU: a trainer rank takes one GPU, a rollout engine takes `tp` GPUs on one node. CPU: every "GPU"
 of the allocation is a worker slot of one logical CPU, so `vllm.d2p1m1+d1p1m1` on a laptop gives
 two vLLM engines and one DeepSpeed rank, the same actors a GPU cluster would get. Every worker's
-place is reserved (rl/placement.py) before the first one starts.
+place is reserved (rl/workers/placement.py) before the first one starts.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
-from areal_kit.rl import placement
 from areal_kit.rl.plan import check_gpu_sharing
+from areal_kit.rl.workers import placement
 
 
 def worker_env(cfg, cache_root: str) -> dict[str, str]:
@@ -62,8 +62,8 @@ def reserve(cfg, plat) -> placement.Reservation:
 def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
     import ray
 
-    from areal_kit.rl.rollout import RolloutWorker
-    from areal_kit.rl.trainer import TrainerWorker
+    from areal_kit.rl.workers.rollout import RolloutWorker
+    from areal_kit.rl.workers.trainer import TrainerWorker
 
     plat = hardware.detect()
     alloc = parse_allocation(cfg.allocation_mode)

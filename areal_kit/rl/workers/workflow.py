@@ -4,7 +4,7 @@ The default is single-turn: sample ppo.group_size answers, then the configured r
 them. A multi-turn or tool-using workflow is an async function (or a class with an
 `arun_episode` method) named in config, ppo.workflow=my_pkg.flows:two_turn:
 
-    from areal_kit.rl.workflow import Trajectory
+    from areal_kit.rl.workers.workflow import Trajectory
 
     async def two_turn(engine, row):
         first = await engine.generate(row["prompt_ids"], n=engine.group_size, seed=row["seed"])

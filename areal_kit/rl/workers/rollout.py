@@ -3,9 +3,9 @@
 Prompts arrive as token ids (no re-tokenization drift between engine and trainer); answers go
 back as token ids with their behaviour logprobs (vLLM's processed logprobs: after temperature,
 which is what the trainer recomputes), the weight version that produced them and the verifier's
-reward. New weights arrive in place through the worker extension (areal_kit/rl/vllm_ext.py).
+reward. New weights arrive in place through the worker extension (areal_kit/rl/weight_sync/vllm_ext.py).
 
-What happens to one prompt is the workflow (areal_kit/rl/workflow.py: single-turn by default,
+What happens to one prompt is the workflow (areal_kit/rl/workers/workflow.py: single-turn by default,
 or a user's multi-turn plug-in); rewards run through areal_kit/reward/runner.py, which keeps a
 failing or hanging plug-in from stopping the engine.
 """
@@ -18,9 +18,9 @@ import time
 
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.reward.runner import RewardRunner
-from areal_kit.rl import workflow
+from areal_kit.rl.workers import workflow
 
-EXTENSION = "areal_kit.rl.vllm_ext.WeightSyncExtension"
+EXTENSION = "areal_kit.rl.weight_sync.vllm_ext.WeightSyncExtension"
 
 
 class RolloutWorker:

@@ -17,8 +17,8 @@ recover_mode: auto (resume a matching checkpoint), resume (a checkpoint must exi
 A checkpoint that does not match the run (model, batch size, group size, nodes, allocation,
 dataset) stops the run with one line naming each difference, unless --fresh.
 
-The hooks are called by rl/launch.py (resume_state, restore_workers) and rl/saving.py
-(maybe_dump); folder-level helpers live in rl/recover_io.py. Tests: tests/unit/test_recover_*.py, tests/integration/test_recover*.py.
+The hooks are called by rl/launch.py (resume_state, restore_workers) and rl/checkpoint/hf.py
+(maybe_dump); folder-level helpers live in rl/checkpoint/store.py. Tests: tests/unit/test_recover_*.py, tests/integration/test_recover*.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import socket
 import time
 
 from areal_kit.errors import UserError
-from areal_kit.rl.recover_io import (
+from areal_kit.rl.checkpoint.store import (
     FORMAT,
     PREFIX,
     STATE_FILE,

@@ -1,6 +1,6 @@
 """vLLM worker extension: receives new weights in place, over the sync group or from disk.
 
-Loaded by vLLM in its worker process (`LLM(worker_extension_cls="areal_kit.rl.vllm_ext.
+Loaded by vLLM in its worker process (`LLM(worker_extension_cls="areal_kit.rl.weight_sync.vllm_ext.
 WeightSyncExtension")`); its methods are called through `llm.collective_rpc(name, args)`, with
 `self` being the vLLM worker.
 
@@ -39,10 +39,10 @@ from areal_kit import hardware
 class WeightSyncExtension:
     def init_weight_sync(self, host: str, port: int, rank_offset: int, world: int, backend: str,
                          plan, local_ip: str | None = None, timeout_s: float = 600) -> int:
-        from areal_kit.rl import weight_sync
+        from areal_kit.rl.weight_sync import transport
 
         rank = rank_offset + int(getattr(self, "rank", 0))
-        self._areal_store, self._areal_group = weight_sync.init_group(host, port, rank, world, backend,
+        self._areal_store, self._areal_group = transport.init_group(host, port, rank, world, backend,
                                                                       local_ip=local_ip, timeout_s=timeout_s)
         self._areal_plan = plan
         self._areal_local = local_ip is None or local_ip == host  # on the trainer's node
@@ -50,7 +50,7 @@ class WeightSyncExtension:
 
     def share_weights(self) -> dict:
         """On the trainer's node, on CPU: move the parameters that tensors have a place in into
-        memory the trainer maps (`weight_sync.new_region`), so that it writes new weights straight
+        memory the trainer maps (`transport.new_region`), so that it writes new weights straight
         into them. Returns the region and each tensor's byte offset in it, or {"why": ...} when
         this engine cannot."""
         if not self._areal_local:
@@ -79,12 +79,12 @@ class WeightSyncExtension:
     def receive_weights(self, version: int, shared: bool = False) -> dict:
         """Load the next broadcast; returns seconds spent on the wire ("wait"), copying ("copy")
         and re-packing ("repack"), and how many tensors arrived straight in place ("placed")."""
-        from areal_kit.rl import weight_sync
+        from areal_kit.rl.weight_sync import transport
 
         stats = _new_stats()
         places = {name: dst for name, (dst, _) in getattr(self, "_areal_places", {}).items()}
         names = getattr(self, "_areal_shared", frozenset()) if shared else frozenset()
-        self._areal_load(weight_sync.receive(self._areal_group, self._areal_plan, _device(self), stats, into=places,
+        self._areal_load(transport.receive(self._areal_group, self._areal_plan, _device(self), stats, into=places,
                                              shared=names), stats)
         hardware.synchronize(_device(self))  # on GPUs the copies were only queued: loaded means done
         self._areal_version = version
@@ -224,7 +224,7 @@ def _move_to_region(params: dict, places: dict):
     """Move every parameter a place lies in into one new shared region (64-byte aligned, views
     and all), and re-point the places at it. Returns (places, {name: byte offset of its place},
     the region's bytes, the region's description)."""
-    from areal_kit.rl import weight_sync
+    from areal_kit.rl.weight_sync import transport
 
     odd = {owner for dst, owner in places.values() if dst.dtype != params[owner].dtype}
     owners = sorted({owner for _, owner in places.values() if owner not in odd and params[owner].is_contiguous()})
@@ -232,17 +232,17 @@ def _move_to_region(params: dict, places: dict):
     for name in owners:
         layout[name] = size
         size += -(-params[name].numel() * params[name].element_size() // 64) * 64
-    buf, region = weight_sync.new_region(size)
+    buf, region = transport.new_region(size)
     moved, offsets = dict(places), {}
     for owner, start in layout.items():
         p = params[owner]
-        new = weight_sync.region_view(buf, start, weight_sync.TensorMeta.of(owner, p))
+        new = transport.region_view(buf, start, transport.TensorMeta.of(owner, p))
         new.copy_(p.data)
         for name, (dst, o) in places.items():
             if o == owner:
                 rel = dst.storage_offset() - p.data.storage_offset()  # elements, one dtype
                 offsets[name] = start + rel * p.element_size()
-                moved[name] = (weight_sync.region_view(buf, offsets[name], weight_sync.TensorMeta.of(name, dst)),
+                moved[name] = (transport.region_view(buf, offsets[name], transport.TensorMeta.of(name, dst)),
                                owner)  # the view the trainer computes
         p.data = new
     return moved, offsets, buf, region
