@@ -84,12 +84,13 @@ def run() -> Result:
 
     from areal_kit import logs
     from areal_kit.rl import controller as C
+    from areal_kit.rl.job import prepare
 
     model_path = workload.sync_model()
     fileroot = tempfile.mkdtemp(prefix="bench-sync-")
     cfg = engines.bench_config(model_path, fileroot, ["ppo.gen.max_new_tokens=16", "weight_sync=auto",
                                                       "ppo.reward_fns=[toy]"])
-    job = C.prepare(cfg)
+    job = prepare(cfg)
     log = logs.RunLogger(job.paths, tensorboard=False, console=False)
     ctrl = C.Controller(job, log)
     times = {"auto": [], "broadcast": [], "disk": [], "raw": []}
@@ -97,13 +98,13 @@ def run() -> Result:
     raw = RawBroadcast(model_path, REPS)
     try:
         ctrl.start()
-        n_tensors = sum(len(b) for b in ray.get(ctrl.workers.trainers[0].sync_plan.remote()))
+        n_tensors = sum(len(b) for b in ray.get(ctrl.workers.trainers.actors[0].sync_plan.remote()))
         for _ in range(REPS):
             for mode in ("auto", "broadcast", "disk"):
-                cfg.weight_sync = mode  # _sync reads it each call; the group stays joined
+                ctrl.weights.mode = mode  # read at each push; the group stays joined
                 ctrl.state.version += 1
-                times[mode].append(ctrl._sync(wait_engines=True))
-                reports[mode].append(ray.get(ctrl._receiving))
+                times[mode].append(ctrl.weights.push(ctrl.state.version, wait_engines=True))
+                reports[mode].append(ctrl.weights.wait())
             times["raw"].append(raw.once())
     finally:
         ctrl.stop()

@@ -37,7 +37,8 @@ def train(
         return
     if dry_run:
         from areal_kit import hardware
-        from areal_kit.rl.plan import check_gpu_sharing, plan_lines
+        from areal_kit.rl.plan import plan_lines
+        from areal_kit.rl.workers.placement import check_gpu_sharing
 
         check_gpu_sharing(cfg, hardware.detect())  # where the run would fail: on this machine's device
         for line in plan_lines(cfg):

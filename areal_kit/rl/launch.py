@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 
+from areal_kit import logs
 from areal_kit.errors import (
     Interrupted,
     RunFailed,
@@ -30,6 +31,9 @@ from areal_kit.errors import (
     raise_on_sigterm,
     sigterm_interrupts,
 )
+from areal_kit.rl.checkpoint import recover
+from areal_kit.rl.controller import Controller
+from areal_kit.rl.job import prepare
 
 
 class _Progress:
@@ -56,16 +60,9 @@ class _Progress:
 
 
 def launch(cfg, fresh: bool = False) -> int:
-    from areal_kit import logs
-    from areal_kit.rl import controller as C
-
-    job = C.prepare(cfg)
+    job = prepare(cfg)
     lock = hold_run_lock(job.paths.log_dir, f"{cfg.experiment_name}/{cfg.trial_name}")
     log = logs.RunLogger(job.paths, cfg.tensorboard, cfg.wandb_project, f"{cfg.experiment_name}/{cfg.trial_name}")
-    try:
-        from areal_kit.rl.checkpoint import recover
-    except ImportError:
-        recover = None
     log.info(f"Run {cfg.experiment_name}/{cfg.trial_name}: {job.total_steps} steps, "
              f"{job.loader.steps_per_epoch} per epoch, {len(job.loader.rows)} prompts"
              + (f" ({job.n_dropped} dropped: longer than max_prompt_len)" if job.n_dropped else "")
@@ -75,7 +72,7 @@ def launch(cfg, fresh: bool = False) -> int:
     sigterm = SigtermStop(log, graceful=cfg.exp_ctrl.on_sigterm == "checkpoint")
     previous = sigterm.install()
     try:
-        return relaunching(lambda attempt: _attempt(job, log, progress, recover, sigterm, fresh and attempt == 0),
+        return relaunching(lambda attempt: _attempt(job, log, progress, sigterm, fresh and attempt == 0),
                            retries, log)
     except (KeyboardInterrupt, Interrupted) as e:
         stop = interruption(e)
@@ -158,18 +155,16 @@ class SigtermStop:
         raise_on_sigterm(signum, frame)
 
 
-def _attempt(job, log, progress, recover, sigterm: SigtermStop, fresh: bool) -> int:
+def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool) -> int:
     """One launch: start the workers (restored from the recover checkpoint if any), train to the end."""
-    from areal_kit.rl import controller as C
-
-    state = recover.resume_state(job, log, fresh) if recover else None
-    ctrl = C.Controller(job, log, state, progress, stop_request=lambda: sigterm.pending)
+    state = recover.resume_state(job, log, fresh)
+    ctrl = Controller(job, log, state, progress, stop_request=lambda: sigterm.pending)
     try:
         ctrl.start_ray()
         sigterm.install()
         ctrl.start()
-        if recover and state is not None:
-            recover.restore_workers(ctrl)
+        if state is not None:
+            ctrl.restore()
         sigterm.armed = True
         try:
             last = ctrl.run()

@@ -12,6 +12,7 @@ from areal_kit import hardware, logs, stack
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 from areal_kit.rl.algo import varlen
+from areal_kit.rl.weight_sync.sync import weight_sync_dir
 from areal_kit.rl.workers import placement
 
 
@@ -34,24 +35,6 @@ def dataset_size(cfg) -> tuple[int | None, str]:
     if ev:
         note += f"; eval split {len(ev)} prompts" + ("" if d.eval_path else " held out")
     return len(rows), note
-
-
-def check_gpu_sharing(cfg, plat) -> None:
-    """Generation and training on the same GPUs (colocated or per-role allocations) run on CPU
-    nodes only: on GPUs, vLLM and DeepSpeed would have to take turns on each device (vLLM's sleep
-    mode, weights over CUDA IPC, as NCCL refuses two ranks on one GPU), which is not built yet."""
-    a = parse_allocation(cfg.allocation_mode)
-    if a.kind == "decoupled" or plat.is_cpu:
-        return
-    split = a.split()
-    fix = f"use {split} to split the same {a.total_gpus} GPUs" if split else "expected vllm.GEN+TRAIN"
-    raise UserError(f"allocation_mode={a.text} has generation and training share GPUs, which areal-kit runs on "
-                    f"CPU nodes only, not on GPUs yet; {fix}")
-
-
-def weight_sync_dir(cfg) -> str:
-    """Where weight_sync=disk saves the weights each step (the engines reload them from there)."""
-    return os.path.join(cfg.fileroot, "cache", "weight_sync", cfg.experiment_name, cfg.trial_name)
 
 
 def weight_sync_line(cfg, n_workers: int) -> str:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import time
 
+from areal_kit.rl.schedule import Every
+
 EVAL_KEYS = ("eval/pass@1", "eval/n_prompts", "eval/avg_len", "eval/no_eos_ratio", "eval/time")
 
 
@@ -44,27 +46,27 @@ def grade_row(text: str, row: dict) -> bool:
     return grade_completion(text, references(row))[1]
 
 
-def due(cfg, global_step: int, total_steps: int) -> bool:
-    every = cfg.exp_ctrl.eval_every
-    return bool(every) and (global_step % every == 0 or global_step == total_steps)
+class Validator:
+    """Greedy pass@1 on the held-out rows, on the rollout engines, when exp_ctrl.eval_every says."""
 
+    def __init__(self, cfg, rows: list[dict], engines, log, total_steps: int):
+        self.rows, self.engines, self.log, self.total_steps = rows, engines, log, total_steps
+        self.every = Every(steps=cfg.exp_ctrl.eval_every)
+        self.max_tokens = cfg.exp_ctrl.eval_max_new_tokens or cfg.ppo.gen.max_new_tokens
 
-def run(ctrl, global_step: int) -> dict:
-    """Evaluate on every engine (rows split evenly), log the line, return the eval/* metrics."""
-    import ray
+    def due(self, global_step: int) -> bool:
+        return bool(self.rows) and bool(self.every.steps) and (
+            self.every.due(global_step) or global_step == self.total_steps)
 
-    cfg, rows = ctrl.cfg, ctrl.job.eval_rows
-    t0 = time.time()
-    max_tokens = cfg.exp_ctrl.eval_max_new_tokens or cfg.ppo.gen.max_new_tokens
-    engines = ctrl.workers.rollouts
-    chunks = [rows[i::len(engines)] for i in range(len(engines))]
-    res = [r for part in ray.get([e.evaluate.remote(c, max_tokens) for e, c in zip(engines, chunks) if c])
-           for r in part]
-    n = len(res)
-    correct = sum(r["correct"] for r in res)
-    out = {"eval/pass@1": correct / n, "eval/n_prompts": n,
-           "eval/avg_len": sum(r["n_tokens"] for r in res) / n,
-           "eval/no_eos_ratio": sum(r["no_eos"] for r in res) / n, "eval/time": time.time() - t0}
-    ctrl.log.info(f"Eval at global step {global_step}: pass@1 {out['eval/pass@1']:.4f} ({correct}/{n} prompts, "
-                  f"greedy, {max_tokens} max tokens) in {out['eval/time']:.1f}s.")
-    return out
+    def run(self, global_step: int) -> dict:
+        """Evaluate on every engine (rows split evenly), log the line, return the eval/* metrics."""
+        t0 = time.time()
+        res = self.engines.evaluate(self.rows, self.max_tokens)
+        n = len(res)
+        correct = sum(r["correct"] for r in res)
+        out = {"eval/pass@1": correct / n, "eval/n_prompts": n,
+               "eval/avg_len": sum(r["n_tokens"] for r in res) / n,
+               "eval/no_eos_ratio": sum(r["no_eos"] for r in res) / n, "eval/time": time.time() - t0}
+        self.log.info(f"Eval at global step {global_step}: pass@1 {out['eval/pass@1']:.4f} ({correct}/{n} prompts, "
+                      f"greedy, {self.max_tokens} max tokens) in {out['eval/time']:.1f}s.")
+        return out

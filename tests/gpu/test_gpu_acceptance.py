@@ -80,7 +80,7 @@ def trained(request, tmp_path_factory):
     run = Run(root, overrides(model, zero, STEPS))
     try:
         out = {"root": root, "model": model, "zero": zero, "rows": run.rows, "paths": run.job.paths,
-               "logprob_diff": _engine_vs_trainer(run, run.ctrl.workers.rollouts[0])}
+               "logprob_diff": _engine_vs_trainer(run, run.ctrl.workers.engines.actors[0])}
     finally:
         run.close()
         mp.undo()

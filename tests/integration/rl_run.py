@@ -3,12 +3,13 @@
 from areal_kit import logs
 from areal_kit.config.loader import load_config
 from areal_kit.rl import controller as C
+from areal_kit.rl.job import prepare
 
 
 class Run:
     def __init__(self, tmp, overrides):
         cfg = load_config("tiny", [f"fileroot={tmp}", "tensorboard=false", *overrides])
-        self.job = C.prepare(cfg)
+        self.job = prepare(cfg)
         self.log = logs.RunLogger(self.job.paths, tensorboard=False, console=False)
         self.ctrl = C.Controller(self.job, self.log)
         self.ctrl.start()
@@ -35,7 +36,7 @@ def _engine_vs_trainer(run, engine):
 
     prompts, answers = _fixed_sequences(run)
     # Every rank runs the forward: ZeRO-3 gathers each layer's parameters from all of them.
-    trainer_lp = ray.get([t.logprobs.remote(prompts, answers) for t in run.ctrl.workers.trainers])[0]
+    trainer_lp = ray.get([t.logprobs.remote(prompts, answers) for t in run.ctrl.workers.trainers.actors])[0]
     seqs = [p + a for p, a in zip(prompts, answers)]
     engine_lp = ray.get(engine.prompt_logprobs.remote(seqs))
     diffs = []

@@ -1,8 +1,8 @@
 """The controller's dealings with its actors, on real Ray actors standing in for the workers.
 
-dead_workers: a killed actor is dead, a busy one alive; it decides whether an error seen during a
+Workers.dead: a killed actor is dead, a busy one alive; it decides whether an error seen during a
 step came from a dead peer, which relaunches the run, or from a bug, which must not (rl/launch.py).
-_sync: the trainer joins the weight broadcast only after the engine's running generation, so a
+WeightSync.push: the trainer joins the weight broadcast only after the engine's running generation, so a
 long generation never holds it inside the collective until the group's timeout, and it is free
 to train meanwhile (the send waits on the trainer's second concurrency group).
 """
@@ -13,8 +13,8 @@ import time
 import pytest
 import ray
 
-from areal_kit.rl.controller import Controller
-from areal_kit.rl.workers.groups import Workers
+from areal_kit.rl.weight_sync.sync import WeightSync
+from areal_kit.rl.workers.groups import EngineGroup, TrainerGroup, Workers
 
 
 class Worker:
@@ -37,13 +37,12 @@ def test_dead_workers_counts_killed_actors_only(ray_local):
     W = ray.remote(num_cpus=0)(Worker)
     trainer, busy, killed = W.remote(), W.remote(), W.remote()
     ray.get([a.__ray_ready__.remote() for a in (trainer, busy, killed)])
-    ctrl = Controller.__new__(Controller)  # only the workers matter here
-    ctrl.workers = Workers(trainers=[trainer], rollouts=[busy, killed], gen_tp=1)
-    assert ctrl.dead_workers(timeout_s=2) == 0
+    workers = Workers(TrainerGroup([trainer]), EngineGroup([busy, killed]))
+    assert workers.dead(timeout_s=2) == 0
     busy.busy.remote(30)  # still running when asked: alive
     ray.kill(killed)
     time.sleep(1)
-    assert ctrl.dead_workers(timeout_s=2) == 1
+    assert workers.dead(timeout_s=2) == 1
 
 
 class Engine:
@@ -88,19 +87,14 @@ def test_trainer_joins_the_broadcast_only_after_the_running_generation(ray_local
     """A long generation must not hold the trainer inside the collective (its timeout would fire)."""
     from types import SimpleNamespace
 
-    from areal_kit.rl.controller import RunState
-
     engine = ray.remote(num_cpus=0)(Engine).remote()
     trainer = ray.remote(num_cpus=0, concurrency_groups={"weights": 1})(Trainer).remote()
-    ctrl = Controller.__new__(Controller)
-    ctrl.workers = Workers(trainers=[trainer], rollouts=[engine], gen_tp=1)
-    ctrl.cfg = SimpleNamespace(weight_sync="broadcast")
-    ctrl.state, ctrl._receiving, ctrl._shared = RunState(), [], False
+    sync = WeightSync(SimpleNamespace(weight_sync="broadcast"), TrainerGroup([trainer]), EngineGroup([engine]))
     engine.generate.remote(2.0)
     time.sleep(0.2)  # the generation is running
-    ctrl._sync()
+    sync.push(1)
     free_at = time.time()  # the trainer's side is done: it may train on
-    ray.get(ctrl._receiving)
+    sync.wait()
     events = dict(ray.get(engine.events.remote()))
     [sent] = ray.get(trainer.sends.remote())
     assert free_at < events["generated"] <= sent

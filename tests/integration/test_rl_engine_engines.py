@@ -28,7 +28,7 @@ def two_engines(request, tmp_path_factory):
 
 
 def test_every_engine_gets_the_weights(two_engines):
-    for engine in two_engines.ctrl.workers.rollouts:
+    for engine in two_engines.ctrl.workers.engines.actors:
         assert _engine_vs_trainer(two_engines, engine) < 1e-4
 
 
@@ -40,9 +40,9 @@ def test_engines_receive_every_tensor_straight_into_their_parameters(two_engines
 
     from areal_kit.rl.weight_sync import transport
 
-    plan = ray.get(two_engines.ctrl.workers.trainers[0].sync_plan.remote())
+    plan = ray.get(two_engines.ctrl.workers.trainers.actors[0].sync_plan.remote())
     sent = sorted(transport.as_meta(m).name for bucket in plan for m in bucket)
-    for engine in two_engines.ctrl.workers.rollouts:
+    for engine in two_engines.ctrl.workers.engines.actors:
         placed = ray.get(engine.__ray_call__.remote(lambda self: self.llm.collective_rpc("placed_weights")))
         assert placed == [sent]
 
@@ -70,7 +70,7 @@ def test_auto_puts_the_engines_parameters_in_memory_the_trainer_writes(two_engin
         return inside / sum(p.numel() * p.element_size() for p in params)
 
     shares = [ray.get(e.__ray_call__.remote(lambda self: self.llm.collective_rpc(_memfd_share)))[0]
-              for e in two_engines.ctrl.workers.rollouts]
+              for e in two_engines.ctrl.workers.engines.actors]
     with open(two_engines.job.paths.log_file) as f:
         log = f.read()
     if mode == "auto":
@@ -86,7 +86,7 @@ def test_cpu_engines_run_inside_their_actor(two_engines):
     hand-over between processes doubled the tiny preset's generation time)."""
     import ray
 
-    for engine in two_engines.ctrl.workers.rollouts:
+    for engine in two_engines.ctrl.workers.engines.actors:
         client = ray.get(engine.__ray_call__.remote(lambda self: type(self.llm.llm_engine.engine_core).__name__))
         assert client == "InprocClient"
 

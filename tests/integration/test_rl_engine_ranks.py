@@ -27,12 +27,12 @@ def test_two_ranks_finish_with_synced_weights(two_ranks):
     import ray
 
     assert [r["global_step"] for r in two_ranks.rows] == [1, 2, 3, 4]
-    sums = ray.get([t.local_checksum.remote() for t in two_ranks.ctrl.workers.trainers])
+    sums = ray.get([t.local_checksum.remote() for t in two_ranks.ctrl.workers.trainers.actors])
     if two_ranks.zero_stage < 3:  # full parameters on every rank: they must be identical
         assert sums[0] == pytest.approx(sums[1], abs=0, rel=0)
     else:  # each rank holds its own half
         assert sums[0] != sums[1]
-    assert _engine_vs_trainer(two_ranks, two_ranks.ctrl.workers.rollouts[0]) < 1e-4
+    assert _engine_vs_trainer(two_ranks, two_ranks.ctrl.workers.engines.actors[0]) < 1e-4
 
 
 def test_staleness_is_bounded_and_recorded(two_ranks):
@@ -49,7 +49,7 @@ def test_weights_changed_from_init(two_ranks):
 
     init = AutoModelForCausalLM.from_pretrained(two_ranks.job.model_path)
     init_sum = sum(p.double().sum().item() for p in init.parameters())
-    sums = ray.get([t.local_checksum.remote() for t in two_ranks.ctrl.workers.trainers])
+    sums = ray.get([t.local_checksum.remote() for t in two_ranks.ctrl.workers.trainers.actors])
     now = sums[0] if two_ranks.zero_stage < 3 else sum(sums)  # ZeRO-3: the halves add up to the model
     assert abs(now - init_sum) > 1e-3
     assert abs(now - init_sum) < 0.05 * abs(init_sum) + 10  # moved by training, not garbage
@@ -66,6 +66,6 @@ def test_final_save_holds_the_trained_weights(two_ranks):
     saves = glob.glob(f"{two_ranks.job.paths.ckpt_dir}/actor/epoch*epochstep*globalstep4")
     assert len(saves) == 1
     saved = sum(p.double().sum().item() for p in AutoModelForCausalLM.from_pretrained(saves[0]).parameters())
-    sums = ray.get([t.local_checksum.remote() for t in two_ranks.ctrl.workers.trainers])
+    sums = ray.get([t.local_checksum.remote() for t in two_ranks.ctrl.workers.trainers.actors])
     held = sums[0] if two_ranks.zero_stage < 3 else sum(sums)
     assert saved == pytest.approx(held, rel=1e-9)

@@ -21,7 +21,7 @@ def tp_engine(tmp_path_factory):
 
 def test_a_tp_engine_gets_the_weights(tp_engine):
     assert [r["global_step"] for r in tp_engine.rows] == [1, 2, 3]
-    assert _engine_vs_trainer(tp_engine, tp_engine.ctrl.workers.rollouts[0]) < 1e-4
+    assert _engine_vs_trainer(tp_engine, tp_engine.ctrl.workers.engines.actors[0]) < 1e-4
 
 
 def test_only_tensors_every_worker_holds_whole_go_through_shared_memory(tp_engine):

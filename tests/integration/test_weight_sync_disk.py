@@ -17,7 +17,7 @@ def disk_run(tmp_path_factory):
 
 def test_engine_serves_the_saved_weights(disk_run):
     # The engine re-packs its CPU kernels from the loaded weights: a stale kernel is ~0.08 off.
-    assert _engine_vs_trainer(disk_run, disk_run.ctrl.workers.rollouts[0]) < 1e-4
+    assert _engine_vs_trainer(disk_run, disk_run.ctrl.workers.engines.actors[0]) < 1e-4
 
 
 def test_every_step_records_the_engine_load(disk_run):
@@ -31,9 +31,9 @@ def test_disk_load_reports_its_parts_as_a_broadcast_does(disk_run):
     # figures must come from the same loader, so both are split the same way.
     import ray
 
-    from areal_kit.rl.plan import weight_sync_dir
+    from areal_kit.rl.weight_sync.sync import weight_sync_dir
 
-    engine, cfg = disk_run.ctrl.workers.rollouts[0], disk_run.job.cfg
+    engine, cfg = disk_run.ctrl.workers.engines.actors[0], disk_run.job.cfg
     version = ray.get(engine.get_version.remote()) + 1
     got = ray.get(engine.load_from_disk.remote(weight_sync_dir(cfg), version))
     assert got["load_wait"] == 0.0  # nothing on the wire

@@ -169,6 +169,9 @@ class FakeController:
         self.state.global_step = 4
         return {"task_reward": 0.5}
 
+    def restore(self):
+        pass
+
     def stop(self):
         self.stopped = True
 
@@ -178,7 +181,6 @@ def fake_run(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from areal_kit import logs
-    from areal_kit.rl import controller
     from areal_kit.rl.checkpoint import recover
 
     job = SimpleNamespace(total_steps=4, n_dropped=0, rows=[],
@@ -190,12 +192,11 @@ def fake_run(monkeypatch, tmp_path):
         fresh_flags.append(fresh)
         return SimpleNamespace(global_step=0)
 
-    monkeypatch.setattr(controller, "prepare", lambda cfg: job)
-    monkeypatch.setattr(controller, "Controller", FakeController)
+    monkeypatch.setattr(L, "prepare", lambda cfg: job)
+    monkeypatch.setattr(L, "Controller", FakeController)
     log = Log()
     monkeypatch.setattr(logs, "RunLogger", lambda *a: log)
     monkeypatch.setattr(recover, "resume_state", resume_state)
-    monkeypatch.setattr(recover, "restore_workers", lambda ctrl: None)
     monkeypatch.setattr(L.time, "sleep", lambda s: None)
     FakeController.made = []
     FakeController.dead = 0

@@ -1,7 +1,9 @@
-"""Recover checkpoints without Ray: atomic writes, what a start resumes, and mismatch messages.
+"""Recover checkpoints without Ray: atomic writes, what a start resumes, mismatch messages, when
+the Checkpointer writes one.
 
-The trainer ranks are stand-ins that write a file where DeepSpeed would write its checkpoint;
-everything else (folders, fsync, rename, state.json, the resume decision) is the real code.
+The trainer group is a stand-in that writes a file where DeepSpeed would write its checkpoint;
+everything else (folders, fsync, rename, state.json, the resume decision, the schedule) is the real
+code.
 """
 
 import json
@@ -15,7 +17,9 @@ from areal_kit.config.loader import load_config
 from areal_kit.data.prompts import PromptLoader
 from areal_kit.errors import UserError
 from areal_kit.rl.checkpoint import recover
-from areal_kit.rl.controller import Job, RunState
+from areal_kit.rl.checkpoint.checkpointer import Checkpointer
+from areal_kit.rl.job import Job, RunState
+from areal_kit.rl.schedule import Every
 
 
 class Log:
@@ -28,40 +32,38 @@ class Log:
     warning = info
 
 
-class _Remote:
-    def __init__(self, fn):
-        self.remote = fn
-
-
-class FakeTrainer:
-    """Writes engine/model.bin like DeepSpeed would; `fail` makes the write fail like a full disk."""
+class FakeTrainers:
+    """A TrainerGroup's checkpoint calls: writes engine/model.bin like DeepSpeed would; `fail` makes
+    the write fail like a full disk."""
 
     def __init__(self, fail=None):
         self.fail = fail
-        self.save_recover = _Remote(self._save)
+        self.written = []
 
-    def _save(self, path):
+    def save_recover(self, path):
         if self.fail:
             raise self.fail
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "model.bin"), "wb") as f:
             f.write(b"x" * 1000)
-        return {}
+        self.written.append(path)
+
+    def save_hf(self, path):
+        raise AssertionError("no model save is due in these tests")
 
 
 class Ctrl:
-    def __init__(self, job, step, trainer=None):
-        self.job, self.cfg, self.log = job, job.cfg, Log()
+    """What the Checkpointer hands recover.write: the job, the state of a step, the timer."""
+
+    def __init__(self, job, step, trainers=None):
+        self.job, self.log = job, Log()
         self.state = RunState(global_step=step, version=step)
         self.timer = logs.StepTimer({"times": [1.0] * step, "total": float(step)})
-        self.workers = type("W", (), {"trainers": [trainer or FakeTrainer()]})()
+        self.trainers = trainers or FakeTrainers()
 
 
-@pytest.fixture(autouse=True)
-def no_ray_get(monkeypatch):
-    import ray
-
-    monkeypatch.setattr(ray, "get", lambda x: x)
+def dump(c: Ctrl) -> str:
+    return recover.write(c.job, c.state, c.timer.state_dict(), c.trainers, c.log)
 
 
 def make_job(tmp_path, *overrides, n_rows=64, total=10):
@@ -79,26 +81,26 @@ def make_job(tmp_path, *overrides, n_rows=64, total=10):
 def test_dump_is_a_complete_folder_and_replaces_the_previous(tmp_path):
     job = make_job(tmp_path)
     c2 = Ctrl(job, 2)
-    p2 = recover.dump(c2)
+    p2 = dump(c2)
     assert os.path.basename(p2) == "globalstep2"
     assert "Dumped recover info to file." in c2.log.lines
     st = json.loads(Path(p2, "state.json").read_text())
     assert st["global_step"] == 2 and st["loader"]["position"] == 2 and len(st["loader"]["used_ids"]) == 64
     assert st["sampling"] == {"seed": job.cfg.seed, "next_step_index": 2}
-    p4 = recover.dump(Ctrl(job, 4))
+    p4 = dump(Ctrl(job, 4))
     assert sorted(os.listdir(job.paths.recover_dir)) == ["globalstep4"]
     assert recover.latest(job.paths.recover_dir).path == p4
 
 
 def test_a_write_killed_midway_leaves_the_previous_checkpoint(tmp_path):
     job = make_job(tmp_path)
-    recover.dump(Ctrl(job, 2))
+    dump(Ctrl(job, 2))
 
     class Killed(BaseException):  # what SIGKILL looks like from the folder's point of view
         pass
 
     with pytest.raises(Killed):
-        recover.dump(Ctrl(job, 4, FakeTrainer(fail=Killed())))
+        dump(Ctrl(job, 4, FakeTrainers(fail=Killed())))
     names = sorted(os.listdir(job.paths.recover_dir))
     assert names == [".tmp-globalstep4", "globalstep2"]
     log = Log()
@@ -111,16 +113,16 @@ def test_a_write_killed_midway_leaves_the_previous_checkpoint(tmp_path):
 
 def test_a_failed_write_is_one_line_and_keeps_the_previous(tmp_path):
     job = make_job(tmp_path)
-    recover.dump(Ctrl(job, 2))
+    dump(Ctrl(job, 2))
     with pytest.raises(UserError) as e:
-        recover.dump(Ctrl(job, 4, FakeTrainer(fail=OSError(28, "No space left on device"))))
+        dump(Ctrl(job, 4, FakeTrainers(fail=OSError(28, "No space left on device"))))
     msg = str(e.value)
     assert "\n" not in msg and "No space left on device" in msg and "globalstep2" in msg and "intact" in msg
     assert sorted(os.listdir(job.paths.recover_dir)) == ["globalstep2"]
 
 
 def test_mismatch_names_every_difference_and_how_to_proceed(tmp_path):
-    recover.dump(Ctrl(make_job(tmp_path), 2))
+    dump(Ctrl(make_job(tmp_path), 2))
     job = make_job(tmp_path, "ppo.group_size=4", "dataset.train_bs_n_seqs=16", "n_nodes=2",
                    "allocation_mode=vllm.d3p1m1+d1p1m1")
     with pytest.raises(UserError) as e:
@@ -135,7 +137,7 @@ def test_mismatch_names_every_difference_and_how_to_proceed(tmp_path):
 
 
 def test_a_different_model_is_a_mismatch(tmp_path):
-    recover.dump(Ctrl(make_job(tmp_path), 2))
+    dump(Ctrl(make_job(tmp_path), 2))
     job = make_job(tmp_path)
     (tmp_path / "model" / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"],
                                                                 "hidden_size": 128}))
@@ -144,7 +146,7 @@ def test_a_different_model_is_a_mismatch(tmp_path):
 
 
 def test_fresh_discards_and_starts_at_step_one(tmp_path):
-    recover.dump(Ctrl(make_job(tmp_path), 2))
+    dump(Ctrl(make_job(tmp_path), 2))
     job = make_job(tmp_path, "ppo.group_size=4")
     log = Log()
     assert recover.resume_state(job, log, fresh=True) is None
@@ -157,10 +159,10 @@ def test_modes(tmp_path):
     with pytest.raises(UserError, match="recover_mode=resume but there is no recover checkpoint"):
         recover.resume_state(job, Log(), fresh=False)
     assert recover.resume_state(make_job(tmp_path), Log(), fresh=False) is None  # auto, nothing yet
-    recover.dump(Ctrl(make_job(tmp_path), 2))
+    dump(Ctrl(make_job(tmp_path), 2))
     fault = make_job(tmp_path, "recover_mode=fault")
     assert recover.resume_state(fault, Log(), fresh=False) is None  # first launch: start over
-    recover.dump(Ctrl(fault, 2))
+    dump(Ctrl(fault, 2))
     assert recover.resume_state(fault, Log(), fresh=False).global_step == 2  # relaunch: resume
     disabled = make_job(tmp_path, "recover_mode=disabled")
     assert recover.resume_state(disabled, Log(), fresh=False) is None
@@ -169,7 +171,7 @@ def test_modes(tmp_path):
 
 def test_relaunch_repositions_a_loader_that_ran_ahead(tmp_path):
     job = make_job(tmp_path)
-    recover.dump(Ctrl(job, 2))
+    dump(Ctrl(job, 2))
     for _ in range(5):  # queued batches of the failed attempt
         job.loader.next_batch()
     job.recover_attempts = 1
@@ -179,7 +181,7 @@ def test_relaunch_repositions_a_loader_that_ran_ahead(tmp_path):
 
 def test_a_finished_run_says_so(tmp_path):
     job = make_job(tmp_path, total=4)
-    recover.dump(Ctrl(job, 4))
+    dump(Ctrl(job, 4))
     save = os.path.join(job.paths.ckpt_dir, "actor", "epoch1epochstep4globalstep4")
     os.makedirs(save)
     Path(save, "config.json").write_text("{}")
@@ -189,14 +191,20 @@ def test_a_finished_run_says_so(tmp_path):
 
 
 def test_due_schedule(tmp_path):
-    job = make_job(tmp_path, "exp_ctrl.ckpt_freq_steps=3", "exp_ctrl.ckpt_freq_secs=0", total=10)
-    got = []
+    """Recover checkpoints after step 2, every ckpt_freq_steps, and after the last step."""
+    job = make_job(tmp_path, "exp_ctrl.ckpt_freq_steps=3", "exp_ctrl.ckpt_freq_secs=0", "exp_ctrl.ckpt_freq_epochs=0",
+                   "exp_ctrl.save_freq_steps=0", "exp_ctrl.save_freq_epochs=0", "exp_ctrl.save_freq_secs=0", total=10)
+    state, trainers = RunState(), FakeTrainers()
+    ckpt = Checkpointer(job, state, logs.StepTimer({}), Log(), trainers)
     for g in range(1, 11):
-        c = Ctrl(job, g)
-        if recover.due(c, 0, False, 1000.0):
-            got.append(g)
-    assert got == [2, 3, 6, 9, 10]
-    job = make_job(tmp_path, "exp_ctrl.ckpt_freq_secs=600", total=10)
-    c = Ctrl(job, 5)
-    c.state.last_ckpt_time = 1000.0
-    assert not recover.due(c, 0, False, 1599.0) and recover.due(c, 0, False, 1600.0)
+        state.global_step = state.version = g
+        ckpt.after_step(0, g - 1)
+    written = [int(p.split("globalstep")[1].split("/")[0]) for p in trainers.written]
+    assert written == [2, 3, 6, 9, 10]
+
+
+def test_every_seconds_counts_from_the_last_time():
+    every = Every(secs=600)
+    assert not every.due(5, seconds_since=599.0)
+    assert every.due(5, seconds_since=600.0)
+    assert not Every().due(4, 0, True, 10_000.0), "a schedule with every field 0 is never due"

@@ -29,8 +29,10 @@ def test_grade_row_is_the_eval_grader():
 
 def test_due_every_n_steps_and_at_the_end():
     cfg = load_config("tiny", ["exp_ctrl.eval_every=3", "dataset.eval_size=8"])
-    assert [s for s in range(1, 11) if E.due(cfg, s, 10)] == [3, 6, 9, 10]
-    assert not any(E.due(load_config("tiny"), s, 10) for s in range(1, 11))
+    rows = [{"id": "q"}]
+    assert [s for s in range(1, 11) if E.Validator(cfg, rows, None, None, 10).due(s)] == [3, 6, 9, 10]
+    assert not any(E.Validator(load_config("tiny"), rows, None, None, 10).due(s) for s in range(1, 11))
+    assert not any(E.Validator(cfg, [], None, None, 10).due(s) for s in range(1, 11)), "no eval rows: never due"
 
 
 @pytest.mark.parametrize("overrides, msg", [

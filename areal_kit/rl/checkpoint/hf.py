@@ -1,9 +1,9 @@
-"""Persistent model saves (Hugging Face folders) and the hook for recover checkpoints.
+"""Model saves as Hugging Face folders, loadable by transformers and vLLM.
 
-Saves go to {fileroot}/checkpoints/{user}/{exp}/{trial}/actor/epoch{e}epochstep{s}globalstep{g}/,
-loadable by transformers and vLLM; keep_last_n prunes older ones. A failed save (disk full,
-permission denied) stops the run with one line and leaves earlier saves intact: the trainer
-writes to a temporary folder and renames it only when complete.
+Saves go to {fileroot}/checkpoints/{user}/{exp}/{trial}/actor/epoch{e}epochstep{s}globalstep{g}/;
+keep_last_n prunes older ones. A failed save (disk full, permission denied) stops the run with
+one line and leaves earlier saves intact: the trainer writes to a temporary folder and renames
+it only when complete. When a save is due is the Checkpointer's call (checkpointer.py).
 """
 
 from __future__ import annotations
@@ -12,27 +12,26 @@ import os
 import re
 import shutil
 
+from ray.exceptions import RayTaskError
+
 from areal_kit.errors import UserError
 
 
-def save_dir(ctrl, epoch: int, epoch_step: int) -> str:
-    g = ctrl.state.global_step
-    return os.path.join(ctrl.job.paths.ckpt_dir, "actor", f"epoch{epoch + 1}epochstep{epoch_step + 1}globalstep{g}")
+def save_dir(ckpt_dir: str, epoch: int, epoch_step: int, global_step: int) -> str:
+    return os.path.join(ckpt_dir, "actor", f"epoch{epoch + 1}epochstep{epoch_step + 1}globalstep{global_step}")
 
 
-def save_model(ctrl, epoch: int, epoch_step: int) -> str:
-    import ray
-
-    path = save_dir(ctrl, epoch, epoch_step)
+def save(trainers, path: str, keep_last_n: int) -> str:
+    """Every trainer rank joins (ZeRO-3 gathers); rank 0 writes `path`. Older saves beyond
+    keep_last_n are removed after it is complete."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        ray.get([t.save_hf.remote(path) for t in ctrl.workers.trainers])
-    except (OSError, ray.exceptions.RayTaskError) as e:
+        trainers.save_hf(path)
+    except (OSError, RayTaskError) as e:  # here, or the trainer's, wrapped by Ray
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise UserError(f"saving the model to {path} failed ({reason}); earlier saves are intact. "
                         "Free space or fix permissions on fileroot, then re-run to resume") from None
-    ctrl.log.info(f"Saved model to {path}")
-    prune(os.path.dirname(path), ctrl.cfg.exp_ctrl.keep_last_n)
+    prune(os.path.dirname(path), keep_last_n)
     return path
 
 
@@ -48,12 +47,3 @@ def prune(actor_dir: str, keep_last_n: int) -> None:
     saves = sorted((d for d in os.listdir(actor_dir) if step_of(d) >= 0), key=step_of)
     for d in saves[:-keep_last_n]:
         shutil.rmtree(os.path.join(actor_dir, d), ignore_errors=True)
-
-
-def maybe_dump_recover(ctrl, epoch: int, epoch_step: int, end_of_epoch: bool) -> None:
-    """Recover checkpoints: see areal_kit/rl/checkpoint/recover.py (no-op until it exists)."""
-    try:
-        from areal_kit.rl.checkpoint import recover
-    except ImportError:
-        return
-    recover.maybe_dump(ctrl, epoch, epoch_step, end_of_epoch)

@@ -3,7 +3,7 @@
 A checkpoint is a folder `{fileroot}/recover/{user}/{exp}/{trial}/globalstep{g}/` holding
     engine/deepspeed/  DeepSpeed checkpoint of every trainer rank (model, optimizer, LR scheduler)
     engine/rng_rank{r}.pt  python, numpy, torch RNG of that rank
-    rng_driver.pkl     the driver's RNG states
+    rng_driver.pt      the driver's RNG states
     state.json         step counters, data-loader position and ids used this epoch, sampling-seed
                        state, timer and last metrics, and the run's signature; written LAST
 It is written as `.tmp-globalstep{g}/`, every file and folder fsynced, then renamed: a folder
@@ -17,8 +17,8 @@ recover_mode: auto (resume a matching checkpoint), resume (a checkpoint must exi
 A checkpoint that does not match the run (model, batch size, group size, nodes, allocation,
 dataset) stops the run with one line naming each difference, unless --fresh.
 
-The hooks are called by rl/launch.py (resume_state, restore_workers) and rl/checkpoint/hf.py
-(maybe_dump); folder-level helpers live in rl/checkpoint/store.py. Tests: tests/unit/test_recover_*.py, tests/integration/test_recover*.py.
+rl/launch.py calls resume_state before each launch; the Checkpointer (checkpointer.py) calls
+restore, and write when a checkpoint is due. Folder-level helpers are in store.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ import shutil
 import socket
 import time
 
+from ray.exceptions import RayTaskError
+
 from areal_kit.errors import UserError
+from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.checkpoint.store import (
     FORMAT,
     PREFIX,
@@ -45,6 +48,9 @@ from areal_kit.rl.checkpoint.store import (
     tree_bytes,
     write_json,
 )
+from areal_kit.rl.job import RunState
+
+DRIVER_RNG = "rng_driver.pt"
 
 # ------------------------------------------------------------------ signature
 # What must be equal for a checkpoint to continue this run, with the override that sets it
@@ -118,8 +124,6 @@ def resume_state(job, log, fresh: bool):
 
     Called before every launch attempt; attempt > 0 means a relaunch after a worker failure.
     """
-    from areal_kit.rl.controller import RunState
-
     cfg = job.cfg
     attempt = job.recover_attempts
     job.recover_attempts += 1
@@ -170,7 +174,7 @@ def resume_state(job, log, fresh: bool):
                             "exp_ctrl.total_train_steps or total_train_epochs to continue it, or use --fresh "
                             "to start over")
     job.loader.seek(g)
-    _set_driver_rng(os.path.join(ck.path, "rng_driver.pkl"))
+    rng.load(os.path.join(ck.path, DRIVER_RNG))
     s = ck.state
     state = RunState(global_step=g, version=s["version"], loader=s["loader"], timer=s["timer"],
                      last_save_time=0.0, last_ckpt_time=time.time(), recover_path=ck.path)
@@ -210,52 +214,20 @@ def _ago(t) -> str:
 
 
 # ------------------------------------------------------------------ start: workers
-def restore_workers(ctrl) -> None:
-    """Load the checkpoint into every trainer rank, then give the rollout engines its weights."""
-    import ray
-
-    path = ctrl.state.recover_path
-    t0 = time.time()
+def restore(path: str, trainers) -> int:
+    """Load the checkpoint into every trainer rank; the weight version it holds."""
     engine = os.path.join(path, "engine")
     try:
-        versions = ray.get([t.load_recover.remote(engine) for t in ctrl.workers.trainers])
-    except ray.exceptions.RayTaskError as e:
+        return trainers.load_recover(engine)
+    except RayTaskError as e:
         raise UserError(f"loading the recover checkpoint {path} failed ({_last_line(e)}); re-run with --fresh "
                         "to start over") from None
-    # Rollout engines start from the base model; they must sample with the checkpoint's weights.
-    ctrl._sync(wait_engines=True)
-    ctrl.log.info(f"Restored trainer state (model, optimizer, LR scheduler, RNG) from {engine} and synced "
-                  f"weight version {versions[0]} to the rollout engines in {time.time() - t0:.1f}s.")
 
 
-# ------------------------------------------------------------------ after each step
-def due(ctrl, epoch: int, end_of_epoch: bool, now: float) -> bool:
-    ec, st = ctrl.cfg.exp_ctrl, ctrl.state
-    g = st.global_step
-    if not st.last_ckpt_time:
-        st.last_ckpt_time = now
-    return bool(g == 2 or g >= ctrl.job.total_steps
-                or (ec.ckpt_freq_steps and g % ec.ckpt_freq_steps == 0)
-                or (ec.ckpt_freq_epochs and end_of_epoch and (epoch + 1) % ec.ckpt_freq_epochs == 0)
-                or (ec.ckpt_freq_secs and now - st.last_ckpt_time >= ec.ckpt_freq_secs))
-
-
-def maybe_dump(ctrl, epoch: int, epoch_step: int, end_of_epoch: bool) -> None:
-    _test_pause(ctrl, "after_step")
-    if ctrl.cfg.recover_mode == "disabled":
-        return
-    now = time.time()
-    if due(ctrl, epoch, end_of_epoch, now):
-        dump(ctrl)
-        ctrl.state.last_ckpt_time = now
-
-
-def dump(ctrl) -> str:
-    """Write the recover checkpoint of the current global step atomically; returns its path."""
-    import ray
-
-    job, st = ctrl.job, ctrl.state
-    g = st.global_step
+# ------------------------------------------------------------------ after a step
+def write(job, state, timer_state: dict, trainers, log) -> str:
+    """Write the recover checkpoint of state.global_step atomically; returns its path."""
+    g = state.global_step
     rdir = job.paths.recover_dir
     final = os.path.join(rdir, f"{PREFIX}{g}")
     if os.path.exists(os.path.join(final, STATE_FILE)):
@@ -267,14 +239,14 @@ def dump(ctrl) -> str:
         remove_tmp(rdir)
         os.makedirs(tmp)
         # Every rank joins: DeepSpeed saves each rank's shard; each rank fsyncs what it wrote.
-        ray.get([t.save_recover.remote(os.path.join(tmp, "engine")) for t in ctrl.workers.trainers])
-        _save_driver_rng(os.path.join(tmp, "rng_driver.pkl"))
-        _test_pause(ctrl, "before_commit")
-        write_json(os.path.join(tmp, STATE_FILE), _state_record(ctrl))
+        trainers.save_recover(os.path.join(tmp, "engine"))
+        rng.save(os.path.join(tmp, DRIVER_RNG))
+        test_pause(job.paths.log_dir, "before_commit", g)
+        write_json(os.path.join(tmp, STATE_FILE), _state_record(job, state, timer_state))
         fsync_tree(tmp)
         os.rename(tmp, final)
         fsync_dir(rdir)
-    except (OSError, ray.exceptions.RayTaskError) as e:
+    except (OSError, RayTaskError) as e:  # here, or a rank's, wrapped by Ray
         shutil.rmtree(tmp, ignore_errors=True)
         prev = latest(rdir)
         kept = f"the previous one ({prev.path}) is intact" if prev else "there is no earlier one"
@@ -284,20 +256,19 @@ def dump(ctrl) -> str:
         if old.path != final:
             shutil.rmtree(old.path, ignore_errors=True)
     size = tree_bytes(final)
-    ctrl.log.info("Dumped recover info to file.")
-    ctrl.log.info(f"Recover checkpoint {final}: global step {g}, {size / 1e6:.1f} MB in {time.time() - t0:.2f}s.")
+    log.info("Dumped recover info to file.")
+    log.info(f"Recover checkpoint {final}: global step {g}, {size / 1e6:.1f} MB in {time.time() - t0:.2f}s.")
     return final
 
 
-def _state_record(ctrl) -> dict:
-    job, st, cfg = ctrl.job, ctrl.state, ctrl.cfg
-    g = st.global_step
+def _state_record(job, state, timer_state: dict) -> dict:
+    cfg, g = job.cfg, state.global_step
     # The loader may be ahead of training (max_head_offpolicyness > 0 queues batches): record the
     # position of the trained step; the order is a pure function of (seed, epoch).
     return {
-        "format": FORMAT, "time": time.time(), "global_step": g, "version": st.version,
-        "loader": job.loader.state_at(g), "timer": ctrl.timer.state_dict(),
-        # Sampling seeds are B.sample_seed(seed, step index, prompt index): the step index is the state.
+        "format": FORMAT, "time": time.time(), "global_step": g, "version": state.version,
+        "loader": job.loader.state_at(g), "timer": timer_state,
+        # Sampling seeds are batch.sample_seed(seed, step index, prompt index): the step index is the state.
         "sampling": {"seed": cfg.seed, "next_step_index": g},
         "metrics": {"last_row": last_metrics_row(job.paths.metrics_file, g)},
         "total_steps": job.total_steps, "signature": signature(job),
@@ -310,47 +281,19 @@ def _last_line(e: Exception) -> str:
     return text.splitlines()[-1][:300] if text else type(e).__name__
 
 
-# ------------------------------------------------------------------ RNG of the driver
-def _save_driver_rng(path: str) -> None:
-    import pickle
-    import random
-
-    import numpy as np
-    import torch
-
-    with open(path, "wb") as f:
-        pickle.dump({"python": random.getstate(), "numpy": np.random.get_state(),
-                     "torch": torch.get_rng_state()}, f)
-
-
-def _set_driver_rng(path: str) -> None:
-    import pickle
-    import random
-
-    import numpy as np
-    import torch
-
-    with open(path, "rb") as f:
-        s = pickle.load(f)
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
-
-
 # ------------------------------------------------------------------ test hook
 _PAUSED: set = set()
 
 
-def _test_pause(ctrl, point: str) -> None:
+def test_pause(log_dir: str, point: str, global_step: int) -> None:
     """AREAL_TEST_PAUSE=point:step holds the driver at that point of that global step (once per
     process) until the marker file PAUSED-point-step in the log folder is removed. Integration
     tests use it to kill a worker, or the driver mid-write, at an exact moment."""
     spec = os.environ.get("AREAL_TEST_PAUSE", "")
-    g = ctrl.state.global_step
-    if spec != f"{point}:{g}" or spec in _PAUSED:
+    if spec != f"{point}:{global_step}" or spec in _PAUSED:
         return
     _PAUSED.add(spec)
-    marker = os.path.join(ctrl.job.paths.log_dir, f"PAUSED-{point}-{g}")
+    marker = os.path.join(log_dir, f"PAUSED-{point}-{global_step}")
     with open(marker, "w") as f:
         f.write(str(os.getpid()))
     deadline = time.time() + 900

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 PREFIX = "globalstep"
 TMP_PREFIX = ".tmp-"
 STATE_FILE = "state.json"
-FORMAT = 1
+FORMAT = 2  # 2: the driver's RNG state is a torch file, as the ranks' are
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
-from areal_kit.rl.plan import check_gpu_sharing
 from areal_kit.rl.workers import placement
 
 
@@ -43,18 +42,120 @@ def start_ray(cfg, n_slots: int) -> None:
     ray.init(num_cpus=ncpu, include_dashboard=False, log_to_driver=verbose, logging_level="WARNING")
 
 
+class TrainerGroup:
+    """The DeepSpeed ranks of the actor. Every call goes to every rank (their collectives need
+    all of them) and returns rank 0's answer."""
+
+    def __init__(self, actors: list):
+        self.actors = actors  # Ray actor handles, rank order
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def _all(self, method: str, *args) -> list:
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def attention(self) -> str:
+        import ray
+
+        return ray.get(self.actors[0].attention.remote())
+
+    def train_step(self, samples: list[dict]) -> dict:
+        import ray
+
+        return self._all("train_step", ray.put(samples))[0]  # one copy in the object store for all ranks
+
+    def save_hf(self, path: str) -> None:
+        self._all("save_hf", path)
+
+    def save_recover(self, path: str) -> None:
+        self._all("save_recover", path)
+
+    def load_recover(self, path: str) -> int:
+        return self._all("load_recover", path)[0]
+
+
+class EngineGroup:
+    """The rollout engines: rows are split evenly over them; generations are queued, not waited."""
+
+    def __init__(self, actors: list, tp: int = 1):
+        self.actors = actors  # Ray actor handles, one per engine
+        self.tp = tp  # devices (vLLM workers) of each engine
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def _split(self, rows: list) -> list[tuple[object, list]]:
+        n = len(self.actors)
+        return [(e, rows[i::n]) for i, e in enumerate(self.actors) if rows[i::n]]
+
+    def submit(self, rows: list[dict]) -> list:
+        """Queue a generation of every row; the handles for collect()."""
+        return [e.generate.remote(chunk) for e, chunk in self._split(rows)]
+
+    def evaluate(self, rows: list[dict], max_new_tokens: int) -> list[dict]:
+        import ray
+
+        parts = ray.get([e.evaluate.remote(chunk, max_new_tokens) for e, chunk in self._split(rows)])
+        return [r for part in parts for r in part]
+
+
+def collect(handles: list) -> list:
+    """What queued calls returned, raising the first error as soon as it is in: a plain ray.get of
+    a list can sit on a generation stuck behind a load whose sender already failed."""
+    import ray
+
+    left = list(handles)
+    while left:
+        done, left = ray.wait(left, num_returns=1)
+        ray.get(done)
+    return ray.get(handles)
+
+
 @dataclass
 class Workers:
-    trainers: list  # actor handles, rank order
-    rollouts: list  # actor handles, one per engine
-    gen_tp: int
+    trainers: TrainerGroup
+    engines: EngineGroup
     places: placement.Reservation | None = None
+
+    def actors(self) -> list:
+        return self.trainers.actors + self.engines.actors
+
+    def setup(self) -> dict[str, float]:
+        """Start every trainer rank and engine in parallel; seconds the slowest of each took."""
+        import ray
+
+        t = ray.get([a.setup.remote() for a in self.actors()])
+        n = len(self.trainers)
+        return {"trainer_setup": max(t[:n]), "rollout_setup": max(t[n:])}
+
+    def dead(self, timeout_s: float = 10) -> int:
+        """How many actors are dead (a busy one, still running a call, is alive)."""
+        import ray
+
+        refs = [a.__ray_ready__.remote() for a in self.actors()]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        dead = 0
+        for r in ready:
+            try:
+                ray.get(r)
+            except ray.exceptions.RayActorError:
+                dead += 1
+        return dead
+
+    def kill(self) -> None:
+        import ray
+
+        for a in self.actors():
+            ray.kill(a)
 
 
 def reserve(cfg, plat) -> placement.Reservation:
     """Every worker's place on the joined Ray cluster, reserved: trainer ranks packed node by node,
     each engine's GPUs on one node; spread_roles keeps trainers and engines on different nodes."""
-    check_gpu_sharing(cfg, plat)
+    placement.check_gpu_sharing(cfg, plat)
     alloc = parse_allocation(cfg.allocation_mode)
     return placement.reserve(placement.on_cluster(alloc, plat, cfg.spread_roles))
 
@@ -83,7 +184,7 @@ def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
     rollouts = [Rollout.options(**places.engine_options(i)).remote(
         i, model_path, cfg, _pinned(env, cores, range(n_train + i * tp, n_train + (i + 1) * tp)), tp)
         for i in range(alloc.gen.dp)]
-    return Workers(trainers, rollouts, tp, places)
+    return Workers(TrainerGroup(trainers), EngineGroup(rollouts, tp), places)
 
 
 def core_sets(cfg, n_train: int, n_engines: int, tp: int) -> list[list[int]] | None:
@@ -120,58 +221,3 @@ def _pinned(env: dict[str, str], cores: list[list[int]] | None, slots) -> dict[s
         return env
     lists = [",".join(map(str, cores[s])) for s in slots]
     return {**env, "AREAL_CPU_CORES": ",".join(lists), "VLLM_CPU_OMP_THREADS_BIND": "|".join(lists)}
-
-
-def setup(workers: Workers) -> dict[str, float]:
-    """Start every engine in parallel; seconds each took."""
-    import ray
-
-    t = ray.get([w.setup.remote() for w in workers.trainers] + [r.setup.remote() for r in workers.rollouts])
-    return {"trainer_setup": max(t[:len(workers.trainers)]), "rollout_setup": max(t[len(workers.trainers):])}
-
-
-def init_weight_sync(workers: Workers, shared: bool = False) -> tuple[bool, str]:
-    """Join trainer rank 0 and every rollout worker into the standalone sync group; with shared,
-    try shared memory for CPU engines on the trainer's node (`share_memory`). Returns whether
-    that worked and how the weights will travel, for the log."""
-    import ray
-
-    backend = hardware.detect().dist_backend
-    # Every rank joins the plan's gather (ZeRO-3); rank 0 returns it.
-    plan = ray.get([t.sync_plan.remote() for t in workers.trainers])[0]
-    host, port = ray.get(workers.trainers[0].address.remote())
-    world = 1 + len(workers.rollouts) * workers.gen_tp
-    futs = [workers.trainers[0].init_sync.remote(host, port, world, backend, plan)]
-    futs += [r.init_sync.remote(host, port, 1 + i * workers.gen_tp, world, backend, plan)
-             for i, r in enumerate(workers.rollouts)]
-    ray.get(futs)
-    how = f"broadcast over {backend}"
-    if not (shared and backend == "gloo"):
-        return False, how
-    n, why = share_memory(workers)
-    if not n:
-        return False, f"{how} ({why})"
-    total = sum(len(b) for b in plan)
-    return True, f"shared memory for {n} of {total} tensors" + (f", the rest {how}" if n < total else "")
-
-
-def share_memory(workers: Workers) -> tuple[int, str]:
-    """Engines on the trainer's node put their parameters in memory the trainer maps, and it
-    writes new weights straight into them: no socket, no receive copy. Only when every engine
-    can (a mixed sync would still have to broadcast those bytes). Returns (tensors shared, why
-    none)."""
-    import ray
-
-    regions = [r for rs in ray.get([r.share_weights.remote() for r in workers.rollouts]) for r in rs]
-    why = [r["why"] for r in regions if "why" in r]
-    if why:
-        return 0, why[0]
-    names = sorted(set.intersection(*(set(r["places"]) for r in regions)))
-    if not names:
-        return 0, "no tensor has a place in every engine"
-    try:
-        ray.get(workers.trainers[0].open_shared.remote(regions, names))
-    except ray.exceptions.RayTaskError as e:
-        return 0, str(e.cause)
-    ray.get([r.use_shared.remote(names) for r in workers.rollouts])
-    return len(names), ""

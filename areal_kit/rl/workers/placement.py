@@ -26,6 +26,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 
 # How long a run waits for resources that are busy (a relaunch's killed workers hand theirs back
@@ -318,3 +319,16 @@ def _spans(values) -> str:
     if values == list(range(values[0], values[-1] + 1)) and len(values) > 1:
         return f"{values[0]}-{values[-1]}"
     return ", ".join(map(str, values))
+
+
+def check_gpu_sharing(cfg, plat) -> None:
+    """Generation and training on the same GPUs (colocated or per-role allocations) run on CPU
+    nodes only: on GPUs, vLLM and DeepSpeed would have to take turns on each device (vLLM's sleep
+    mode, weights over CUDA IPC, as NCCL refuses two ranks on one GPU), which is not built yet."""
+    a = parse_allocation(cfg.allocation_mode)
+    if a.kind == "decoupled" or plat.is_cpu:
+        return
+    split = a.split()
+    fix = f"use {split} to split the same {a.total_gpus} GPUs" if split else "expected vllm.GEN+TRAIN"
+    raise UserError(f"allocation_mode={a.text} has generation and training share GPUs, which areal-kit runs on "
+                    f"CPU nodes only, not on GPUs yet; {fix}")

@@ -18,12 +18,13 @@ import time
 
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.reward.runner import RewardRunner
+from areal_kit.rl.weight_sync.receiver import WeightReceiver
 from areal_kit.rl.workers import workflow
 
 EXTENSION = "areal_kit.rl.weight_sync.vllm_ext.WeightSyncExtension"
 
 
-class RolloutWorker:
+class RolloutWorker(WeightReceiver):
     def __init__(self, index: int, model_path: str, cfg, env: dict[str, str], tp: int = 1):
         os.environ.update(env)
         self.index, self.cfg, self.model_path, self.tp = index, cfg, model_path, tp
@@ -130,40 +131,6 @@ class RolloutWorker:
                         "no_eos": o.finish_reason == "length"})
         return res
 
-    # ------------------------------------------------------------ weights
-    def init_sync(self, host: str, port: int, rank_offset: int, world: int, backend: str, plan) -> list:
-        import ray
-
-        # vLLM's workers are child processes without Ray: tell them this node's address.
-        local_ip = ray.util.get_node_ip_address()
-        return self.llm.collective_rpc("init_weight_sync",
-                                       args=(host, port, rank_offset, world, backend, plan, local_ip,
-                                             self.cfg.weight_sync_timeout_s))
-
-    def share_weights(self) -> list:
-        """Each worker's shared parameter memory for the trainer on this node, or {"why": ...}."""
-        return self.llm.collective_rpc("share_weights")
-
-    def use_shared(self, names: list[str]) -> list:
-        return self.llm.collective_rpc("use_shared", args=(names,))
-
-    def receive_weights(self, version: int, shared: bool = False) -> dict:
-        """Seconds of the whole receive and load, and of its slowest worker's parts: on the wire,
-        copying into the parameters, re-packing CPU kernels."""
-        return self._load(version, "receive_weights", (version, shared))
-
-    def load_from_disk(self, path: str, version: int) -> dict:
-        """The same, from a Hugging Face folder (weight_sync=disk)."""
-        return self._load(version, "load_weights_from_disk", (path, version))
-
-    def _load(self, version: int, method: str, args: tuple) -> dict:
-        t0 = time.time()
-        parts = self.llm.collective_rpc(method, args=args)
-        # Cached prefixes hold KV computed with the old weights.
-        self.llm.reset_prefix_cache()
-        self.version = version
-        return {"load_time": time.time() - t0, **{f"load_{k}": max(p[k] for p in parts) for k in parts[0]}}
-
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """Logprob of every token after the first of each sequence (engine vs trainer checks)."""
         from vllm import SamplingParams
@@ -174,6 +141,3 @@ class RolloutWorker:
         for seq, o in zip(sequences, outs):
             res.append([d[t].logprob for d, t in zip(o.prompt_logprobs[1:], seq[1:])])
         return res
-
-    def get_version(self) -> int:
-        return self.version

@@ -4,7 +4,7 @@ Ranks form a torch.distributed world (gloo on CPU, NCCL on GPU, from areal_kit.h
 step every rank gets the whole batch (one Ray object), takes its shard of sequences, packs it into
 micro-batches of at most max_tokens_per_mb tokens, and accumulates gradients so that the loss is
 the mean over every answer token of the global batch, not a mean of micro-batch means.
-Rank 0 also owns the weight-sync group to the rollout engines.
+Rank 0 also owns the trainer's end of the weight sync (rl/weight_sync/sender.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from areal_kit.data.tokenizer import copy_tokenizer_files
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.algo.packing import Packed, min_bins, pack, partition
+from areal_kit.rl.checkpoint import rng
+from areal_kit.rl.checkpoint.store import fsync_tree
 from areal_kit.rl.weight_sync import transport
+from areal_kit.rl.weight_sync.sender import WeightSender
 
 
 def _pin_to_cores(cores: str) -> None:
@@ -32,7 +35,7 @@ def _pin_to_cores(cores: str) -> None:
     torch.set_num_threads(len(ids))
 
 
-class TrainerWorker:
+class TrainerWorker(WeightSender):
     def __init__(self, rank: int, world: int, cfg, model_path: str, env: dict[str, str],
                  total_steps: int = 1):
         os.environ.update(env)
@@ -303,50 +306,6 @@ class TrainerWorker:
             return gathered_state(m, keep=self.rank == 0)
         return m.state_dict() if self.rank == 0 else {}
 
-    def _sync_state(self) -> dict[str, torch.Tensor]:
-        state = self.full_state()
-        if getattr(self.engine.module.config, "tie_word_embeddings", False):
-            # The same bytes as the embedding (a sixth of Qwen2.5-1.5B's): the engine re-names the
-            # received embedding as lm_head (vllm_ext), so it is never sent twice.
-            state.pop("lm_head.weight", None)
-        return state
-
-    def sync_plan(self):
-        state = self._sync_state()  # every rank: ZeRO-3 gathers
-        return transport.make_plan(list(state.items())) if self.rank == 0 else None
-
-    def init_sync(self, host: str, port: int, world: int, backend: str, plan) -> bool:
-        self._store, self.sync_group = transport.init_group(host, port, 0, world, backend, local_ip=host,
-                                                              timeout_s=self.cfg.weight_sync_timeout_s)
-        self._plan = plan
-        return True
-
-    def stage_weights(self) -> dict:
-        """Stage the new weights for the next send (every rank: ZeRO-3 gathers them here)."""
-        state = self._sync_state()
-        if self.rank == 0:
-            # ZeRO-3's gathered state is a copy; the other stages hand over the parameters.
-            self.outbox.stage(state, live=self.cfg.actor.zero_stage != 3)
-        return {}
-
-    def open_shared(self, regions: list[dict], names: list[str]) -> int:
-        """Rank 0: map the engines' shared parameter memory (engines on this node, see vllm_ext
-        share_weights); sends with shared=True then write `names` straight into it."""
-        bufs = [transport.open_region(r) for r in regions]
-        metas = {transport.as_meta(m).name: m for bucket in self._plan for m in bucket}
-        self._shared = {n: [transport.region_view(b, r["places"][n], metas[n]) for b, r in zip(bufs, regions)]
-                        for n in names}
-        return len(self._shared)
-
-    def send_weights(self, *engines_free, shared: bool = False) -> dict:
-        """Rank 0, on the actor's "weights" concurrency group: broadcast the staged weights.
-
-        The controller passes each engine's refs that resolve once it is free to receive, so Ray
-        starts this only then, and the main thread goes on training meanwhile.
-        """
-        to = getattr(self, "_shared", None) if shared else None
-        return self.outbox.send(lambda state: transport.send(self.sync_group, self._plan, state, self.device, to))
-
     def save_hf(self, path: str) -> str:
         """Hugging Face folder (weights + config + tokenizer), written atomically by rank 0."""
         import shutil
@@ -358,7 +317,7 @@ class TrainerWorker:
         shutil.rmtree(tmp, ignore_errors=True)
         self.engine.module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         copy_tokenizer_files(self.model_path, tmp)  # byte for byte: a re-save can change how it reads
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         if os.path.exists(path):
             shutil.rmtree(path)
         os.replace(tmp, path)
@@ -375,8 +334,8 @@ class TrainerWorker:
         self.outbox.before_collectives()  # DeepSpeed's save runs collectives of the training world
         self.engine.save_checkpoint(path, tag="deepspeed", client_state={"version": self.version},
                                     save_latest=False)
-        torch.save(_rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
-        _fsync_tree(path)
+        rng.save(os.path.join(path, f"rng_rank{self.rank}.pt"))
+        fsync_tree(path)
         return {"rank": self.rank, "save_time": time.time() - t0}
 
     def load_recover(self, path: str) -> int:
@@ -387,7 +346,7 @@ class TrainerWorker:
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint 'deepspeed' in {path}")
         self.version = int((client or {}).get("version", 0))
-        _set_rng_state(torch.load(os.path.join(path, f"rng_rank{self.rank}.pt"), weights_only=False))
+        rng.load(os.path.join(path, f"rng_rank{self.rank}.pt"))
         return self.version
 
     def logprobs(self, prompts: list[list[int]], answers: list[list[int]]) -> list[list[float]]:
@@ -451,33 +410,3 @@ def loss_mask(sample: dict) -> torch.Tensor:
     tokens it inserted, e.g. a tool's output between two model turns)."""
     m = sample.get("loss_mask")
     return torch.tensor(m, dtype=torch.float32) if m is not None else torch.ones(len(sample["output_ids"]))
-
-
-def _fsync_tree(root: str) -> None:
-    for d, _, files in os.walk(root):
-        for f in files:
-            with open(os.path.join(d, f), "rb") as fh:
-                os.fsync(fh.fileno())
-
-
-def _rng_state() -> dict:
-    import random
-
-    import numpy as np
-
-    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        s["cuda"] = torch.cuda.get_rng_state_all()
-    return s
-
-
-def _set_rng_state(s: dict) -> None:
-    import random
-
-    import numpy as np
-
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])

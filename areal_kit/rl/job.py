@@ -1,0 +1,86 @@
+"""A run before any worker starts: its inputs validated (Job) and the state that continues it (RunState).
+
+    from areal_kit.config.loader import load_config
+    from areal_kit.rl.job import prepare
+    job = prepare(load_config("tiny"))      # model built or found, prompts tokenized, steps counted
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from areal_kit import logs
+from areal_kit.data.tokenizer import load_tokenizer
+from areal_kit.errors import UserError
+from areal_kit.rl.algo import batch as B
+
+
+@dataclass
+class RunState:
+    """Everything the loop needs to continue; recover checkpoints persist it."""
+
+    global_step: int = 0  # steps finished
+    version: int = 0  # weight updates applied (= global_step after each sync)
+    loader: dict = field(default_factory=dict)
+    timer: dict = field(default_factory=dict)
+    last_save_time: float = 0.0
+    last_ckpt_time: float = 0.0
+    recover_path: str = ""  # the recover checkpoint this state was read from (checkpoint/recover.py)
+
+
+@dataclass
+class Job:
+    """What a run needs before any actor starts (all input validated here)."""
+
+    cfg: object
+    paths: logs.RunPaths
+    model_path: str
+    loader: object  # data.prompts.PromptLoader
+    total_steps: int
+    n_dropped: int
+    recover_attempts: int = 0  # launch attempts so far (checkpoint/recover.py: fault mode, relaunch messages)
+    eval_rows: list = field(default_factory=list)  # the in-training eval split, tokenized (validation.py)
+
+    @property
+    def n_epochs(self) -> int:
+        return self.cfg.exp_ctrl.total_train_epochs
+
+
+def resolve_model(cfg) -> str:
+    path = cfg.actor.path
+    if path.startswith("tiny://"):
+        from areal_kit.data.tiny_model import TinySpec, build
+
+        kind = path.removeprefix("tiny://") or "toy"
+        return build(os.path.join(cfg.fileroot, "models", f"tiny-{kind}"), TinySpec(kind=kind, seed=cfg.seed))
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
+        raise UserError(f"actor.path={path} is not a model folder (no config.json there); expected a "
+                        "Hugging Face model folder or tiny://toy")
+    return path
+
+
+def prepare(cfg) -> Job:
+    from areal_kit.data.prompts import PromptLoader, load_rows, tokenize_rows
+    from areal_kit.data.sources import split_eval
+    from areal_kit.reward.plugins import reward_specs
+    from areal_kit.rl.workers.workflow import load as load_workflow
+
+    paths = logs.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)
+    model_path = resolve_model(cfg)
+    rows = load_rows(cfg)
+    # Plug-ins import here, so a bad path is a one-line error before any worker starts.
+    reward_specs(cfg.ppo)
+    load_workflow(cfg.ppo.workflow)
+    rows, eval_rows = split_eval(rows, cfg.dataset, cfg.seed)
+    B.check_rows(rows + eval_rows, cfg.ppo.reward_fns)
+    tok = load_tokenizer(model_path)  # refuses, in one line, a tokenizer that cannot read itself
+    d = cfg.dataset
+    rows, dropped = tokenize_rows(rows, tok, d.max_prompt_len, d.apply_chat_template, d.question_field)
+    if eval_rows:
+        eval_rows, _ = tokenize_rows(eval_rows, tok, d.max_prompt_len, d.apply_chat_template, d.question_field)
+    loader = PromptLoader(rows, d.train_bs_n_seqs, seed=cfg.seed, shuffle=d.shuffle)
+    total = cfg.exp_ctrl.total_train_epochs * loader.steps_per_epoch
+    if cfg.exp_ctrl.total_train_steps:
+        total = min(total, cfg.exp_ctrl.total_train_steps)
+    return Job(cfg, paths, model_path, loader, total, dropped, eval_rows=eval_rows)

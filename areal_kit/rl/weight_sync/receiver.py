@@ -1,0 +1,53 @@
+"""The rollout engine's end of the weight sync: a mixin of RolloutWorker.
+
+Each call is passed to every vLLM worker process of the engine (collective_rpc), where
+WeightSyncExtension (vllm_ext.py) joins the sync group, receives the buckets and loads them into
+the parameters in place. The engine answers get_version only when the calls queued before it
+(its generations) are done, which is how WeightSync knows an engine is free to receive.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class WeightReceiver:
+    """Needs from its host class: llm (vllm.LLM with WeightSyncExtension), cfg, version."""
+
+    version = 0
+
+    def init_sync(self, host: str, port: int, rank_offset: int, world: int, backend: str, plan) -> list:
+        import ray
+
+        # vLLM's workers are child processes without Ray: tell them this node's address.
+        local_ip = ray.util.get_node_ip_address()
+        return self.llm.collective_rpc("init_weight_sync",
+                                       args=(host, port, rank_offset, world, backend, plan, local_ip,
+                                             self.cfg.weight_sync_timeout_s))
+
+    def share_weights(self) -> list:
+        """Each worker's shared parameter memory for the trainer on this node, or {"why": ...}."""
+        return self.llm.collective_rpc("share_weights")
+
+    def use_shared(self, names: list[str]) -> list:
+        return self.llm.collective_rpc("use_shared", args=(names,))
+
+    def receive_weights(self, version: int, shared: bool = False) -> dict:
+        """Seconds of the whole receive and load, and of its slowest worker's parts: on the wire,
+        copying into the parameters, re-packing CPU kernels."""
+        return self._load(version, "receive_weights", (version, shared))
+
+    def load_from_disk(self, path: str, version: int) -> dict:
+        """The same, from a Hugging Face folder (weight_sync=disk)."""
+        return self._load(version, "load_weights_from_disk", (path, version))
+
+    def _load(self, version: int, method: str, args: tuple) -> dict:
+        t0 = time.time()
+        parts = self.llm.collective_rpc(method, args=args)
+        # Cached prefixes hold KV computed with the old weights.
+        self.llm.reset_prefix_cache()
+        self.version = version
+        return {"load_time": time.time() - t0, **{f"load_{k}": max(p[k] for p in parts) for k in parts[0]}}
+
+    def get_version(self) -> int:
+        return self.version

@@ -1,0 +1,125 @@
+"""The weight sync, driven from the loop: after every step, the new weights reach every engine.
+
+Both ends live in this package: the trainer's (sender.py, a mixin of the trainer worker), the
+engine's (receiver.py, and vllm_ext.py inside vLLM's worker processes), and the transport they
+share (transport.py: a standalone process group, bucketed broadcasts, shared-memory regions).
+WeightSync is the only part the loop sees:
+
+    sync = WeightSync(cfg, trainers, engines)
+    how = sync.connect()          # once: join the group (and map shared memory on one CPU node)
+    sync.push(version)            # after each step; returns when the trainer may train on
+    loads = sync.in_flight        # the engines' loads still running (the next generation waits for them)
+
+weight_sync=disk saves a Hugging Face folder instead and the engines reload it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from areal_kit import hardware
+
+
+class WeightSync:
+    def __init__(self, cfg, trainers, engines):
+        self.cfg, self.trainers, self.engines = cfg, trainers, engines
+        self.mode = cfg.weight_sync
+        self.shared = False  # engines on the trainer's node take weights through shared memory
+        self.in_flight: list = []  # the send and the engines' loads of the last push, still running
+
+    def connect(self) -> str:
+        """Join trainer rank 0 and every engine worker into the sync group; how weights will travel."""
+        if self.mode == "disk":
+            return "save + reload"
+        self.shared, how = _connect(self.trainers, self.engines, shared=self.mode == "auto")
+        return how
+
+    def push(self, version: int, wait_engines: bool = False) -> float:
+        """New weights to every engine; seconds until the trainer is free again.
+
+        The trainer waits for its side only (the weights staged, or the folder saved): the send
+        and the engines' loads run while it goes on to its next step, whose optimizer step waits
+        for the send. Engines run calls in order, so a load queued behind a generation waits for
+        it, and the next generation waits for the load.
+        """
+        import ray
+
+        t0 = time.time()
+        trainers, engines = self.trainers.actors, self.engines.actors
+        if self.mode != "disk":
+            shared = self.shared and self.mode == "auto"
+            ray.get([t.stage_weights.remote() for t in trainers])
+            # get_version queues behind an engine's pending generations: the send starts once every
+            # engine is free to receive, on the trainer's second thread while it trains on. No one
+            # waits inside the collective during a generation (a long one would meet its timeout).
+            # With shared memory the trainer writes into the engines' parameters from then on:
+            # safe, as each engine's next call is the receive_weights queued here.
+            free = [e.get_version.remote() for e in engines]
+            send = trainers[0].send_weights.options(concurrency_group="weights").remote(*free, shared=shared)
+            self.in_flight = [send] + [e.receive_weights.remote(version, shared) for e in engines]
+        else:
+            path = weight_sync_dir(self.cfg)
+            self.trainers.save_hf(path)
+            self.in_flight = [e.load_from_disk.remote(path, version) for e in engines]
+        if wait_engines:
+            self.wait()
+        return time.time() - t0
+
+    def wait(self) -> list[dict]:
+        """Until the last push is loaded everywhere; what each load reported."""
+        import ray
+
+        return ray.get(self.in_flight)
+
+
+def weight_sync_dir(cfg) -> str:
+    """Where weight_sync=disk saves the weights each step (the engines reload them from there)."""
+    return os.path.join(cfg.fileroot, "cache", "weight_sync", cfg.experiment_name, cfg.trial_name)
+
+
+def _connect(trainers, engines, shared: bool = False) -> tuple[bool, str]:
+    """Join trainer rank 0 and every rollout worker into the standalone sync group; with shared,
+    try shared memory for CPU engines on the trainer's node (`share_memory`). Returns whether
+    that worked and how the weights will travel, for the log."""
+    import ray
+
+    backend = hardware.detect().dist_backend
+    # Every rank joins the plan's gather (ZeRO-3); rank 0 returns it.
+    plan = ray.get([t.sync_plan.remote() for t in trainers.actors])[0]
+    host, port = ray.get(trainers.actors[0].address.remote())
+    world = 1 + len(engines.actors) * engines.tp
+    futs = [trainers.actors[0].init_sync.remote(host, port, world, backend, plan)]
+    futs += [r.init_sync.remote(host, port, 1 + i * engines.tp, world, backend, plan)
+             for i, r in enumerate(engines.actors)]
+    ray.get(futs)
+    how = f"broadcast over {backend}"
+    if not (shared and backend == "gloo"):
+        return False, how
+    n, why = _share_memory(trainers, engines)
+    if not n:
+        return False, f"{how} ({why})"
+    total = sum(len(b) for b in plan)
+    return True, f"shared memory for {n} of {total} tensors" + (f", the rest {how}" if n < total else "")
+
+
+def _share_memory(trainers, engines) -> tuple[int, str]:
+    """Engines on the trainer's node put their parameters in memory the trainer maps, and it
+    writes new weights straight into them: no socket, no receive copy. Only when every engine
+    can (a mixed sync would still have to broadcast those bytes). Returns (tensors shared, why
+    none)."""
+    import ray
+
+    regions = [r for rs in ray.get([r.share_weights.remote() for r in engines.actors]) for r in rs]
+    why = [r["why"] for r in regions if "why" in r]
+    if why:
+        return 0, why[0]
+    names = sorted(set.intersection(*(set(r["places"]) for r in regions)))
+    if not names:
+        return 0, "no tensor has a place in every engine"
+    try:
+        ray.get(trainers.actors[0].open_shared.remote(regions, names))
+    except ray.exceptions.RayTaskError as e:
+        return 0, str(e.cause)
+    ray.get([r.use_shared.remote(names) for r in engines.actors])
+    return len(names), ""
