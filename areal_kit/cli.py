@@ -14,7 +14,8 @@ import sys
 import click
 import typer
 
-from areal_kit.errors import Interrupted, RunFailed, UserError
+from areal_kit.errors import RunFailed, UserError
+from areal_kit.interrupts import Interrupted
 
 # typer >= 0.2x vendors click as typer._click and raises its exceptions (and typer.Exit/Abort),
 # older typer raises click's own: catch both, or a usage error escapes as a traceback.

@@ -96,8 +96,7 @@ def vllm_env(platform: Platform, tp: int = 1) -> dict[str, str]:
 
     On CPU with one worker, vLLM's engine core and its worker run inside the calling process
     instead of two more processes that hand every step over shared memory, one of them
-    spin-waiting: a tiny-preset batch (256 one-token answers) took 48 ms instead of 95 ms on one
-    core, 45 ms instead of 73 ms on two. GPUs keep the separate engine process, which overlaps
+    spin-waiting, which on a CPU takes a core from the work. GPUs keep the separate engine process, which overlaps
     scheduling with the GPU's work.
     """
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if platform.is_cpu and tp == 1 else {}

@@ -20,7 +20,10 @@ import time
 from dataclasses import dataclass, field
 
 import typer
+from rich.console import Console
+from rich.text import Text
 
+from areal_kit.console import make_console
 from areal_kit.errors import UserError
 from areal_kit.logs import RunPaths
 
@@ -246,16 +249,15 @@ def summary_lines(st: Status, now: float | None = None) -> list[str]:
     return out
 
 
-def terminal_plot(rows: list[dict], key: str = "task_reward", width: int | None = None) -> str:
-    """The curve of `key` over global steps as terminal text (plotext; its 5.x and 6.x APIs differ)."""
+def terminal_plot(rows: list[dict], key: str = "task_reward", width: int = 80, color: bool = False) -> str:
+    """The curve of `key` over global steps as terminal text (plotext; its 5.x and 6.x APIs differ),
+    with ANSI colour codes if color (plotext 5.x may add them anyway: print it with Text.from_ansi)."""
     import plotext as plt
 
     pts = [(r["global_step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
     if not pts:
         return f"(no {key} values yet)"
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-    if width is None:
-        width = os.get_terminal_size(1).columns if os.isatty(1) else 80
     width, height, title = min(100, max(40, width)), 18, f"{key} per global step"
     if hasattr(plt, "build"):  # plotext 5.x: module-level state
         plt.clear_figure()
@@ -270,7 +272,7 @@ def terminal_plot(rows: list[dict], key: str = "task_reward", width: int | None 
     fig.title(title)
     fig.label("global step", axis="x")
     fig.draw(fig.signal(xs, ys, marker="braille").lines())
-    return fig.build().string(colorless=not os.isatty(1))
+    return fig.build().string(colorless=not color)
 
 
 # ------------------------------------------------------------------ commands
@@ -290,20 +292,24 @@ def logs(
     """Where a run stands, from its files alone: last step, last recover point, ETA, alive or dead."""
     files = resolve_run(run, fileroot, user)
     st = read_status(files, tail=tail)
+    console = make_console(highlight=False)
     for line in summary_lines(st):
-        print(line)
+        console.out(line)
     if plot_:
-        print(terminal_plot(st.rows))
+        # Colours only where the console writes them (a terminal without NO_COLOR).
+        color = console.is_terminal and not console.no_color
+        plot = terminal_plot(st.rows, width=console.width if console.is_terminal else 80, color=color)
+        console.print(Text.from_ansi(plot), soft_wrap=True)
     if st.last_lines and not follow:
-        print("--- last lines of train.log")
-        print("\n".join(st.last_lines))
+        console.out("--- last lines of train.log")
+        console.out("\n".join(st.last_lines))
     if follow:
-        _follow(files, st, interval)
+        _follow(files, st, interval, console)
 
 
-def _follow(files: RunFiles, st: Status, interval: float) -> None:
-    print("--- following train.log (Ctrl-C stops watching; the run is not affected)")
-    print("\n".join(st.last_lines))
+def _follow(files: RunFiles, st: Status, interval: float, console: Console) -> None:
+    console.out("--- following train.log (Ctrl-C stops watching; the run is not affected)")
+    console.out("\n".join(st.last_lines))
     pos = os.path.getsize(files.log_file) if os.path.exists(files.log_file) else 0
     try:
         while True:
@@ -314,15 +320,15 @@ def _follow(files: RunFiles, st: Status, interval: float) -> None:
                     chunk = f.read()
                     pos = f.tell()
                 if chunk:
-                    print(chunk, end="", flush=True)
+                    console.out(chunk, end="")
             st = read_status(files, tail=0)
             if st.state == "finished" or st.state in STOPPED:
                 break
     except KeyboardInterrupt:
         pass
-    print("---")
+    console.out("---")
     for line in summary_lines(st):
-        print(line)
+        console.out(line)
 
 
 def plot(
@@ -344,7 +350,7 @@ def plot(
         raise UserError(f"no steps in {files.metrics_file} yet; expected a run that finished global step 1")
     out = os.path.abspath(output or os.path.join(files.log_dir, "metrics.png"))
     write_png(rows, out, files.name, smooth)
-    print(f"Wrote {out} ({len(rows)} steps, global step {rows[0]['global_step']}..{rows[-1]['global_step']})")
+    make_console(highlight=False).out(f"Wrote {out} ({len(rows)} steps, global step {rows[0]['global_step']}..{rows[-1]['global_step']})")
 
 
 PANELS = (("task_reward", "task reward"), ("avg_seq_len", "response length (tokens)"),

@@ -24,7 +24,7 @@ from areal_kit.data.tiny_model import TinySpec, build, save_atomic
 
 CACHE = os.environ.get("AREAL_BENCH_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "areal-kit-bench"))
 
-# RL-shaped workload (issue 8: 32 prompts x 8, up to 256 tokens, eos ~1/80).
+# RL-shaped workload (32 prompts x 8, up to 256 tokens, eos ~1/80).
 N_PROMPTS = 32
 GROUP = 8
 MAX_NEW = 256

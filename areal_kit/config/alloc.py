@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from areal_kit.config.schema import ConfigError
+from areal_kit.errors import ConfigError
 
 _PART = re.compile(r"([dmp])(\d+)")
 ROLES = ("actor_gen", "actor_train", "ref_inf", "*")

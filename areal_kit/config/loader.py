@@ -1,7 +1,8 @@
 """Load a training config: preset YAML from train_scripts/, then `key=value` overrides.
 
     cfg = load_config("1.5B_n4", ["ppo.gen.max_new_tokens=8192", "actor.lr=2e-6"])
-    print(describe_args(cfg))        # what `areal-kit train PRESET --show-args` prints
+    describe_args(cfg)        # (key, value, help) rows: the table of `areal-kit train PRESET --show-args`
+    describe_options(cfg)     # key, value, type, default, help, choices: what `--show-args --json` prints
 
 OmegaConf merges and type-checks; its errors are rewritten into one line naming the key,
 the nearest valid key or the expected type. Dataclass __post_init__ does the semantic checks.
@@ -15,6 +16,10 @@ import os
 import typing
 from importlib import resources
 from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from areal_kit.config.schema import ConfigError, TrainConfig
 
@@ -88,8 +93,6 @@ def _owner(key: str):
 
 
 def _omegaconf_error(e: Exception, source: str) -> ConfigError:
-    from omegaconf.errors import ConfigKeyError, ValidationError
-
     key = getattr(e, "full_key", "") or ""
     if isinstance(e, ConfigKeyError):
         return ConfigError(f"{source}: unknown config key {key!r}; did you mean {_nearest(key)!r}?")
@@ -101,8 +104,6 @@ def _omegaconf_error(e: Exception, source: str) -> ConfigError:
 
 def load_config(preset: str, overrides: list[str] | None = None) -> TrainConfig:
     """Preset YAML + overrides -> a validated TrainConfig. Raises ConfigError (one line)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     path = preset_path(preset)
     base = OmegaConf.structured(TrainConfig)
@@ -125,7 +126,6 @@ def load_config(preset: str, overrides: list[str] | None = None) -> TrainConfig:
 
 def _load_chain(path: Path, depth: int = 0) -> list:
     """The preset and the presets it inherits from (`inherit: NAME`), base first."""
-    from omegaconf import OmegaConf
 
     try:
         data = OmegaConf.load(path)
@@ -169,40 +169,7 @@ def finalize(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
-def field_help(cls=TrainConfig) -> dict[str, str]:
-    """Dotted key -> the comment above its field in schema.py (the single source of help)."""
-    import inspect
-
-    helps: dict[str, str] = {}
-    hints = typing.get_type_hints(cls)
-    src = inspect.getsource(cls).splitlines()
-    comment: list[str] = []
-    after_comment = False
-    for line in src:
-        s = line.strip()
-        if s.startswith("#"):
-            if not after_comment:  # a new comment block
-                comment = []
-            comment.append(s.lstrip("# "))
-            after_comment = True
-            continue
-        after_comment = False
-        name = s.split(":", 1)[0]
-        if ":" in s and name.isidentifier() and name in hints:
-            t = hints[name]
-            if dataclasses.is_dataclass(t):
-                helps.update({f"{name}.{k}": v for k, v in field_help(t).items()})
-            else:
-                # Consecutive fields under one comment (save_freq_epochs/steps/secs) share it.
-                helps[name] = " ".join(comment)
-        else:
-            comment = []
-    return helps
-
-
 def _yaml_value(text: str):
-    import yaml
-
     if not text.strip():  # `key=` or `key= `: the empty string, not YAML's null
         return ""
     try:
@@ -211,13 +178,30 @@ def _yaml_value(text: str):
         return text
 
 
-def describe_args(cfg: TrainConfig) -> list[tuple[str, str, str]]:
-    """(key, value, help) for every option, in schema order."""
-    helps = field_help()
+def _value(cfg: TrainConfig, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def describe_options(cfg: TrainConfig) -> list[dict]:
+    """Every option in schema order, as `--show-args --json` prints it: key, value (as loaded, with
+    the overrides), type, default, help, and choices where the field has them. JSON-serializable."""
     rows = []
-    for key in all_keys():
-        value = cfg
-        for part in key.split("."):
-            value = getattr(value, part)
-        rows.append((key, repr(value) if isinstance(value, str) else str(value), helps.get(key, "")))
+    for key, f in all_keys().items():
+        row = {"key": key, "value": _value(cfg, key), "type": _expected_type(key), "default": _default(f),
+               "help": f.metadata.get("help", "")}
+        if "choices" in f.metadata:
+            row["choices"] = list(f.metadata["choices"])
+        rows.append(row)
     return rows
+
+
+def describe_args(cfg: TrainConfig) -> list[tuple[str, str, str]]:
+    """(key, value, help) for every option, in schema order: the rows of `--show-args`."""
+    return [(r["key"], repr(r["value"]) if isinstance(r["value"], str) else str(r["value"]), r["help"])
+            for r in describe_options(cfg)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from areal_kit.data import sources
 from areal_kit.errors import UserError
 
 
@@ -21,7 +22,6 @@ def load_rows(cfg) -> list[dict]:
         from areal_kit.data.toy_task import toy_rows
 
         return toy_rows(d.toy_size, seed=cfg.seed)
-    from areal_kit.data import sources
 
     return sources.load(d)
 

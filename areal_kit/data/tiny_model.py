@@ -15,8 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.utils import logging as hf_logging
+
+from areal_kit.data.toy_task import MAX_SUM, spell
 
 SPECIALS = ["<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOY_WORDS = [str(d) for d in range(10)] + ["+", "-", "=", "answer", "is", "the", "what", "?"]
@@ -60,9 +69,6 @@ class TinySpec:
 
 
 def build_tokenizer(spec: TinySpec):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
     if spec.kind == "toy":
         vocab = {t: i for i, t in enumerate(SPECIALS + TOY_WORDS)}
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
@@ -101,11 +107,8 @@ def format_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float =
     writes every number from 0 to 18 about equally often, whatever the question: which number
     is right for a + b is left to RL.
     """
-    import random
 
-    import torch
 
-    from areal_kit.data.toy_task import MAX_SUM, spell
 
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -137,7 +140,6 @@ def format_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float =
 def save_atomic(model, tokenizer, out_dir: str, notes: dict[str, dict]) -> None:
     """Write model + tokenizer (+ small JSON notes) to a temporary folder, then rename it over
     out_dir: a crash mid-write never leaves a half model behind for the next run to load."""
-    import shutil
 
     tmp = out_dir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -155,9 +157,6 @@ def build(out_dir: str, spec: TinySpec | None = None) -> str:
 
     Idempotent: an existing folder built from the same spec is reused.
     """
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a progress bar on stderr for a 1 MB file is noise
     spec = spec or TinySpec()

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import typer
 
-from areal_kit.errors import UserError, stops_say_so
+from areal_kit.console import make_console
+from areal_kit.errors import UserError
+from areal_kit.interrupts import stops_say_so
 
 
 def eval_(
@@ -54,8 +56,6 @@ def eval_(
                                         help="Seconds math-verify may spend on one answer."),
 ) -> None:
     """Evaluate checkpoints with vLLM on math datasets and print the accuracy / pass@k table."""
-    from rich.console import Console
-
     from areal_kit.eval import compare
     from areal_kit.eval import data as evdata
     from areal_kit.eval.evaluation import EvalConfig, run
@@ -73,7 +73,7 @@ def eval_(
                        num_samples=num_samples, temperature=temperature, top_p=top_p, seed=seed,
                        max_questions=max_questions, tp=tp, num_engines=num_engines,
                        grade_timeout_s=grade_timeout) for m in models]
-    console = Console()
+    console = make_console()
     with stops_say_so():  # the records graded so far are on disk: a re-run resumes after them
         aggs = []
         for i, cfg in enumerate(cfgs):
@@ -84,7 +84,7 @@ def eval_(
         cmp = compare.table(aggs)
         compare.write(out, cmp)
         console.print(compare.rich_table(cmp))
-        console.print(f"wrote {out}/compare.json, compare.md, compare.csv")
+        console.print(f"wrote {out}/compare.json, compare.md, compare.csv", markup=False)
 
 
 def _read_pairs(path: Path) -> list[dict]:
@@ -116,6 +116,8 @@ def grade(
     from areal_kit.reward import extract_answer, parsed_form
     from areal_kit.reward import grade as grade_answer
 
+    console = make_console(highlight=False)
+
     def one(p: str, r: str) -> dict:
         # A completion is reduced to its last \boxed{}; a bare answer is graded as given
         # (the prose fallbacks of extract_answer would turn "\frac{1}{2}" into "2").
@@ -139,16 +141,16 @@ def grade(
                 line["ok"] = res["correct"] == row["expected"]
                 passed += line["ok"]
                 failed += not line["ok"]
-            print(json.dumps(line, ensure_ascii=False))
+            console.out(json.dumps(line, ensure_ascii=False))
         if passed + failed:
-            print(f"{passed} passed, {failed} failed")
+            console.out(f"{passed} passed, {failed} failed")
         else:
-            print(f"{len(rows)} graded: {n_correct} correct, {len(rows) - n_correct} wrong")
+            console.out(f"{len(rows)} graded: {n_correct} correct, {len(rows) - n_correct} wrong")
         return 1 if failed else 0
     if pred is None or ref is None:
         raise UserError("grade needs PRED and REF (e.g. areal-kit grade '\\frac12' 0.5), or --file pairs.jsonl")
     res = one(pred, ref)
-    print(f"verdict:   {'CORRECT' if res['correct'] else 'WRONG'}")
-    print(f"pred:      {res['pred']!r} -> extracted {res['extracted']!r} -> parsed {res['pred_parsed']}")
-    print(f"ref:       {res['ref']!r} -> parsed {res['ref_parsed']}")
+    console.out(f"verdict:   {'CORRECT' if res['correct'] else 'WRONG'}")
+    console.out(f"pred:      {res['pred']!r} -> extracted {res['extracted']!r} -> parsed {res['pred_parsed']}")
+    console.out(f"ref:       {res['ref']!r} -> parsed {res['ref_parsed']}")
     return 0

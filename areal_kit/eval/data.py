@@ -16,8 +16,11 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+import yaml
+
 from areal_kit.data.jsonl import iter_objects
 from areal_kit.errors import UserError
+from areal_kit.reward import extract_answer, gsm8k_reference
 
 # evaluation/ ships inside the package (pyproject.toml maps it to areal_kit.evaluation), so every
 # kind of install finds it; AREAL_EVAL_MANIFEST_DIR points at another folder of the same files.
@@ -55,8 +58,6 @@ class Question:
 
 
 def _load_yaml(path: Path) -> dict:
-    import yaml
-
     if not path.exists():
         raise UserError(f"{path} not found; expected the evaluation/ folder of areal-kit "
                         "(or set AREAL_EVAL_MANIFEST_DIR)")
@@ -99,8 +100,6 @@ def template_for(prompt_type: str) -> str:
 
 
 def reference_answer(spec: DatasetSpec, value) -> str:
-    from areal_kit.reward import extract_answer, gsm8k_reference
-
     if spec.answer_format == "gsm8k":
         return gsm8k_reference(str(value))
     if spec.answer_format == "boxed":
@@ -155,3 +154,10 @@ if __name__ == "__main__":
     a = ap.parse_args()
     q = load_questions(a.data_dir, a.name, a.prompt_type, max_questions=1)[0]
     print(f"{q.dataset} #{q.qid} reference={q.reference!r}\n{q.prompt}")
+
+
+def sample_keys(q: Question, cfg) -> list[tuple[str, str, int]]:
+    """(key, mode, index) of every sample a question needs, under an EvalConfig's greedy / num_samples."""
+    keys = [(f"{q.dataset}/{q.qid}/greedy", "greedy", 0)] if cfg.greedy else []
+    keys += [(f"{q.dataset}/{q.qid}/s{i}", "sample", i) for i in range(cfg.num_samples)]
+    return keys

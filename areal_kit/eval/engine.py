@@ -16,7 +16,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from areal_kit.errors import sigterm_interrupts
+import ray
+
+from areal_kit import hardware as plat
+from areal_kit.interrupts import sigterm_interrupts
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,6 @@ def _generate(llm, requests: list[GenRequest]) -> list[GenResult]:
 
 
 def _make_llm(model_path: str, max_model_len: int, seed: int, tp: int):
-    from areal_kit import hardware as plat
-
     p = plat.detect()
     if p.is_cpu:
         # vLLM reads these at import and engine start: set before importing it.
@@ -98,24 +99,18 @@ class RayEngines:
 
     def __init__(self, model_path: str, max_model_len: int, n: int, seed: int = 0, tp: int = 1,
                  use_gpu: bool = True):
-        import ray
-
         opts = {"num_gpus": tp} if use_gpu else {"num_cpus": 1}
         actor_cls = ray.remote(**opts)(_EngineActor)
         self.actors = [actor_cls.remote(model_path, max_model_len, seed, tp) for _ in range(n)]
         self.num_engines = n
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
-        import ray
-
         shards = split_round_robin(requests, self.num_engines)
         futures = [a.generate.remote(s) for a, s in zip(self.actors, shards) if s]
         by_key = {r.key: r for part in ray.get(futures) for r in part}
         return [by_key[r.key] for r in requests]
 
     def close(self) -> None:
-        import ray
-
         for a in self.actors:
             ray.kill(a)
 
@@ -145,13 +140,11 @@ def available_gpus() -> int:
 def open_engines(model_path: str, max_model_len: int, seed: int = 0, tp: int = 1,
                  num_engines: int = 0):
     """LocalEngine or RayEngines: num_engines=0 picks GPUs // tp (1 on the CPU)."""
-    from areal_kit import hardware as plat
 
     use_gpu = not plat.detect().is_cpu
     n = num_engines or (max(1, available_gpus() // tp) if use_gpu else 1)
     if n == 1:
         return LocalEngine(model_path, max_model_len, seed, tp)
-    import ray
 
     if not ray.is_initialized():
         env = plat.cpu_env(os.environ.get("AREAL_CACHE_ROOT")) if not use_gpu else {}

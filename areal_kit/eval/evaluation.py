@@ -19,13 +19,21 @@ import hashlib
 import json
 import os
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from areal_kit.console import make_console
 from areal_kit.data.tokenizer import load_tokenizer
-from areal_kit.errors import RunFailed, UserError, describe, interruption
+from areal_kit.errors import RunFailed, UserError, describe
 from areal_kit.eval import data as evdata
+from areal_kit.eval import engine as evengine
+from areal_kit.eval import report
 from areal_kit.eval.engine import GenRequest
+from areal_kit.interrupts import interruption
+from areal_kit.reward import extract_answer, grade
 
 
 @dataclass
@@ -88,13 +96,6 @@ def sample_seed(seed: int, key: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:4], "little") & 0x7FFFFFFF
 
 
-def sample_keys(q: evdata.Question, cfg: EvalConfig) -> list[tuple[str, str, int]]:
-    """(key, mode, index) of every sample a question needs."""
-    keys = [(f"{q.dataset}/{q.qid}/greedy", "greedy", 0)] if cfg.greedy else []
-    keys += [(f"{q.dataset}/{q.qid}/s{i}", "sample", i) for i in range(cfg.num_samples)]
-    return keys
-
-
 def _check_identity(out: Path, cfg: EvalConfig) -> None:
     path = out / "run_config.json"
     ident = cfg.identity()
@@ -135,7 +136,6 @@ def _append(path: Path, records: list[dict]) -> None:
 
 def grade_completion(text: str, references: list[str], timeout_s: float = 5.0) -> tuple[str | None, bool]:
     """(extracted answer, correct): the verdict of `areal-kit eval` (also the in-training eval's)."""
-    from areal_kit.reward import extract_answer, grade
 
     pred = extract_answer(text)
     return pred, bool(pred is not None and any(grade(pred, r, timeout_s) for r in references))
@@ -156,11 +156,9 @@ def _model_max_len(model_path: str) -> int | None:
 
 def run(cfg: EvalConfig, console=None) -> dict:
     """Evaluate; returns the aggregate (also written to output_path). Prints the table."""
-    from rich.console import Console
 
-    from areal_kit.eval import report
 
-    console = console or Console()
+    console = console or make_console()
     out = Path(cfg.output_path)
     questions = {n: evdata.load_questions(cfg.data_dir, n, cfg.prompt_type, cfg.max_questions)
                  for n in cfg.data_names}
@@ -170,8 +168,8 @@ def run(cfg: EvalConfig, console=None) -> dict:
         (out / n).mkdir(parents=True, exist_ok=True)
         done[n] = load_records(out / n / "samples.jsonl")
     todo = [(q, k) for n in cfg.data_names for q in questions[n]
-            for k in sample_keys(q, cfg) if k[0] not in done[n]]
-    n_total = sum(len(sample_keys(q, cfg)) for qs in questions.values() for q in qs)
+            for k in evdata.sample_keys(q, cfg) if k[0] not in done[n]]
+    n_total = sum(len(evdata.sample_keys(q, cfg)) for qs in questions.values() for q in qs)
     console.print(f"eval: {n_total} samples over {len(cfg.data_names)} datasets, "
                   f"{n_total - len(todo)} already done, {len(todo)} to generate")
     if todo:
@@ -185,13 +183,12 @@ def run(cfg: EvalConfig, console=None) -> dict:
     report.write(out, agg)
     (out / "error.log").unlink(missing_ok=True)  # an earlier failure's, now resumed past
     console.print(report.rich_table(agg))
-    console.print(f"wrote {out}/aggregate.json, results.md, results.csv, <dataset>/samples.jsonl")
+    console.print(f"wrote {out}/aggregate.json, results.md, results.csv, <dataset>/samples.jsonl", markup=False)
     return agg
 
 
 def _failed(e: Exception, out: Path, n_new: int) -> RunFailed:
     """The error for a failed generation, its traceback written to OUT/error.log."""
-    import traceback
 
     log = out / "error.log"
     log.write_text("".join(traceback.format_exception(e)), encoding="utf-8")
@@ -200,10 +197,6 @@ def _failed(e: Exception, out: Path, n_new: int) -> RunFailed:
 
 
 def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    from areal_kit.eval.engine import open_engines
-
     tok = load_tokenizer(cfg.model_path)
     ids = {}
     for q, _ in todo:
@@ -230,7 +223,7 @@ def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None
     if not requests:
         return
     t0 = time.time()
-    engines = open_engines(cfg.model_path, max_len, cfg.seed, cfg.tp, cfg.num_engines)
+    engines = evengine.open_engines(cfg.model_path, max_len, cfg.seed, cfg.tp, cfg.num_engines)
     console.print(f"{engines.num_engines} vLLM engine(s) ready in {time.time() - t0:.0f}s "
                   f"(max_model_len {max_len})")
     t1, n_tokens = time.time(), 0

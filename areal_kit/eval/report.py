@@ -1,11 +1,12 @@
-"""The evaluation table: aggregate graded records, print them (rich), write JSON, markdown, CSV.
+"""The evaluation table: aggregate graded records, print them, write JSON, markdown, CSV.
 
 Columns are the AReaL guide's:
   dataset | num_questions | greedy_length | sample_length | greedy_acc | sample_pass@1 | pass@8 | pass@16
 lengths are mean generated tokens; accuracies are percentages; pass@k is the unbiased
 estimator (areal_kit.eval.passk) averaged over questions, shown where num_samples >= k.
 The aggregate holds no timings or dates, so re-running on the same records reproduces it
-byte for byte.
+byte for byte. Printed through areal_kit.console, the table is rich's on a terminal and
+markdown rows (every name and number whole) in a pipe.
 
     python -m areal_kit.eval.report OUT      # print the table of an earlier run
 """
@@ -17,6 +18,11 @@ import io
 import json
 from pathlib import Path
 
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from areal_kit.eval.data import sample_keys
 from areal_kit.eval.passk import mean_pass_at_k
 
 COLUMNS = ["dataset", "num_questions", "greedy_length", "sample_length", "greedy_acc",
@@ -30,7 +36,6 @@ def _mean(xs: list[float]) -> float | None:
 
 def aggregate(cfg, questions: dict, records: dict[str, dict[str, dict]]) -> dict:
     """Numbers per dataset from the records of the current questions and sample count."""
-    from areal_kit.eval.evaluation import sample_keys
 
     results = {}
     for name, qs in questions.items():
@@ -93,14 +98,14 @@ def csv_table(columns: list[str], rows) -> str:
     return buf.getvalue()
 
 
-def rich_rows(title: str, columns: list[str], rows):
-    from rich.table import Table
-
-    t = Table(title=title)
+def rich_rows(title: str, columns: list[str], rows) -> Table:
+    """A rich Table of the rows; printed by areal_kit.console, it is markdown in a pipe."""
+    t = Table(title=escape(title))  # a model folder name is text, not markup
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i == 0 else "right")
+        # The name column never wraps: numbers may, a dataset or checkpoint name stays one word.
+        t.add_column(c, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for r in rows:
-        t.add_row(*[_fmt(r[c]) for c in columns])
+        t.add_row(*[Text(_fmt(r[c])) for c in columns])
     return t
 
 
@@ -133,6 +138,6 @@ def write(out: Path, agg: dict) -> None:
 if __name__ == "__main__":
     import sys
 
-    from rich.console import Console
+    from areal_kit.console import make_console
 
-    Console().print(rich_table(json.loads((Path(sys.argv[1]) / "aggregate.json").read_text())))
+    make_console().print(rich_table(json.loads((Path(sys.argv[1]) / "aggregate.json").read_text())))

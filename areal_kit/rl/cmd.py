@@ -2,12 +2,20 @@
 
     areal-kit train tiny
     areal-kit train 1.5B_n4 --dry-run ppo.gen.max_new_tokens=8192
-    areal-kit train tiny --show-args
+    areal-kit train tiny --show-args                      # a table; markdown rows in a pipe
+    areal-kit train tiny --show-args --json ppo.kl_ctl=0.01
 """
 
 from __future__ import annotations
 
+import json
+
 import typer
+from rich.table import Table
+from rich.text import Text
+
+from areal_kit.console import make_console
+from areal_kit.errors import UserError
 
 
 def train(
@@ -18,23 +26,21 @@ def train(
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate everything checkable without GPUs and "
                                                           "print the plan; start nothing."),
     show_args: bool = typer.Option(False, "--show-args", help="List every option with its value and help."),
+    as_json: bool = typer.Option(False, "--json", help="With --show-args: print the options as a JSON array "
+                                                      "of {key, value, type, default, help[, choices]}."),
     fresh: bool = typer.Option(False, "--fresh", help="Ignore (and replace) an existing recover checkpoint "
                                                       "instead of resuming or stopping on a mismatch."),
 ) -> None:
     """Train a preset: GRPO/PPO with DeepSpeed trainers and vLLM rollout engines on Ray."""
-    from rich.console import Console
-    from rich.table import Table
+    from areal_kit.config.loader import load_config
 
-    from areal_kit.config.loader import describe_args, load_config
-
+    if as_json and not show_args:
+        raise UserError("--json goes with --show-args (areal-kit train PRESET --show-args --json)")
     cfg = load_config(preset, overrides or [])
-    console = Console()
     if show_args:
-        table = Table("key", "value", "help", title=f"areal-kit train {preset}", show_lines=False)
-        for key, value, help_ in describe_args(cfg):
-            table.add_row(key, value, help_)
-        console.print(table)
+        _show_args(preset, cfg, as_json)
         return
+    console = make_console()
     if dry_run:
         from areal_kit import hardware
         from areal_kit.rl.plan import plan_lines
@@ -42,12 +48,29 @@ def train(
 
         check_gpu_sharing(cfg, hardware.detect())  # where the run would fail: on this machine's device
         for line in plan_lines(cfg):
-            console.print(line, highlight=False, soft_wrap=True)
+            console.out(line, highlight=False)
         console.print("[green]dry run: configuration is valid[/green]")
         return
-    from areal_kit.errors import stops_say_so
+    from areal_kit.interrupts import stops_say_so
     from areal_kit.rl.launch import launch
 
     with stops_say_so():
         rc = launch(cfg, fresh=fresh)
     raise typer.Exit(rc)
+
+
+def _show_args(preset: str, cfg, as_json: bool) -> None:
+    """Every option with its value and help: a table (markdown rows in a pipe), or JSON."""
+    from areal_kit.config.loader import describe_args, describe_options
+
+    if as_json:
+        # Plain print, not the console: the text must be exactly what json.dumps wrote.
+        print(json.dumps(describe_options(cfg), indent=1, ensure_ascii=False))
+        return
+    table = Table(title=f"areal-kit train {preset}")
+    table.add_column("key", no_wrap=True)  # on a narrow terminal the help wraps, the key stays whole
+    table.add_column("value")
+    table.add_column("help")
+    for key, value, help_ in describe_args(cfg):
+        table.add_row(key, Text(value), Text(help_))  # Text: a "[...]" in a value is no markup
+    make_console().print(table)

@@ -11,9 +11,13 @@ import os
 from dataclasses import dataclass, field
 
 from areal_kit import logs
+from areal_kit.data.prompts import PromptLoader, load_rows, tokenize_rows
+from areal_kit.data.sources import split_eval
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import UserError
+from areal_kit.reward.plugins import reward_specs
 from areal_kit.rl.algo import batch as B
+from areal_kit.rl.workers.workflow import load as load_workflow
 
 
 @dataclass
@@ -61,11 +65,6 @@ def resolve_model(cfg) -> str:
 
 
 def prepare(cfg) -> Job:
-    from areal_kit.data.prompts import PromptLoader, load_rows, tokenize_rows
-    from areal_kit.data.sources import split_eval
-    from areal_kit.reward.plugins import reward_specs
-    from areal_kit.rl.workers.workflow import load as load_workflow
-
     paths = logs.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)
     model_path = resolve_model(cfg)
     rows = load_rows(cfg)

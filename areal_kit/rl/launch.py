@@ -22,15 +22,8 @@ import sys
 import time
 
 from areal_kit import logs
-from areal_kit.errors import (
-    Interrupted,
-    RunFailed,
-    UserError,
-    describe,
-    interruption,
-    raise_on_sigterm,
-    sigterm_interrupts,
-)
+from areal_kit.errors import RunFailed, UserError, describe
+from areal_kit.interrupts import Interrupted, interruption, raise_on_sigterm, sigterm_interrupts
 from areal_kit.rl.checkpoint import recover
 from areal_kit.rl.controller import Controller
 from areal_kit.rl.job import prepare
@@ -84,7 +77,7 @@ def launch(cfg, fresh: bool = False) -> int:
                         "checkpoint.")
         if stop is e:
             raise
-        raise stop from None  # Ctrl-C, or SIGTERM as the KeyboardInterrupt it raises (errors.raise_on_sigterm)
+        raise stop from None  # Ctrl-C, or SIGTERM as the KeyboardInterrupt it raises (interrupts.raise_on_sigterm)
     except UserError:
         raise
     except Exception as e:

@@ -13,6 +13,7 @@ from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.weight_sync.sync import weight_sync_dir
+from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
 from areal_kit.rl.workers import placement
 
 
@@ -38,8 +39,6 @@ def dataset_size(cfg) -> tuple[int | None, str]:
 
 
 def weight_sync_line(cfg, n_workers: int) -> str:
-    from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
-
     if cfg.weight_sync == "disk":
         return (f"weight sync: disk: trainer rank 0 saves a Hugging Face folder in {weight_sync_dir(cfg)}, "
                 f"{n_workers} engine worker(s) reload it")

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import time
 
+from areal_kit.eval.evaluation import grade_completion
+from areal_kit.reward import gsm8k_reference
+from areal_kit.reward.registry import as_reference
 from areal_kit.rl.schedule import Every
 
 EVAL_KEYS = ("eval/pass@1", "eval/n_prompts", "eval/avg_len", "eval/no_eos_ratio", "eval/time")
@@ -22,8 +25,6 @@ EVAL_KEYS = ("eval/pass@1", "eval/n_prompts", "eval/avg_len", "eval/no_eos_ratio
 
 def references(row: dict) -> list[str]:
     """Final answers to grade against: each solution's last \\boxed{}, a gsm8k "#### N", or the answer."""
-    from areal_kit.reward import gsm8k_reference
-    from areal_kit.reward.registry import _as_reference
 
     refs = row.get("solutions")
     if refs is None:
@@ -34,15 +35,13 @@ def references(row: dict) -> list[str]:
     for r in refs:
         if r is None:
             continue
-        r = gsm8k_reference(str(r)) if "####" in str(r) else _as_reference(r)
+        r = gsm8k_reference(str(r)) if "####" in str(r) else as_reference(r)
         if r:
             out.append(r)
     return out
 
 
 def grade_row(text: str, row: dict) -> bool:
-    from areal_kit.eval.evaluation import grade_completion
-
     return grade_completion(text, references(row))[1]
 
 

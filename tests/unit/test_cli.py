@@ -1,11 +1,16 @@
 """The CLI: bad input gives exit 2 and one `error:` line (no traceback); help and --show-args.
 
 Each bad input goes through `areal_kit.cli.main([...])`; a few also through the installed
-`areal-kit` script in a subprocess, which is what users run.
+`areal-kit` script in a subprocess, which is what users run. --show-args also runs there with
+its stdout piped (every row whole, as markdown), as JSON, and on a pseudo-terminal (a rich table).
+
+    .venv/bin/python -m pytest tests/unit/test_cli.py -q
 """
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from areal_kit.cli import main
+from areal_kit.config.loader import all_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".venv" / "bin" / "areal-kit"
@@ -22,6 +28,8 @@ SCRIPT = ROOT / ".venv" / "bin" / "areal-kit"
 def _cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("AREAL_DEVICE", raising=False)
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE"):  # rich would take captured output for a terminal
+        monkeypatch.delenv(name, raising=False)
 
 
 def run(args, capsys):
@@ -108,6 +116,7 @@ BAD_INPUTS = [
     (["train", "tiny", "--bogus"], "No such option: --bogus"),
     (["train", "tiny", "--dry-run=3"], "does not take a value"),
     (["nosuchcommand"], "No such command 'nosuchcommand'"),
+    (["train", "tiny", "--json"], "--json goes with --show-args"),
 ]
 
 
@@ -178,18 +187,82 @@ def test_every_subcommand_has_help(sub, capsys):
     assert "Usage:" in out and f"areal-kit {sub}" in out
 
 
-def test_show_args_lists_every_key_with_value_and_help(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "400")
+def test_show_args_lists_every_key_with_value_and_help(capsys):
     code, out, err = run(["train", "1.5B_n4", "--show-args", "ppo.gen.max_new_tokens=8192"], capsys)
     assert code == 0, err
-    from areal_kit.config.loader import all_keys
+    rows = table_rows(out)
+    missing = [k for k in all_keys() if k not in rows]
+    assert missing == [], f"keys without a row: {missing}"
+    assert rows["ppo.gen.max_new_tokens"] == ["8192", "Most tokens generated per answer."]
+    assert rows["ppo.kl_ctl"][0] == "0.001", rows["ppo.kl_ctl"]
+    assert rows["ppo.kl_ctl"][1].startswith("KL coefficient"), rows["ppo.kl_ctl"]
 
-    for key in all_keys():
-        assert key in out, key
-    line = next(x for x in out.splitlines() if "ppo.gen.max_new_tokens" in x)
-    assert "8192" in line and "Most tokens generated per answer" in line
-    line = next(x for x in out.splitlines() if x.startswith("│ ppo.kl_ctl "))
-    assert "0.001" in line and "KL coefficient" in line
+
+def table_rows(out: str) -> dict[str, list[str]]:
+    """key -> [value, help] of the markdown rows --show-args prints off a terminal."""
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("| ") and line.endswith(" |"):
+            cells = [c.strip() for c in line[2:-2].split(" | ")]
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def areal_kit(args, cwd, **env) -> str:
+    """The installed script's stdout, read through a pipe (not a terminal), with no terminal hints."""
+    if not SCRIPT.exists():
+        pytest.skip(f"{SCRIPT} not installed (run bash .ci/install.sh)")
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("AREAL_DEVICE", "COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR")}
+    r = subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, cwd=cwd, env={**base, **env},
+                       check=False, timeout=120)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr}"
+    return r.stdout
+
+
+def test_show_args_in_a_pipe_keeps_every_row_whole(tmp_path):
+    out = areal_kit(["train", "tiny", "--show-args"], tmp_path)
+    assert "…" not in out, "a cell was cut with an ellipsis"
+    assert "\x1b[" not in out, "colour codes in a pipe"
+    keys = all_keys()
+    longest = max(keys, key=len)
+    for key in ("ppo.max_head_offpolicyness", longest):
+        line = next((ln for ln in out.splitlines() if ln.startswith(f"| {key} ")), None)
+        assert line is not None, f"no row starts with the whole key {key}"
+        help_ = keys[key].metadata["help"].replace("|", "\\|")
+        assert line.endswith(f"| {help_} |"), f"the help of {key} is not whole on its row: {line}"
+    missing = [k for k in keys if k not in table_rows(out)]
+    assert missing == [], f"keys without a row: {missing}"
+
+
+def test_show_args_json_has_every_option_and_the_overrides(tmp_path):
+    out = areal_kit(["train", "tiny", "--show-args", "--json", "ppo.gen.max_new_tokens=2", "actor.lr=2e-6",
+                     "ppo.reward_fns=[toy,math]", "experiment_name=piped"], tmp_path)
+    options = json.loads(out)
+    by_key = {o["key"]: o for o in options}
+    missing = [k for k in all_keys() if k not in by_key]
+    assert missing == [], f"keys missing from the JSON: {missing}"
+    no_field = [o["key"] for o in options if not {"key", "value", "type", "default", "help"} <= set(o)]
+    assert no_field == [], f"options without key, value, type, default or help: {no_field}"
+    given = {"ppo.gen.max_new_tokens": 2, "actor.lr": 2e-6, "ppo.reward_fns": ["toy", "math"],
+             "experiment_name": "piped"}
+    for key, value in given.items():
+        assert by_key[key]["value"] == value, f"{key}: printed {by_key[key]['value']!r}, given {value!r}"
+    assert by_key["ppo.kl_estimator"]["choices"] == ["k1", "k2", "k3"], by_key["ppo.kl_estimator"]
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a pseudo-terminal")
+def test_show_args_on_a_terminal_is_a_rich_table(tmp_path):
+    if not SCRIPT.exists():
+        pytest.skip(f"{SCRIPT} not installed (run bash .ci/install.sh)")
+    env = {k: v for k, v in os.environ.items() if k not in ("AREAL_DEVICE", "NO_COLOR", "FORCE_COLOR")}
+    cmd = shlex.join([str(SCRIPT), "train", "tiny", "--show-args"])
+    r = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True, cwd=tmp_path,
+                       env={**env, "COLUMNS": "100"}, check=False, timeout=120)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-2000:]}"
+    assert "│" in r.stdout, "no rich table borders on a terminal"
+    assert "| --- |" not in r.stdout, "markdown rows on a terminal"
+    assert "ppo.max_head_offpolicyness" in r.stdout, "a key was cut on a 100-column terminal"
 
 
 def test_a_failed_run_is_one_line_exit_1(capsys, monkeypatch):
@@ -214,7 +287,7 @@ def test_a_failed_run_is_one_line_exit_1(capsys, monkeypatch):
 def test_sigterm_and_ctrl_c_exit_codes(capsys, monkeypatch):
     """SIGTERM (Interrupted) exits 143 and Ctrl-C 130, each saying so (typer alone would turn Ctrl-C
     into a silent 130)."""
-    from areal_kit.errors import Interrupted
+    from areal_kit.interrupts import Interrupted
     from areal_kit.rl import launch
 
     for exc, code, said in ((Interrupted("SIGTERM", 143), 143, "interrupted (SIGTERM)\n"),

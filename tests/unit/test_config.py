@@ -1,11 +1,12 @@
 """Config schema (validation in __post_init__) and the loader: presets, inherit, overrides, help."""
 
+import dataclasses
 import json
 
 import pytest
 
 from areal_kit.config import loader
-from areal_kit.config.loader import all_keys, describe_args, field_help, load_config
+from areal_kit.config.loader import all_keys, describe_args, describe_options, load_config
 from areal_kit.config.schema import (
     ConfigError,
     DatasetConfig,
@@ -238,17 +239,72 @@ def test_broken_cluster_spec_fails_even_with_fileroot(tmp_path):
 
 
 # ------------------------------------------------------------------ --show-args help
-def test_every_key_has_help_from_the_schema_comments():
-    helps = field_help()
-    assert set(helps) == set(all_keys())
-    empty = [k for k, v in helps.items() if not v.strip()]
-    assert empty == []
-    assert helps["ppo.kl_estimator"].startswith("KL estimator: k1")
-    assert helps["actor_train.mb_spec.max_tokens_per_mb"].startswith("Most tokens in one packed micro-batch")
-    # grouped fields under one comment share it
-    assert helps["exp_ctrl.save_freq_steps"] == helps["exp_ctrl.save_freq_epochs"]
-    # a two-line comment is joined
-    assert "disabled" in helps["recover_mode"] and "fault" in helps["recover_mode"]
+def test_every_option_has_help_in_its_field_metadata():
+    empty = [k for k, f in all_keys().items() if not f.metadata.get("help", "").strip()]
+    assert empty == [], f"options without help in schema.py: {empty}"
+
+
+def test_every_section_has_help_in_its_field_metadata():
+    sections = [f"{cls.__name__}.{f.name}" for cls in (TrainConfig, PPOConfig, MFCConfig)
+                for f in dataclasses.fields(cls) if dataclasses.is_dataclass(f.default_factory)]
+    assert len(sections) == 9, f"sections found: {sections}"
+    empty = [s for s in sections if not _field(s).metadata.get("help", "").strip()]
+    assert empty == [], f"sections without help: {empty}"
+
+
+def _field(dotted: str):
+    cls_name, name = dotted.split(".")
+    cls = {"TrainConfig": TrainConfig, "PPOConfig": PPOConfig, "MFCConfig": MFCConfig}[cls_name]
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+def test_help_texts_are_the_schema_fields_metadata():
+    keys = all_keys()
+    assert keys["ppo.kl_estimator"].metadata["help"].startswith("KL estimator: k1")
+    assert keys["actor_train.mb_spec.max_tokens_per_mb"].metadata["help"].startswith(
+        "Most tokens in one packed micro-batch")
+    # one text for a group of options
+    assert keys["exp_ctrl.save_freq_steps"].metadata["help"] == keys["exp_ctrl.save_freq_epochs"].metadata["help"]
+    # a text written over several source lines is one line of help
+    recover = keys["recover_mode"].metadata["help"]
+    assert "fault" in recover, recover
+    assert "disabled" in recover, recover
+    assert "\n" not in recover, recover
+
+
+def test_the_comment_parser_is_gone():
+    assert not hasattr(loader, "field_help"), "loader still parses help out of source comments"
+
+
+@pytest.mark.parametrize("key", [k for k, f in all_keys().items() if "choices" in f.metadata])
+def test_a_value_outside_the_choices_is_refused_naming_them(key):
+    choices = all_keys()[key].metadata["choices"]
+    bad = 9 if isinstance(choices[0], int) else "bogus"
+    expected = f"{key}={bad!r} is not valid; expected one of {', '.join(map(str, choices))}"
+    with pytest.raises(ConfigError) as e:
+        load_config("tiny", [f"{key}={bad}"])
+    assert expected in str(e.value)
+
+
+def test_describe_options_is_json_with_the_loaded_values():
+    cfg = load_config("tiny", ["ppo.gen.max_new_tokens=2", "ppo.reward_fns=[toy,math]", "ppo.kl_estimator=k2"])
+    rows = json.loads(json.dumps(describe_options(cfg)))
+    assert [r["key"] for r in rows] == list(all_keys()), "not every key, or not in schema order"
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["ppo.gen.max_new_tokens"] == {"key": "ppo.gen.max_new_tokens", "value": 2, "type": "int",
+                                                "default": 16384, "help": "Most tokens generated per answer."}
+    assert by_key["ppo.reward_fns"]["value"] == ["toy", "math"]
+    assert by_key["ppo.reward_fns"]["default"] == ["math"]
+    assert by_key["ppo.reward_fns"]["type"] == "list[str]"
+    assert by_key["ppo.kl_estimator"]["value"] == "k2"
+    assert by_key["ppo.kl_estimator"]["choices"] == ["k1", "k2", "k3"]
+    assert "choices" not in by_key["actor.lr"], "a free-valued option lists choices"
+
+
+def test_mutable_defaults_are_not_shared():
+    a, b = PPOConfig(), PPOConfig()
+    a.reward_fns.append("toy")
+    assert b.reward_fns == ["math"]
 
 
 def test_describe_args_values():

@@ -1,10 +1,21 @@
-"""`areal-kit eval` bad input (one line, exit 2, before any engine starts) and `areal-kit grade`."""
+"""`areal-kit eval` bad input (one line, exit 2, before any engine starts), its table in a pipe,
+and `areal-kit grade`.
+
+    .venv/bin/python -m pytest tests/unit/test_eval_cli.py -q
+"""
 
 import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from areal_kit.cli import main
+from areal_kit.eval import report
+from areal_kit.eval.data import EVAL_DIR, Question, sample_keys
 
 
 def run_cli(args, capsys):
@@ -112,3 +123,50 @@ def test_grade_bad_input(capsys, tmp_path):
     f.write_text('{"pred": "1", "ref": "1"}\n{"pred": "1"}\n')
     code, _, err = run_cli(["grade", "--file", str(f)], capsys)
     assert_one_line_error(code, err, "bad.jsonl:2")
+
+
+
+LONG_NAME = "olympiad_geometry_competition_level_5_hard"
+SCRIPT = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "areal-kit"
+
+
+def test_eval_table_in_a_pipe_keeps_names_and_numbers_whole(tmp_path):
+    """A finished evaluation (every sample recorded: no engine starts) re-printed by the installed
+    script with its stdout piped: one markdown row a dataset, every name and number whole."""
+    if not SCRIPT.exists():
+        pytest.skip(f"{SCRIPT} not installed (run bash .ci/install.sh)")
+    manifest_dir = tmp_path / "evaluation"
+    manifest_dir.mkdir()
+    shutil.copy(EVAL_DIR / "prompts.yaml", manifest_dir)
+    (manifest_dir / "manifest.yaml").write_text(
+        f"datasets:\n  {LONG_NAME}:\n    question_field: question\n    answer_field: answer\n"
+        "    id_field: idx\n")
+    model = tmp_path / "Qwen2.5-Math-1.5B-grpo-trial-with-a-long-name-globalstep600"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    data, out = tmp_path / "data" / LONG_NAME, tmp_path / "out"
+    data.mkdir(parents=True)
+    (out / LONG_NAME).mkdir(parents=True)
+    rows = [{"question": f"{i}+1?", "answer": str(i + 1), "idx": i} for i in range(4)]
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = [{"key": key, "correct": i == 0, "tokens": 1234 + idx, "finish_reason": "stop", "mode": mode}
+               for i in range(4)
+               for key, mode, idx in sample_keys(Question(LONG_NAME, str(i), "", "", ""),
+                                                 SimpleNamespace(greedy=True, num_samples=2))]
+    (out / LONG_NAME / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    r = subprocess.run([str(SCRIPT), "eval", "--model_path", str(model), "--output_path", str(out), "--data_names",
+                        LONG_NAME, "--data_dir", str(tmp_path / "data"), "--prompt_type", "plain",
+                        "--num_samples", "2"], capture_output=True, text=True, cwd=tmp_path, check=False,
+                       timeout=120, env={**env, "AREAL_EVAL_MANIFEST_DIR": str(manifest_dir)})
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr}"
+    assert "…" not in r.stdout, "a cell was cut with an ellipsis"
+    assert model.name in r.stdout, "the title lost the model's name"
+    header = next((ln for ln in r.stdout.splitlines() if ln.startswith("| dataset ")), None)
+    assert header is not None, f"no header row: {r.stdout}"
+    assert [c.strip() for c in header.strip("| ").split(" | ")] == report.COLUMNS, header
+    row = next((ln for ln in r.stdout.splitlines() if ln.startswith(f"| {LONG_NAME} ")), None)
+    assert row is not None, f"no row starts with the whole dataset name: {r.stdout}"
+    cells = [c.strip() for c in row.strip("| ").split(" | ")]
+    # greedy tokens 1234, sampled 1234 and 1235; greedy and pass@1 right on 1 question of 4
+    assert cells == [LONG_NAME, "4", "1234.0", "1234.5", "25.0", "25.0", "-", "-"], row

@@ -101,7 +101,7 @@ def test_sigterm_during_generation_stops_the_engines_and_keeps_the_graded_sample
     import signal
     import time
 
-    from areal_kit.errors import Interrupted, stops_say_so
+    from areal_kit.interrupts import Interrupted, stops_say_so
 
     class SigtermOnChunk(DiesOnChunk):
         def generate(self, requests):

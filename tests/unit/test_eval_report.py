@@ -4,8 +4,8 @@ import csv
 import json
 
 from areal_kit.eval import report
-from areal_kit.eval.data import Question
-from areal_kit.eval.evaluation import EvalConfig, load_records, run, sample_keys, sample_seed
+from areal_kit.eval.data import Question, sample_keys
+from areal_kit.eval.evaluation import EvalConfig, load_records, run, sample_seed
 
 
 def make_cfg(tmp_path, **kw):

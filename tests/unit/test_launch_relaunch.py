@@ -9,7 +9,8 @@ from typing import ClassVar
 import pytest
 import ray.exceptions as rex
 
-from areal_kit.errors import Interrupted, RunFailed, UserError
+from areal_kit.errors import RunFailed, UserError
+from areal_kit.interrupts import Interrupted
 from areal_kit.rl import launch as L
 
 
@@ -416,11 +417,11 @@ def test_a_filesystem_without_locks_does_not_stop_a_run(tmp_path, monkeypatch):
 def test_a_signal_that_comes_back_as_another_error_is_still_a_stop(monkeypatch):
     """Ray's ray.get turns what a signal handler raised into a fresh KeyboardInterrupt, and C code
     can wrap it in a SystemError: `interruption` still names the signal; other errors are no stop."""
-    from areal_kit import errors
+    from areal_kit import interrupts
 
-    monkeypatch.setattr(errors, "_signalled", [])
-    assert errors.interruption(KeyboardInterrupt()).signame == "Ctrl-C"
-    errors._signalled.append(Interrupted("SIGTERM", 143))
+    monkeypatch.setattr(interrupts, "_signalled", [])
+    assert interrupts.interruption(KeyboardInterrupt()).signame == "Ctrl-C"
+    interrupts._signalled.append(Interrupted("SIGTERM", 143))
     try:
         try:
             raise KeyboardInterrupt
@@ -428,5 +429,5 @@ def test_a_signal_that_comes_back_as_another_error_is_still_a_stop(monkeypatch):
             raise SystemError("<built-in method __new__> returned a result with an exception set") from k
     except SystemError as e:
         wrapped = e
-    assert errors.interruption(wrapped) is errors._signalled[-1]
-    assert errors.interruption(RuntimeError("engine died")) is None
+    assert interrupts.interruption(wrapped) is interrupts._signalled[-1]
+    assert interrupts.interruption(RuntimeError("engine died")) is None

@@ -1,4 +1,4 @@
-"""The log lines users grep (DESIGN.md "Log lines"), the ETA, run paths and metrics.jsonl."""
+"""The log lines users grep (the AReaL guide's lines), the ETA, run paths and metrics.jsonl."""
 
 import ast
 import json
@@ -7,17 +7,17 @@ import re
 from areal_kit import logs
 from areal_kit.logs import RPC_KEYS, StepTimer, epoch_line, rpc_line, run_paths
 
-DESIGN_EPOCH_LINE = ("Epoch 1/1 step 6/19 (global step 6) finishes. Average #tokens per batch is 111847. "
+GUIDE_EPOCH_LINE = ("Epoch 1/1 step 6/19 (global step 6) finishes. Average #tokens per batch is 111847. "
                      "#End to end# execution time: *2299.448*s. Total time consumption: 13720.729s. "
                      "Estimated remaining time: 29350.673s.")
-DESIGN_RPC_KEYS = ["ppo_approx_kl", "actor_loss", "actor_clip_ratio", "importance_weight", "task_reward",
+GUIDE_RPC_KEYS = ["ppo_approx_kl", "actor_loss", "actor_clip_ratio", "importance_weight", "task_reward",
                    "kl_reward", "final_reward", "advantage", "avg_seq_len", "avg_prompt_len", "n_tokens",
                    "n_valid_tokens", "n_seqs", "no_eos_ratio"]
 
 
 def test_epoch_line_exactly_as_design():
     line = epoch_line(1, 1, 6, 19, 6, 111847.0, 2299.448, 13720.729, 29350.673)
-    assert line == DESIGN_EPOCH_LINE
+    assert line == GUIDE_EPOCH_LINE
 
 
 def test_epoch_line_rounding_and_no_eta():
@@ -34,17 +34,17 @@ def test_epoch_line_greppable():
 
 
 def test_rpc_line_keys_in_design_order_and_parsable():
-    stats = {k: float(i) for i, k in enumerate(reversed(DESIGN_RPC_KEYS))}
+    stats = {k: float(i) for i, k in enumerate(reversed(GUIDE_RPC_KEYS))}
     stats["perc_zero_adv"] = 0.25
     line = rpc_line(stats)
     prefix = "RPC name actor_train returns "
     assert line.startswith(prefix)
     d = ast.literal_eval(line[len(prefix):])
-    assert list(d)[:len(DESIGN_RPC_KEYS)] == DESIGN_RPC_KEYS
+    assert list(d)[:len(GUIDE_RPC_KEYS)] == GUIDE_RPC_KEYS
     assert list(d)[-1] == "perc_zero_adv"
     assert d == stats
     assert "'task_reward': " in line
-    assert list(RPC_KEYS) == DESIGN_RPC_KEYS
+    assert list(RPC_KEYS) == GUIDE_RPC_KEYS
 
 
 def test_rpc_line_hand_example():
@@ -86,13 +86,13 @@ def test_run_paths(tmp_path):
 def test_run_logger_writes_lines_and_metrics(tmp_path):
     paths = run_paths(str(tmp_path), "exp", "t", user="u")
     log = logs.RunLogger(paths, tensorboard=False, console=False)
-    log.info(DESIGN_EPOCH_LINE)
+    log.info(GUIDE_EPOCH_LINE)
     log.step(1, {"task_reward": 0.25, "n_seqs": 256})
     log.step(2, {"task_reward": 0.5, "n_seqs": 256})
     log.close()
     with open(paths.log_file) as f:
         text = f.read()
-    assert text.rstrip().endswith(DESIGN_EPOCH_LINE)
+    assert text.rstrip().endswith(GUIDE_EPOCH_LINE)
     with open(paths.metrics_file, "a") as f:
         f.write('{"global_step": 3, "task_')  # a torn last line after a crash
     rows = logs.read_metrics(paths.metrics_file)

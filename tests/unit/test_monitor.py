@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -165,3 +166,21 @@ def test_follow_stops_when_the_run_has_finished(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "--- following train.log" in out and out.rstrip().endswith("eta        done")
     assert "Training finished" in out
+
+
+def test_logs_plot_has_colours_only_on_a_terminal_without_no_color(tmp_path, capsys, monkeypatch):
+    p = make_run(tmp_path)
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    main(["logs", p.log_dir, "--plot", "--tail", "0"])
+    out = capsys.readouterr().out
+    assert "task_reward per global step" in out, out
+    assert "\x1b[" not in out, "escape codes in a pipe"
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich takes the captured output for a terminal
+    main(["logs", p.log_dir, "--plot", "--tail", "0"])
+    assert re.search(r"\x1b\[(?!0m)[0-9;]+m", capsys.readouterr().out), "no styles on a terminal"
+    monkeypatch.setenv("NO_COLOR", "1")
+    main(["logs", p.log_dir, "--plot", "--tail", "0"])
+    out = capsys.readouterr().out
+    assert "task_reward per global step" in out, out
+    assert "\x1b[" not in out, "colours on a terminal despite NO_COLOR"

@@ -9,7 +9,7 @@ from areal_kit.config.loader import load_config, preset_names
 
 GPU_PRESETS = ["1.5B_n1", "1.5B_n4", "1.5B_n16", "7B_n4", "7B_n16"]
 
-# Issue 2 item 5: preset -> allocation_mode, prompts, group, max_new_tokens, ppo_n_minibatches, kl_ctl
+# The AReaL guide's presets: -> allocation_mode, prompts, group, max_new_tokens, ppo_n_minibatches, kl_ctl
 TABLE = {
     "1.5B_n1": ("actor_gen:d4p1m2,*:d4p2m1", 1024, 8, 16384, 1, 0.001),
     "1.5B_n4": ("vllm.d16p1m1+d8p2m1", 1024, 8, 16384, 1, 0.001),
@@ -74,7 +74,7 @@ def test_tiny_runs_on_one_cpu_machine():
     assert cfg.actor.path.startswith("tiny://")
     assert cfg.dataset.type == "toy"
     assert cfg.ppo.group_adv_norm is True and cfg.ppo.group_size >= 2
-    assert cfg.dataset.train_bs_n_seqs >= 32  # DESIGN.md: fewer prompts collapse the toy task
+    assert cfg.dataset.train_bs_n_seqs >= 32  # fewer prompts a step collapse the toy task
 
 
 

@@ -1,4 +1,4 @@
-"""Bad input to `areal-kit train` that is only visible when the run prepares (issue 3 item 9).
+"""Bad input to `areal-kit train` that is only visible when the run prepares.
 
 Each must fail with one line and exit 2 before any Ray actor starts: the test would hang or take
 a minute if workers were started, and it checks that Ray was never initialized.
@@ -24,10 +24,10 @@ def test_missing_model_path(tmp_path, capsys):
 
 
 def test_row_without_answer_for_the_verifier(tmp_path, capsys, monkeypatch):
-    from areal_kit.data import prompts
+    from areal_kit.rl import job
 
     rows = [{"id": "q1", "question": "1 + 1 =", "answer": "2"}, {"id": "q2", "question": "2 + 2 ="}]
-    monkeypatch.setattr(prompts, "load_rows", lambda cfg: rows)
+    monkeypatch.setattr(job, "load_rows", lambda cfg: rows)
     code, err = _run(["train", "tiny", f"fileroot={tmp_path}"], capsys)
     assert code == 2 and len(err) == 1
     assert "'q2'" in err[0] and "answer" in err[0]

@@ -15,16 +15,19 @@ sum(len_i^2) like flash-attn varlen; every other layer still runs on the packed 
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask, sdpa_mask
 
 NAME = "areal_varlen"
 
 
 def register() -> str:
     """Make NAME a transformers attn_implementation (in this process); returns NAME."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention)
     AttentionMaskInterface.register(NAME, _mask)
@@ -36,8 +39,6 @@ FLASH = "flash_attention_2"
 
 def flash_attn_version() -> str | None:
     """The installed flash-attn's version ("unknown" without package metadata), None when absent."""
-    import importlib.metadata
-    import importlib.util
 
     if importlib.util.find_spec("flash_attn") is None:
         return None
@@ -66,7 +67,6 @@ def explain(device: str) -> str:
 def _mask(**kw):
     """No mask when nothing is padded (flash-attn's rule: no dense T x T mask is built); padded
     batches get SDPA's mask, for the stock SDPA path `attention` then falls back to."""
-    from transformers.masking_utils import flash_attention_mask, sdpa_mask
 
     return None if flash_attention_mask(**kw) is None else sdpa_mask(**kw)
 

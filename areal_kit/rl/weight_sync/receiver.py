@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import ray
+
 
 class WeightReceiver:
     """Needs from its host class: llm (vllm.LLM with WeightSyncExtension), cfg, version."""
@@ -17,7 +19,6 @@ class WeightReceiver:
     version = 0
 
     def init_sync(self, host: str, port: int, rank_offset: int, world: int, backend: str, plan) -> list:
-        import ray
 
         # vLLM's workers are child processes without Ray: tell them this node's address.
         local_ip = ray.util.get_node_ip_address()

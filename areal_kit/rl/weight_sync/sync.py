@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import time
 
+import ray
+
 from areal_kit import hardware
 
 
@@ -43,7 +45,6 @@ class WeightSync:
         for the send. Engines run calls in order, so a load queued behind a generation waits for
         it, and the next generation waits for the load.
         """
-        import ray
 
         t0 = time.time()
         trainers, engines = self.trainers.actors, self.engines.actors
@@ -68,7 +69,6 @@ class WeightSync:
 
     def wait(self) -> list[dict]:
         """Until the last push is loaded everywhere; what each load reported."""
-        import ray
 
         return ray.get(self.in_flight)
 
@@ -82,7 +82,6 @@ def _connect(trainers, engines, shared: bool = False) -> tuple[bool, str]:
     """Join trainer rank 0 and every rollout worker into the standalone sync group; with shared,
     try shared memory for CPU engines on the trainer's node (`share_memory`). Returns whether
     that worked and how the weights will travel, for the log."""
-    import ray
 
     backend = hardware.detect().dist_backend
     # Every rank joins the plan's gather (ZeRO-3); rank 0 returns it.
@@ -108,7 +107,6 @@ def _share_memory(trainers, engines) -> tuple[int, str]:
     writes new weights straight into them: no socket, no receive copy. Only when every engine
     can (a mixed sync would still have to broadcast those bytes). Returns (tensors shared, why
     none)."""
-    import ray
 
     regions = [r for rs in ray.get([r.share_weights.remote() for r in engines.actors]) for r in rs]
     why = [r["why"] for r in regions if "why" in r]

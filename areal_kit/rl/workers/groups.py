@@ -12,10 +12,14 @@ import itertools
 import os
 from dataclasses import dataclass
 
+import ray
+
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 from areal_kit.rl.workers import placement
+from areal_kit.rl.workers.rollout import RolloutWorker
+from areal_kit.rl.workers.trainer import TrainerWorker
 
 
 def worker_env(cfg, cache_root: str) -> dict[str, str]:
@@ -27,9 +31,7 @@ def worker_env(cfg, cache_root: str) -> dict[str, str]:
 
 
 def start_ray(cfg, n_slots: int) -> None:
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit: see DESIGN.md testbed facts
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit: a Ray without it wants a token the workers do not have
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     if ray.is_initialized():
@@ -53,18 +55,12 @@ class TrainerGroup:
         return len(self.actors)
 
     def _all(self, method: str, *args) -> list:
-        import ray
-
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])
 
     def attention(self) -> str:
-        import ray
-
         return ray.get(self.actors[0].attention.remote())
 
     def train_step(self, samples: list[dict]) -> dict:
-        import ray
-
         return self._all("train_step", ray.put(samples))[0]  # one copy in the object store for all ranks
 
     def save_hf(self, path: str) -> None:
@@ -96,8 +92,6 @@ class EngineGroup:
         return [e.generate.remote(chunk) for e, chunk in self._split(rows)]
 
     def evaluate(self, rows: list[dict], max_new_tokens: int) -> list[dict]:
-        import ray
-
         parts = ray.get([e.evaluate.remote(chunk, max_new_tokens) for e, chunk in self._split(rows)])
         return [r for part in parts for r in part]
 
@@ -105,7 +99,6 @@ class EngineGroup:
 def collect(handles: list) -> list:
     """What queued calls returned, raising the first error as soon as it is in: a plain ray.get of
     a list can sit on a generation stuck behind a load whose sender already failed."""
-    import ray
 
     left = list(handles)
     while left:
@@ -125,7 +118,6 @@ class Workers:
 
     def setup(self) -> dict[str, float]:
         """Start every trainer rank and engine in parallel; seconds the slowest of each took."""
-        import ray
 
         t = ray.get([a.setup.remote() for a in self.actors()])
         n = len(self.trainers)
@@ -133,7 +125,6 @@ class Workers:
 
     def dead(self, timeout_s: float = 10) -> int:
         """How many actors are dead (a busy one, still running a call, is alive)."""
-        import ray
 
         refs = [a.__ray_ready__.remote() for a in self.actors()]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
@@ -146,8 +137,6 @@ class Workers:
         return dead
 
     def kill(self) -> None:
-        import ray
-
         for a in self.actors():
             ray.kill(a)
 
@@ -161,11 +150,6 @@ def reserve(cfg, plat) -> placement.Reservation:
 
 
 def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
-    import ray
-
-    from areal_kit.rl.workers.rollout import RolloutWorker
-    from areal_kit.rl.workers.trainer import TrainerWorker
-
     plat = hardware.detect()
     alloc = parse_allocation(cfg.allocation_mode)
     places = reserve(cfg, plat)

@@ -26,6 +26,10 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 
@@ -180,7 +184,6 @@ def on_nodes(alloc, plat, n_nodes: int, per_node: int, spread_roles: bool = Fals
 def cluster_nodes(unit: str) -> tuple[list[Node], list[Node]]:
     """(nodes with their free resources, the same nodes with their total) of the joined Ray cluster,
     in address order, those without any `unit` left out."""
-    import ray
 
     alive = sorted((n for n in ray.nodes() if n["Alive"] and n["Resources"].get(unit, 0) > 0),
                    key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
@@ -231,8 +234,6 @@ class Reservation:
         return self._options(self.layout.engine_group(index), 0, self.layout.tp)
 
     def _options(self, g: int, b: int, n_gpus: int) -> dict:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         opts: dict = {"num_cpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
             self.groups[g], placement_group_bundle_index=b)}
         if self.layout.unit == "GPU":
@@ -247,7 +248,6 @@ _held: list = []  # this process's placement groups: a relaunch's reserve replac
 
 def release() -> None:
     """Remove the placement groups this process reserved (their workers go with them)."""
-    from ray.util.placement_group import remove_placement_group
 
     while _held:
         remove_placement_group(_held.pop())  # a group of an earlier Ray session: a no-op
@@ -256,8 +256,6 @@ def release() -> None:
 def reserve(layout: Layout, timeout_s: float | None = None) -> Reservation:
     """Create every group of the layout, each pinned to its node, and wait until all are ready;
     on timeout remove them and raise a UserError naming the groups that were not placed."""
-    import ray
-    from ray.util.placement_group import placement_group
 
     timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
     release()

@@ -16,8 +16,10 @@ import os
 import re
 import time
 
+from areal_kit import hardware
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.reward.runner import RewardRunner
+from areal_kit.rl.validation import grade_row
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
 from areal_kit.rl.workers import workflow
 
@@ -32,7 +34,6 @@ class RolloutWorker(WeightReceiver):
 
     def setup(self) -> float:
         t0 = time.time()
-        from areal_kit import hardware
 
         plat = hardware.detect()
         os.environ.update(hardware.vllm_env(plat, self.tp))  # before vLLM reads its settings
@@ -119,7 +120,6 @@ class RolloutWorker(WeightReceiver):
 
     def evaluate(self, rows: list[dict], max_new_tokens: int) -> list[dict]:
         """Greedy answers of rows, graded pass@1 like `areal-kit eval` (in-training eval)."""
-        from areal_kit.rl.validation import grade_row
 
         outs = self.llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in rows],
                                  self._params(None, 1, max_new_tokens, 0.0), use_tqdm=False)

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import socket
 import time
 
+import ray
 import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
 
+from areal_kit import hardware
 from areal_kit.data.tokenizer import copy_tokenizer_files
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo import varlen
@@ -51,9 +57,7 @@ class TrainerWorker(WeightSender):
     def setup(self) -> float:
         t0 = time.time()
         import deepspeed
-        from transformers import AutoModelForCausalLM
 
-        from areal_kit import hardware
 
         plat = hardware.detect()
         self.device = plat.torch_device
@@ -118,9 +122,7 @@ class TrainerWorker(WeightSender):
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a port free on it (for rendezvous hosted by this rank)."""
-        import socket
 
-        import ray
 
         s = socket.socket()
         s.bind(("", 0))
@@ -151,7 +153,6 @@ class TrainerWorker(WeightSender):
 
     def _allreduce(self, values: list[float], op: str = "sum") -> list[float]:
         """Sum (or max) of values over the ranks, in float64 (token counts stay exact)."""
-        import torch.distributed as dist
 
         self.outbox.before_collectives()  # a step's first collective: on GPUs, after the weight send
         # On the trainer's device: NCCL, DeepSpeed's group on GPUs, refuses host tensors.
@@ -206,7 +207,7 @@ class TrainerWorker(WeightSender):
         if kls:
             stats["kl_reward"] = -p.kl_ctl * float(torch.cat(kls).mean())
         stats["train_time"] = time.time() - t0
-        # Parts of train_time, for metrics.jsonl's per-step breakdown (issue 8): the reference
+        # Parts of train_time, for metrics.jsonl's per-step breakdown: the reference
         # model's logprobs and the recomputed proximal logprobs; the rest is the PPO update.
         stats["ref_logp_time"] = t_ref - t_start_ref
         stats["prox_logp_time"] = t_prox - t_ref
@@ -308,7 +309,6 @@ class TrainerWorker(WeightSender):
 
     def save_hf(self, path: str) -> str:
         """Hugging Face folder (weights + config + tokenizer), written atomically by rank 0."""
-        import shutil
 
         state = self.full_state()
         if self.rank != 0:

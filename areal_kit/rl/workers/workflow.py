@@ -42,6 +42,7 @@ import inspect
 from dataclasses import dataclass, field
 
 from areal_kit.errors import UserError
+from areal_kit.reward.plugins import load_object
 
 
 @dataclass
@@ -145,7 +146,6 @@ def load(spec: str):
     """The episode coroutine function of a ppo.workflow spec ("" = single_turn)."""
     if not spec:
         return single_turn
-    from areal_kit.reward.plugins import load_object
 
     obj = load_object(spec, "workflow")
     if inspect.isclass(obj):

@@ -1,0 +1,106 @@
+"""The package's shape: no import cycle, and imports inside functions only where they keep `--help` fast.
+
+`areal-kit --help` loads the CLI and the command modules; everything heavy (torch, Ray, vLLM,
+transformers) must stay out of that set, which is why those modules import inside their
+commands. Every other module imports at the top, so that its dependencies are visible and a
+cycle cannot hide inside a function; the exceptions are libraries whose import must wait for
+the environment a worker sets first (vLLM, DeepSpeed) and optional ones (inside try or if).
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "areal_kit"
+HEAVY = ("torch", "ray", "vllm", "transformers", "deepspeed", "matplotlib", "math_verify", "omegaconf")
+LAZY_BY_DESIGN = ("vllm", "deepspeed", "flash_attn", "wandb", "plotext", "torch.utils.tensorboard")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {_module(p): ast.parse(p.read_text()) for p in sorted(PKG.rglob("*.py"))}
+
+
+def _imports(name: str, tree: ast.Module, known: set[str]) -> set[str]:
+    """Our modules `name` imports anywhere: at the top, or inside a function (a cycle hidden
+    there is still a cycle); not under TYPE_CHECKING."""
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)}
+    out = set()
+    for sub in ast.walk(tree):
+        if id(sub) in skip:
+            continue
+        if isinstance(sub, ast.Import):
+            out |= {a.name for a in sub.names if a.name in known}
+        elif isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("areal_kit"):
+            if sub.module in known:
+                out.add(sub.module)
+            out |= {f"{sub.module}.{a.name}" for a in sub.names if f"{sub.module}.{a.name}" in known}
+    out.discard(name)
+    return out
+
+
+def _help_modules() -> set[str]:
+    code = "import sys, areal_kit.cli; print(' '.join(sorted(m for m in sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return set(out.stdout.split())
+
+
+def test_no_import_cycle():
+    mods = _modules()
+    graph = {m: _imports(m, t, set(mods)) for m, t in mods.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m, stack):
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(n):], n]))
+            elif n not in state:
+                visit(n, [*stack, n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles: " + "; ".join(cycles)
+
+
+def test_help_loads_no_heavy_library():
+    loaded = _help_modules()
+    heavy = sorted(h for h in HEAVY if h in loaded)
+    assert not heavy, f"`areal-kit --help` imports {heavy}; keep them inside the commands that need them"
+
+
+def test_function_level_imports_only_where_help_needs_them():
+    help_set = {m for m in _help_modules() if m.startswith("areal_kit")}
+    offenders = []
+    for name, tree in _modules().items():
+        if name in help_set:
+            continue
+        parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            chain, n = [], node
+            while n in parents:
+                n = parents[n]
+                chain.append(n)
+            funcs = [i for i, c in enumerate(chain) if isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            if not funcs or any(isinstance(c, (ast.Try, ast.If)) for c in chain[:funcs[0]]):
+                continue  # module level, or a guarded (optional / conditional) import
+            mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            if any(mod == k or mod.startswith(k + ".") for k in LAZY_BY_DESIGN):
+                continue
+            offenders.append(f"{name}:{node.lineno} imports {mod}")
+    # torch comes with the cpu or gpu extra: a controller with the base install plans and
+    # provisions a cluster (hardware.detect) without it.
+    offenders = [o for o in offenders if not (o.startswith("areal_kit.hardware:") and o.endswith(" torch"))]
+    assert not offenders, "imports inside functions of modules `--help` never loads: " + "; ".join(offenders)
