@@ -66,3 +66,17 @@ def test_shared_cores_give_every_tp_rank_of_an_engine_every_core():
     assert groups._pinned(env, None, [1]) is env
     mine = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # the user's own lists stay
     assert groups._pinned(mine, None, range(1, 3)) is mine
+
+
+def test_vllm_cache_is_the_users_not_the_runs(monkeypatch, tmp_path):
+    """vLLM's model-class cache outlives a fileroot (a miss costs vLLM a subprocess at every
+    engine start); an explicit VLLM_CACHE_ROOT still wins, and build caches stay under the run."""
+    from areal_kit import hardware
+
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    env = hardware.cpu_env(str(tmp_path / "run" / "cache"))
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "xdg" / "areal-kit" / "vllm")
+    assert env["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "run" / "cache" / "torch_extensions")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", "/elsewhere")
+    assert hardware.cpu_env(str(tmp_path))["VLLM_CACHE_ROOT"] == "/elsewhere"
