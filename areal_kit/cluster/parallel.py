@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from areal_kit.cluster.remote import Result
+from areal_kit.console import make_console as shared_console
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim",
                 "running": "cyan", "pending": "dim"}
@@ -192,10 +193,9 @@ def run_steps(cluster, steps: list[Step], console: Console | None = None) -> boo
 
 
 def make_console() -> Console:
-    console = Console(highlight=False)
-    if not console.is_terminal:  # logs and CI: never wrap a command in the middle
-        console = Console(highlight=False, width=200)
-    return console
+    """The shared console: rich (with the live view) on a terminal; in logs and pipes no line is
+    wrapped (a command stays whole) and tables print as whole markdown rows."""
+    return shared_console(highlight=False)
 
 
 def recap(cluster, steps: list[Step], console: Console) -> None:

@@ -14,6 +14,7 @@ are at most k versions old (k = 0: strictly on-policy).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import deque
@@ -27,6 +28,10 @@ from areal_kit.rl.job import Job, RunState
 from areal_kit.rl.validation import Validator
 from areal_kit.rl.weight_sync.sync import WeightSync
 from areal_kit.rl.workers import groups
+
+
+class CannotLearn(RuntimeError):
+    """The run cannot learn (a non-finite loss, rewards that all fail): stop, do not relaunch."""
 
 
 @dataclass
@@ -53,6 +58,8 @@ class Controller:
         self.checkpoints: Checkpointer | None = None
         self.validator: Validator | None = None
         self._failure_kinds: set[str] = set()  # reward failure kinds already logged
+        self._failed_steps = 0  # steps in a row in which every sample's reward failed
+        self._first_failure = ""  # the first reward error of that streak
 
     # ------------------------------------------------------------ lifecycle
     def start_ray(self) -> None:
@@ -99,10 +106,12 @@ class Controller:
             batch = queue.popleft()
             outs, loads, stale, wait_time = self._collect(batch)
             samples = [s for o in outs for s in o["samples"]]
+            self._check_rewards(samples, outs)
             shaped = B.shape_rewards(samples, cfg.ppo)
             t_train = time.time()
             stats = self.workers.trainers.train_step(shaped.pop("_train_samples"))
             train_time = time.time() - t_train
+            self._check_loss(stats)  # before the engines get the new weights
             st.version += 1
             sync_time = self.weights.push(st.version)
             st.global_step += 1
@@ -113,7 +122,8 @@ class Controller:
                 row.update(self.validator.run(st.global_step))
             self._log_step(batch.epoch, batch.epoch_step, row)
             last = row
-            self.checkpoints.after_step(batch.epoch, batch.epoch_step)
+            if not self._failed_steps:  # a checkpoint in a failing streak would be resumed into it
+                self.checkpoints.after_step(batch.epoch, batch.epoch_step)
             self._stop_if_asked()
         self.weights.wait()
         self.checkpoints.final_save()
@@ -139,6 +149,27 @@ class Controller:
         if stale > k:  # the queueing in _fill makes this impossible; guard the invariant anyway
             raise RuntimeError(f"sample staleness {stale} exceeds max_head_offpolicyness {k}")
         return outs, loads, stale, time.time() - t0
+
+    def _check_rewards(self, samples: list[dict], outs: list[dict]) -> None:
+        """Count the steps in a row whose every sample's reward failed; stop at the configured count."""
+        failed = sum(count for o in outs for count, _ in o.get("reward_failures", {}).values())
+        if failed < len(samples):
+            self._failed_steps, self._first_failure = 0, ""
+            return
+        if not self._failed_steps:
+            self._first_failure = next((first for o in outs for _, first in o.get("reward_failures", {}).values()), "")
+        self._failed_steps += 1
+        limit = self.cfg.exp_ctrl.stop_after_failed_reward_steps
+        if limit and self._failed_steps >= limit:
+            raise CannotLearn(f"every sample's reward failed in {self._failed_steps} steps in a row, up to global "
+                              f"step {self.state.global_step + 1} (first error: {self._first_failure}); the last "
+                              "recover checkpoint is from before them")
+
+    def _check_loss(self, stats: dict) -> None:
+        loss = stats.get("actor_loss")
+        if loss is not None and not math.isfinite(loss):
+            raise CannotLearn(f"the loss is {loss} at global step {self.state.global_step + 1}; the last recover "
+                              "checkpoint is from before it (a lower actor.lr, or a check of the rewards, may help)")
 
     def _step_row(self, batch: Batch, samples: list[dict], shaped: dict, stats: dict, outs: list[dict],
                   loads: list[dict]) -> dict:

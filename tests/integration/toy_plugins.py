@@ -1,10 +1,11 @@
-"""Plug-ins for tests/integration/test_workflow_tiny.py, named in config by file path.
+"""Plug-ins for the integration tests, named in config by file path.
 
 two_turn: the toy task in two model turns with an inserted token between them, as a tool call
 or a user reply would be: the first digit, then "=" (inserted, loss_mask 0), then a second
 digit. The toy reward reads the first word, so the task and its signal are unchanged.
 flaky: a reward plug-in that raises for some answers (counted failures, reward 0) and returns
 a dict with an extra number otherwise.
+broken: a reward plug-in that always raises, so a run cannot learn.
 """
 
 from areal_kit.rl.workers.workflow import Trajectory
@@ -30,3 +31,7 @@ def flaky(prompt, completion, sample):
     if completion.strip().endswith("3"):
         raise ValueError("answers ending in 3 are not scored")
     return {"reward": 0.0, "len": float(len(completion))}
+
+
+def broken(prompt, completion, sample):
+    raise ValueError("the grading service is down")

@@ -1,0 +1,47 @@
+"""The loop's stop rules for a run that cannot learn: a non-finite loss at once, rewards that all
+fail after the configured number of steps in a row (a step with any reward scored resets it)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from areal_kit.rl.controller import CannotLearn, Controller
+from areal_kit.rl.job import RunState
+
+
+def ctrl(limit: int) -> Controller:
+    c = Controller.__new__(Controller)  # the checks read only the config and the step counter
+    c.cfg = SimpleNamespace(exp_ctrl=SimpleNamespace(stop_after_failed_reward_steps=limit))
+    c.state, c._failed_steps, c._first_failure = RunState(global_step=6), 0, ""
+    return c
+
+
+def step(c: Controller, n_samples: int, failures: dict) -> None:
+    c._check_rewards([{}] * n_samples, [{"reward_failures": failures}])
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_loss_stops_the_run(loss):
+    with pytest.raises(CannotLearn, match="at global step 7"):
+        ctrl(3)._check_loss({"actor_loss": loss})
+    ctrl(3)._check_loss({"actor_loss": 0.25})  # a finite loss goes on
+
+
+def test_failed_rewards_stop_after_the_limit_and_name_the_first_error():
+    c = ctrl(2)
+    step(c, 4, {"mine: ValueError": (4, "mine: ValueError: first")})
+    assert c._failed_steps == 1
+    step(c, 4, {"mine: ValueError": (1, "x"), "mine: timeout": (1, "y")})  # 2 of 4 failed: signal remains
+    assert c._failed_steps == 0, "a step with any scored sample ends the streak"
+    step(c, 4, {"mine: timeout": (4, "mine: timeout after 5s")})
+    with pytest.raises(CannotLearn) as got:
+        step(c, 4, {"mine: ValueError": (4, "mine: ValueError: later")})
+    assert "in 2 steps in a row" in str(got.value)
+    assert "first error: mine: timeout after 5s" in str(got.value)
+
+
+def test_zero_never_stops():
+    c = ctrl(0)
+    for _ in range(10):
+        step(c, 2, {"mine: ValueError": (2, "e")})
+    assert c._failed_steps == 10
