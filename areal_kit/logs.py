@@ -37,6 +37,11 @@ class RunPaths:
     def metrics_file(self) -> str:
         return os.path.join(self.log_dir, "metrics.jsonl")
 
+    @property
+    def samples_file(self) -> str:
+        """A few groups' prompts, answers, rewards and advantages, every exp_ctrl.dump_samples_every steps."""
+        return os.path.join(self.log_dir, "samples.jsonl")
+
 
 def run_paths(fileroot: str, experiment: str, trial: str, user: str | None = None) -> RunPaths:
     user = user or os.environ.get("AREAL_USER") or getpass.getuser()
@@ -120,6 +125,19 @@ class RunLogger:
 
             self.wandb = wandb.init(project=wandb_project, name=run_name, dir=paths.log_dir)
 
+    def resume_at(self, global_step: int) -> None:
+        """The run goes on after global_step (0: from the start): steps after it will be logged
+        again, so their metrics.jsonl rows go (rewritten atomically) and tensorboard drops their
+        events, leaving every step once however often the run resumed."""
+        self.metrics.close()
+        keep_steps_through(self.paths.metrics_file, global_step)
+        keep_steps_through(self.paths.samples_file, global_step)
+        self.metrics = open(self.paths.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run)
+        if self.tb is not None:
+            log_dir = self.tb.log_dir
+            self.tb.close()
+            self.tb = type(self.tb)(log_dir, purge_step=global_step + 1)
+
     def info(self, msg: str) -> None:
         self.log.info(msg)
 
@@ -139,6 +157,11 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.log(row, step=global_step)
 
+    def samples(self, global_step: int, rows: list[dict]) -> None:
+        """Rollout samples for people to read (`areal-kit logs RUN --samples`)."""
+        with open(self.paths.samples_file, "a") as f:
+            f.writelines(json.dumps({"global_step": global_step, **r}) + "\n" for r in rows)
+
     def close(self) -> None:
         self.metrics.close()
         if self.tb is not None:
@@ -149,6 +172,19 @@ class RunLogger:
             for h in list(lg.handlers):
                 h.close()
                 lg.removeHandler(h)
+
+
+def keep_steps_through(path: str, global_step: int) -> None:
+    """metrics.jsonl without the rows after global_step (and without a torn last line)."""
+    if not os.path.exists(path):
+        return
+    rows = [r for r in read_metrics(path) if r.get("global_step", 0) <= global_step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def read_metrics(path: str) -> list[dict]:

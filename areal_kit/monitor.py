@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 
 import typer
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from areal_kit.console import make_console
 from areal_kit.errors import UserError
-from areal_kit.logs import RunPaths
+from areal_kit.logs import RunPaths, read_metrics, run_paths
 
 FINISHED = "Training finished"
 STOPPED = ("failed", "interrupted", "dead", "probably dead")  # states a re-run resumes from
@@ -45,8 +46,6 @@ class RunFiles(RunPaths):
 
 def resolve_run(target: str, fileroot: str = "", user: str = "") -> RunFiles:
     """A run's log folder (the one with train.log), or EXP/TRIAL under fileroot."""
-    from areal_kit import logs
-
     path = os.path.abspath(os.path.expanduser(target))
     if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("train.log", "metrics.jsonl")):
         info = _read_json(os.path.join(path, "driver.json")) or {}
@@ -61,7 +60,7 @@ def resolve_run(target: str, fileroot: str = "", user: str = "") -> RunFiles:
     bits = target.strip("/").split("/")
     root = os.path.abspath(os.path.expanduser(fileroot or os.path.join(os.getcwd(), "areal_runs")))
     if len(bits) == 2 and all(bits):
-        p = logs.run_paths(root, bits[0], bits[1], user or None)
+        p = run_paths(root, bits[0], bits[1], user or None)
         if os.path.isdir(p.log_dir):
             return RunFiles(p.log_dir, p.recover_dir, p.ckpt_dir, name=target.strip("/"))
         raise UserError(f"no run {target} under {root} (looked for {p.log_dir}); expected EXP/TRIAL of a run "
@@ -73,10 +72,8 @@ def resolve_run(target: str, fileroot: str = "", user: str = "") -> RunFiles:
 def step_rows(metrics_file: str) -> list[dict]:
     """metrics.jsonl rows, one per global step: a resumed run re-does the steps after its
     checkpoint, and the later row (the one the run continued from) wins."""
-    from areal_kit import logs
-
     by_step: dict[int, dict] = {}
-    for row in logs.read_metrics(metrics_file):
+    for row in read_metrics(metrics_file):
         if isinstance(row.get("global_step"), int):
             by_step[row["global_step"]] = row
     return [by_step[k] for k in sorted(by_step)]
@@ -288,6 +285,8 @@ def logs(
     plot_: bool = typer.Option(False, "--plot", help="Draw the task_reward curve in the terminal (plotext)."),
     tail: int = typer.Option(5, "--tail", "-n", help="Show this many last lines of train.log (0 = none)."),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between checks with --follow."),
+    samples: bool = typer.Option(False, "--samples", help="Show the latest dumped rollout samples (prompt, answer, "
+                                                          "reward, advantage; exp_ctrl.dump_samples_every)."),
 ) -> None:
     """Where a run stands, from its files alone: last step, last recover point, ETA, alive or dead."""
     files = resolve_run(run, fileroot, user)
@@ -300,11 +299,33 @@ def logs(
         color = console.is_terminal and not console.no_color
         plot = terminal_plot(st.rows, width=console.width if console.is_terminal else 80, color=color)
         console.print(Text.from_ansi(plot), soft_wrap=True)
+    if samples:
+        print_samples(files, console)
     if st.last_lines and not follow:
         console.out("--- last lines of train.log")
         console.out("\n".join(st.last_lines))
     if follow:
         _follow(files, st, interval, console)
+
+
+def latest_samples(path: str) -> list[dict]:
+    """The rows of the last step in samples.jsonl (a torn last line is skipped)."""
+    rows = read_metrics(path)  # the same reader: one JSON row a line
+    last = rows[-1]["global_step"] if rows else None
+    return [r for r in rows if r["global_step"] == last]
+
+
+def print_samples(files: RunFiles, console: Console) -> None:
+    rows = latest_samples(files.samples_file)
+    if not rows:
+        console.out(f"--- no samples yet ({files.samples_file}; written every exp_ctrl.dump_samples_every steps)")
+        return
+    t = Table(title=f"samples of global step {rows[0]['global_step']}")
+    for col in ("prompt", "answer", "task_reward", "advantage", "no_eos"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(r["prompt"], r["answer"], f"{r['task_reward']:g}", f"{r['advantage']:+.3f}", str(r["no_eos"]).lower())
+    console.print(t)
 
 
 def _follow(files: RunFiles, st: Status, interval: float, console: Console) -> None:

@@ -112,7 +112,7 @@ class SetupOptions:
         return f"areal-{self.spec.cluster_name}"
 
     def ray_env(self) -> dict[str, str]:
-        """Environment every Ray process and driver gets (auth mode explicit, see DESIGN)."""
+        """Environment every Ray process and driver gets (auth mode explicit: a Ray that defaults to token auth would refuse workers without it)."""
         env = {"RAY_AUTH_MODE": self.ray_auth_mode, "RAY_USAGE_STATS_ENABLED": "0"}
         env.update(e.split("=", 1) for e in self.env)
         return env

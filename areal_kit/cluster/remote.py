@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import paramiko
+
 from areal_kit.config.cluster_spec import HostSpec
 from areal_kit.errors import UserError
 
@@ -119,8 +121,6 @@ def _known_hosts_entry(host: HostSpec) -> str:
 
 
 def _accept_new_policy(path: str):
-    import paramiko
-
     class AcceptNew(paramiko.MissingHostKeyPolicy):
         # Record the key of a host seen for the first time (OpenSSH's accept-new). paramiko's
         # AutoAddPolicy rewrites the whole file from one client's view, which loses entries
@@ -147,7 +147,6 @@ class Remote:
     def connect(self) -> str:
         """Open the session (retrying while unreachable); return the host's address as seen
         by the SSH server, which is the address Ray should use for this node."""
-        import paramiko
 
         deadline = time.monotonic() + self.opts.wait
         last: Exception | None = None

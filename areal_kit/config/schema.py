@@ -273,6 +273,10 @@ class ExpCtrl:
         "In-training evaluation on the held-out split every N steps (0 = off): greedy, pass@1 by the "
         "grader of `areal-kit eval`; the split is dataset.eval_path or dataset.eval_size.")
     eval_max_new_tokens: int = opt(0, "Answer budget of the in-training eval (0 = ppo.gen.max_new_tokens).")
+    dump_samples_every: int = opt(10,
+        "Every N steps, write the prompts, answers, rewards and advantages of dump_samples_groups "
+        "groups to samples.jsonl in the log folder (`areal-kit logs RUN --samples`; 0 = off).")
+    dump_samples_groups: int = opt(2, "Groups written each time samples are dumped.")
     stop_after_failed_reward_steps: int = opt(3,
         "Stop the run (exit 1, naming the first error) when every sample's reward failed in this many "
         "steps in a row: it cannot learn. No checkpoint is written during such a streak, so the last "
@@ -288,7 +292,8 @@ class ExpCtrl:
             check_positive(f"exp_ctrl.{name}", getattr(self, name))
         for name in ("total_train_steps", "save_freq_epochs", "save_freq_steps", "save_freq_secs",
                      "keep_last_n", "ckpt_freq_epochs", "ckpt_freq_steps", "ckpt_freq_secs", "eval_every",
-                     "eval_max_new_tokens", "stop_after_failed_reward_steps"):
+                     "eval_max_new_tokens", "stop_after_failed_reward_steps", "dump_samples_every",
+                     "dump_samples_groups"):
             check_positive(f"exp_ctrl.{name}", getattr(self, name), allow_zero=True)
         check_choices(self, "exp_ctrl.")
 

@@ -3,7 +3,7 @@
     with alarm(0.5, MyTimeout):
         slow_parse(text)          # MyTimeout once 0.5 s have passed
 
-Used by the math grader (sympy on a pathological answer) and by the reward runner (a user's
+Used by the math grader (sympy on a pathological answer) and by the reward scorer (a user's
 reward function). The alarm repeats every `again` seconds until the block ends: Python drops an
 exception raised while a gc callback or a __del__ runs ("Exception ignored in ..."), and a
 one-shot alarm that lands there would leave the block running unbounded. The exception should

@@ -19,13 +19,18 @@ step.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import re
 import sys
 import threading
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
 from areal_kit.reward.alarm import alarm
+from areal_kit.reward.pool import Pool
 
 __all__ = ["extract_answer", "grade", "gsm8k_reference", "normalize", "parsed_form"]
 
@@ -162,11 +167,8 @@ def _alarm(seconds: float):
 
 
 def _mv_parse(text: str):
-    import logging
-
     # math-verify warns once that its timeouts are off: ours (_alarm) replaces them.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     # Wrap the bare answer in \boxed{} so the LaTeX extractor takes all of it (unwrapped
     # LaTeX without $...$ is not found); the Expr extractor covers plain "1/2", "3*x".
@@ -178,9 +180,7 @@ def _mv_parse(text: str):
     )
 
 
-def _verify_in_main_thread(pred: str, ref: str, timeout_s: float) -> bool:
-    from math_verify import verify
-
+def verify_in_main_thread(pred: str, ref: str, timeout_s: float) -> bool:
     try:
         with _alarm(timeout_s):
             gold, target = _mv_parse(ref), _mv_parse(pred)
@@ -199,10 +199,20 @@ def _grade_cached(pred: str, ref: str, timeout_s: float) -> bool:
     if fast is not None:
         return fast
     if threading.current_thread() is threading.main_thread():
-        return _verify_in_main_thread(pred, ref, timeout_s)
-    from areal_kit.reward.pool import verify_in_worker
-
+        return verify_in_main_thread(pred, ref, timeout_s)
     return verify_in_worker(pred, ref, timeout_s)
+
+
+workers = Pool(size=2)  # its processes start at the first call from another thread
+
+
+def verify_in_worker(pred: str, ref: str, timeout_s: float) -> bool:
+    """verify_in_main_thread in a worker process; False on timeout or any failure."""
+    status, verdict = workers.call("areal_kit.reward.math_grader:verify_in_main_thread", (pred, ref, timeout_s), timeout_s)
+    return status == "ok" and bool(verdict)
+
+
+atexit.register(workers.close)
 
 
 def grade(pred: str, ref: str, timeout_s: float = 5.0) -> bool:

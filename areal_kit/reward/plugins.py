@@ -19,9 +19,10 @@ import os
 import sys
 
 from areal_kit.errors import UserError
+from areal_kit.reward.registry import get_reward, known_rewards, register
 
 # Built-in rewards that ship with areal-kit: trusted (bounded time, never raise), so they run
-# in the rollout engine's process; everything else runs in the reward pool (reward/runner.py).
+# in the rollout engine's process; everything else runs in the reward pool (reward/pool.py).
 BUILTIN = {"math": "math", "gsm8k": "gsm8k", "toy": "areal_kit.data.toy_task:toy_reward"}
 
 
@@ -61,8 +62,6 @@ def reward_spec(name: str, plugins: dict[str, str]) -> str:
         return plugins[name]
     if name in BUILTIN or ":" in name:
         return BUILTIN.get(name, name)
-    from areal_kit.reward.registry import known_rewards
-
     if name in known_rewards():  # registered in code by the user
         return name
     known = sorted(set(BUILTIN) | set(plugins) | {k for k in known_rewards() if ":" not in k})
@@ -72,8 +71,6 @@ def reward_spec(name: str, plugins: dict[str, str]) -> str:
 
 def load_reward(spec: str):
     """The callable of a spec; plug-ins are also registered under their spec in the registry."""
-    from areal_kit.reward.registry import get_reward, register
-
     if ":" not in spec:
         return get_reward(spec)
     fn = load_object(spec, "reward")
@@ -81,6 +78,17 @@ def load_reward(spec: str):
         raise UserError(f"reward {spec!r} is a {type(fn).__name__}, not a function; expected "
                         "(prompt, completion, sample) -> float | dict")
     return register(spec, fn)
+
+
+def call_reward(spec: str, prompt: str, completion: str, sample: dict):
+    """One reward call inside a pool worker: what the reward returned, if it can be scored
+    (a number or a dict), else its repr, which the scorer reports as a bad return."""
+    try:
+        fn = load_reward(spec)
+    except UserError as e:
+        raise ImportError(str(e)) from None
+    value = fn(prompt, completion, sample)
+    return value if isinstance(value, (int, float, dict)) else repr(value)[:80]
 
 
 def is_trusted(spec: str) -> bool:

@@ -47,7 +47,7 @@ def known_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _as_reference(ref) -> str | None:
+def as_reference(ref) -> str | None:
     """A reference answer from a bare answer or a whole solution text (last \\boxed{})."""
     if ref is None:
         return None
@@ -67,7 +67,7 @@ def math_reward(prompt: str, completion: str, sample: dict) -> float:
     elif isinstance(refs, str):
         refs = [refs]
     for ref in refs:
-        ref = _as_reference(ref)
+        ref = as_reference(ref)
         if ref is not None and grade(pred, ref):
             return 1.0
     return 0.0

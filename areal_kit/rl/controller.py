@@ -25,6 +25,7 @@ from areal_kit.config.alloc import parse_allocation
 from areal_kit.rl.algo import batch as B
 from areal_kit.rl.checkpoint.checkpointer import Checkpointer
 from areal_kit.rl.job import Job, RunState
+from areal_kit.rl.schedule import Every
 from areal_kit.rl.validation import Validator
 from areal_kit.rl.weight_sync.sync import WeightSync
 from areal_kit.rl.workers import groups
@@ -57,6 +58,7 @@ class Controller:
         self.weights: WeightSync | None = None
         self.checkpoints: Checkpointer | None = None
         self.validator: Validator | None = None
+        self.sample_dumps = Every(steps=job.cfg.exp_ctrl.dump_samples_every)
         self._failure_kinds: set[str] = set()  # reward failure kinds already logged
         self._failed_steps = 0  # steps in a row in which every sample's reward failed
         self._first_failure = ""  # the first reward error of that streak
@@ -121,6 +123,8 @@ class Controller:
             if self.validator.due(st.global_step):
                 row.update(self.validator.run(st.global_step))
             self._log_step(batch.epoch, batch.epoch_step, row)
+            if self.sample_dumps.due(st.global_step):
+                self.log.samples(st.global_step, self._readable(samples))
             last = row
             if not self._failed_steps:  # a checkpoint in a failing streak would be resumed into it
                 self.checkpoints.after_step(batch.epoch, batch.epoch_step)
@@ -182,6 +186,14 @@ class Controller:
                    ref_logp_time=stats.get("ref_logp_time", 0.0), prox_logp_time=stats.get("prox_logp_time", 0.0))
         row.update(self._plugin_stats(outs))
         return row
+
+    def _readable(self, samples: list[dict]) -> list[dict]:
+        """The first dump_samples_groups groups as text (special tokens shown: an answer's eos
+        matters), with what the trainer saw: reward and advantage (group-normalized reward)."""
+        tok, n = self.job.tokenizer, self.cfg.exp_ctrl.dump_samples_groups * self.cfg.ppo.group_size
+        return [{"id": s["id"], "prompt": tok.decode(s["prompt_ids"]), "answer": tok.decode(s["output_ids"]),
+                 "task_reward": s["task_reward"], "advantage": s["seq_reward"], "no_eos": s["no_eos"],
+                 "n_tokens": len(s["output_ids"]), "version": s["version"]} for s in samples[:n]]
 
     def _plugin_stats(self, outs: list[dict]) -> dict:
         """reward_failures (count this step; each new kind logged once) and reward/* means."""

@@ -45,6 +45,7 @@ class Job:
     n_dropped: int
     recover_attempts: int = 0  # launch attempts so far (checkpoint/recover.py: fault mode, relaunch messages)
     eval_rows: list = field(default_factory=list)  # the in-training eval split, tokenized (validation.py)
+    tokenizer: object = None  # the model's, to show samples as text
 
     @property
     def n_epochs(self) -> int:
@@ -82,4 +83,4 @@ def prepare(cfg) -> Job:
     total = cfg.exp_ctrl.total_train_epochs * loader.steps_per_epoch
     if cfg.exp_ctrl.total_train_steps:
         total = min(total, cfg.exp_ctrl.total_train_steps)
-    return Job(cfg, paths, model_path, loader, total, dropped, eval_rows=eval_rows)
+    return Job(cfg, paths, model_path, loader, total, dropped, eval_rows=eval_rows, tokenizer=tok)

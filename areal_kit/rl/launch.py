@@ -151,6 +151,7 @@ class SigtermStop:
 def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool) -> int:
     """One launch: start the workers (restored from the recover checkpoint if any), train to the end."""
     state = recover.resume_state(job, log, fresh)
+    log.resume_at(state.global_step if state is not None else 0)
     ctrl = Controller(job, log, state, progress, stop_request=lambda: sigterm.pending)
     try:
         ctrl.start_ray()

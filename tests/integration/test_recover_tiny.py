@@ -133,7 +133,6 @@ def test_sigkill_mid_write_resumes_from_the_previous_checkpoint_identically(root
     assert "state      dead" in view.stdout and "recover    global step 2" in view.stdout
     assert "resumes at global step 3" in view.stdout
 
-    n_before = len(rows(p))
     proc = start(root, "kill", ["exp_ctrl.ckpt_freq_steps=2"])
     try:
         assert proc.wait(timeout=1200) == 0, stderr_tail(root, "kill")
@@ -143,8 +142,10 @@ def test_sigkill_mid_write_resumes_from_the_previous_checkpoint_identically(root
     assert f"Will recover from: {p.recover_dir}/globalstep2 (global step 2" in log
     assert "resuming at global step 3 of 4" in log
     assert sorted(os.listdir(p.recover_dir)) == ["globalstep4"]  # torn write gone, new one complete
-    resumed = rows(p)[n_before:]
-    assert [r["global_step"] for r in resumed] == [3, 4]  # finished steps are not redone
+    after = rows(p)
+    assert [r["global_step"] for r in after] == [1, 2, 3, 4], "every step once: redone steps replace their rows"
+    assert after[:2] == [killed[1], killed[2]], "steps up to the checkpoint are not redone"
+    resumed = after[2:]
     for r in resumed:
         ref = killed[r["global_step"]]
         assert r["task_reward"] == ref["task_reward"], r["global_step"]
@@ -187,12 +188,7 @@ def test_killed_rollout_relaunches_to_the_end_and_a_failed_save_stops_cleanly(ro
     assert f"Will recover from: {p.recover_dir}/globalstep2 (global step 2" in log
     after = log.split("Will recover from:")[1]
     assert "(global step 4) finishes" in after  # the final step was reached after the relaunch
-    by_step = {}
-    for r in rows(p):
-        by_step.setdefault(r["global_step"], []).append(r)
-    before, again = by_step[3]  # step 3 ran before the kill and again after the relaunch
-    assert again["task_reward"] == before["task_reward"]
-    assert abs(again["actor_loss"] - before["actor_loss"]) <= LOSS_TOL
+    assert [r["global_step"] for r in rows(p)] == [1, 2, 3, 4], "step 3, redone after the relaunch, is logged once"
 
     assert rc == 2
     last = stderr_tail(root, "faults")

@@ -69,3 +69,11 @@ def test_tiny_preset_learns_multi_token_sums(tmp_path):
     assert text.count(" finishes. Average #tokens per batch is ") == len(rows)
     assert text.count("RPC name actor_train returns {") == len(rows)
     assert f"attention {varlen.explain('cpu')}" in text  # the log says which attention trains
+    # Samples for people to read: the last dump is of the last step (1500 is a multiple of 10), as text.
+    shown = subprocess.run([str(exe), "logs", str(run), "--samples", "--tail", "0"], capture_output=True, text=True,
+                           check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert f"samples of global step {len(rows)}" in shown.stdout
+    table = [line for line in shown.stdout.splitlines() if line.startswith("| ") and " + " in line]
+    assert len(table) == 2 * 8, "two groups of eight answers"
+    assert all("=" in line for line in table), "prompts are shown as text"

@@ -27,6 +27,9 @@ class Log:
     def warning(self, m):
         self.warnings.append(m)
 
+    def resume_at(self, global_step):
+        self.resumed_at = global_step
+
     def close(self):
         pass
 

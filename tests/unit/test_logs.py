@@ -2,6 +2,7 @@
 
 import ast
 import json
+import os
 import re
 
 from areal_kit import logs
@@ -114,3 +115,42 @@ def test_a_failure_goes_to_train_log_with_its_traceback_and_not_to_the_console(t
     assert " ERROR Run failed: ValueError: kv cache larger than memory\nTraceback (most recent call last):" in text
     assert text.rstrip().endswith("ValueError: kv cache larger than memory")
     assert capsys.readouterr().out == ""
+
+
+def test_a_resumed_run_logs_every_step_once(tmp_path):
+    """Steps redone after a resume replace their earlier rows and tensorboard events (read back
+    with tensorboard's own event reader), however many times the run resumes."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    paths = run_paths(str(tmp_path), "exp", "t", user="u")
+    log = logs.RunLogger(paths, tensorboard=True, console=False)
+    for g in (1, 2, 3, 4):
+        log.step(g, {"task_reward": 0.1 * g})
+    log.close()
+    with open(paths.metrics_file, "a") as f:
+        f.write('{"global_step": 5, "task_')  # killed mid-write
+    for resumed_at, until in ((2, 5), (3, 6)):  # resumed from step 2's checkpoint, then from step 3's
+        log = logs.RunLogger(paths, tensorboard=True, console=False)
+        log.resume_at(resumed_at)
+        for g in range(resumed_at + 1, until + 1):
+            log.step(g, {"task_reward": 0.5 + 0.01 * g})
+        log.close()
+    rows = logs.read_metrics(paths.metrics_file)
+    assert [r["global_step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["task_reward"] for r in rows[:2]] == [0.1, 0.2], "rows before the checkpoint are kept"
+    assert rows[3]["task_reward"] == 0.5 + 0.04, "a redone step's row is the new one"
+    acc = EventAccumulator(os.path.join(paths.log_dir, "tensorboard"))
+    acc.Reload()
+    events = acc.Scalars("task_reward")
+    assert [e.step for e in events] == [1, 2, 3, 4, 5, 6]
+    assert abs(events[3].value - 0.54) < 1e-6
+
+
+def test_resume_at_zero_starts_the_metrics_over(tmp_path):
+    paths = run_paths(str(tmp_path), "exp", "t", user="u")
+    log = logs.RunLogger(paths, tensorboard=False, console=False)
+    log.step(1, {"task_reward": 0.25})
+    log.resume_at(0)
+    log.step(1, {"task_reward": 0.75})
+    log.close()
+    assert [r["task_reward"] for r in logs.read_metrics(paths.metrics_file)] == [0.75]

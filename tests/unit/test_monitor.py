@@ -184,3 +184,30 @@ def test_logs_plot_has_colours_only_on_a_terminal_without_no_color(tmp_path, cap
     out = capsys.readouterr().out
     assert "task_reward per global step" in out, out
     assert "\x1b[" not in out, "colours on a terminal despite NO_COLOR"
+
+
+def test_logs_samples_shows_the_latest_dump_whole_in_a_pipe(tmp_path):
+    """`areal-kit logs RUN --samples`: the rows of the last dumped step, every cell whole, and a
+    resume drops the dumps of the steps it redoes."""
+    import subprocess
+    import sys
+
+    from areal_kit import logs as L
+
+    p = L.run_paths(str(tmp_path), "tiny", "run0", "u")
+    log = L.RunLogger(p, tensorboard=False, console=False)
+    row = {"id": "q1", "prompt": "3 + 4 =", "answer": "7<eos>", "task_reward": 1.0, "advantage": 0.935,
+           "no_eos": False, "n_tokens": 2, "version": 9}
+    log.samples(10, [row, {**row, "answer": "1 2 3", "task_reward": 0.0, "advantage": -0.935, "no_eos": True}])
+    log.samples(20, [{**row, "answer": "a long answer " * 12}])
+    log.resume_at(10)  # step 20 will be redone: its dump goes
+    log.close()
+    exe = Path(sys.executable).with_name("areal-kit")
+    out = subprocess.run([str(exe), "logs", p.log_dir, "--samples", "--tail", "0"], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert "samples of global step 10" in out.stdout
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| 3 + 4 =")]
+    assert len(rows) == 2
+    assert "| 7<eos> " in rows[0] and "+0.935" in rows[0]
+    assert "| 1 2 3 " in rows[1] and "-0.935" in rows[1] and rows[1].rstrip().endswith("| true |")

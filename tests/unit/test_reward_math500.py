@@ -1,5 +1,5 @@
 """The grader agrees with MATH-500's own answers: the boxed answer of each reference solution
-graded against the `answer` field (issue 5: >= 99%, each disagreement listed with a reason)."""
+graded against the `answer` field (>= 99%, each disagreement listed with a reason)."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Reward plug-ins (reward/plugins.py, reward/runner.py): dotted paths, the process pool with a
+"""Reward plug-ins (reward/plugins.py, reward/scoring.py): dotted paths, the process pool with a
 per-sample timeout, failures counted by kind, format reward and non-stop penalty, and bad input
 rejected in one line before training starts."""
 
@@ -11,7 +11,7 @@ import pytest
 from areal_kit.config.schema import ConfigError, PPOConfig
 from areal_kit.errors import UserError
 from areal_kit.reward import plugins
-from areal_kit.reward.runner import RewardRunner, as_reward
+from areal_kit.reward.scoring import RewardScorer, as_reward
 from areal_kit.rl.algo.batch import shape_rewards, step_stats
 
 PLUGIN = textwrap.dedent("""
@@ -48,7 +48,7 @@ def _ppo(**kw):
 
 
 def test_named_plugin_and_dotted_path_sum_with_builtins(plugin):
-    r = RewardRunner(_ppo(reward_fns=["math", "mine", f"{plugin}:picky"], reward_plugins={"mine": f"{plugin}:exact"}))
+    r = RewardScorer(_ppo(reward_fns=["math", "mine", f"{plugin}:picky"], reward_plugins={"mine": f"{plugin}:exact"}))
     try:
         got = r.score([("p", "\\boxed{3}", {"answer": "\\boxed{3}"}), ("p", "x", {"answer": "3"})])
     finally:
@@ -60,7 +60,7 @@ def test_named_plugin_and_dotted_path_sum_with_builtins(plugin):
 
 
 def test_failures_give_zero_and_are_counted_by_kind(plugin):
-    r = RewardRunner(_ppo(reward_fns=["bad"], reward_plugins={"bad": f"{plugin}:picky"}))
+    r = RewardScorer(_ppo(reward_fns=["bad"], reward_plugins={"bad": f"{plugin}:picky"}))
     try:
         items = [("p", c, {}) for c in ("ok", "raise", "raise", "hang", "stuck", "die", "text", "ok")]
         got = [x[0] for x in r.score(items)]

@@ -6,7 +6,7 @@ which is what the trainer recomputes), the weight version that produced them and
 reward. New weights arrive in place through the worker extension (areal_kit/rl/weight_sync/vllm_ext.py).
 
 What happens to one prompt is the workflow (areal_kit/rl/workers/workflow.py: single-turn by default,
-or a user's multi-turn plug-in); rewards run through areal_kit/reward/runner.py, which keeps a
+or a user's multi-turn plug-in); rewards run through areal_kit/reward/scoring.py, which keeps a
 failing or hanging plug-in from stopping the engine.
 """
 
@@ -18,7 +18,7 @@ import time
 
 from areal_kit import hardware
 from areal_kit.data.tokenizer import load_tokenizer
-from areal_kit.reward.runner import RewardRunner
+from areal_kit.reward.scoring import RewardScorer
 from areal_kit.rl.validation import grade_row
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
 from areal_kit.rl.workers import workflow
@@ -43,7 +43,7 @@ class RolloutWorker(WeightReceiver):
         kw = hardware.vllm_kwargs(plat, self.model_path, max_len, seed=self.cfg.seed + self.index, tp=self.tp)
         self.llm = LLM(**kw, worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs")
         self.tokenizer = load_tokenizer(self.model_path, check=False)  # the driver checked it
-        self.rewards = RewardRunner(self.cfg.ppo)
+        self.rewards = RewardScorer(self.cfg.ppo)
         self.episode = workflow.load(self.cfg.ppo.workflow)
         self.engine = workflow.Engine(self._generate_batch, self.tokenizer, self.cfg.ppo.gen,
                                       self.cfg.ppo.group_size, max_len)
