@@ -78,7 +78,8 @@ def test_setup_docker_three_nodes(docker_cluster, testbed):
     assert nodes == sorted(testbed.ips)
     for i in (1, 2, 3):
         ps = testbed.ssh(i, "docker ps --format '{{.Names}} {{.Image}}'").stdout
-        assert "areal-kit:cpu-test" in ps and ("areal-areal-head" if i == 1 else "areal-areal-worker") in ps
+        assert "areal-kit:cpu-test" in ps
+        assert ("areal-areal-head" if i == 1 else "areal-areal-worker") in ps
     # the data step fetched the file once onto storage, with its manifest
     assert (testbed.storage / "data" / "tiny-model.bin" / "tiny-model.bin").read_bytes() == b"weights" * 1000
     assert (testbed.storage / "data" / "tiny-model.bin" / ".areal-kit-manifest.json").exists()
@@ -127,7 +128,8 @@ def test_train_tiny_across_hosts(docker_cluster, testbed):
     actors = json.loads(head_python(testbed, RAY_ACTORS))
     trainer_ips = {ip for cls, ip in actors if "Trainer" in (cls or "")}
     rollout_ips = {ip for cls, ip in actors if "Rollout" in (cls or "")}
-    assert trainer_ips and rollout_ips, actors
+    assert trainer_ips, actors
+    assert rollout_ips, actors
     assert not trainer_ips & rollout_ips, f"trainer {trainer_ips} and rollout {rollout_ips} share a host"
 
 
@@ -147,7 +149,8 @@ def start_training(kit, steps: int, *more: str):
     """setup again, now with training (as a user would add --train_param); returns setup's result."""
     r = kit.run("setup", *kit.args, *more, "--train_param", "tiny", "--train-arg", "spread_roles=true",
                 "--train-arg", f"exp_ctrl.total_train_steps={steps}")
-    assert r.returncode == 0 and any("] train: training tiny started" in ln for ln in lines(r, "changed")), r.stdout
+    assert r.returncode == 0, r.stdout
+    assert any("] train: training tiny started" in ln for ln in lines(r, "changed")), r.stdout
     return r
 
 
@@ -162,12 +165,15 @@ def resumed(log, step: int, until: int) -> None:
 def stopped_at(r, log, where: str) -> int:
     """The step a SIGTERMed training stopped after, as setup or down reported it; its checkpoint exists."""
     said = [ln for ln in lines(r, "changed") if where in ln]
-    assert len(said) == 1 and "Run interrupted (SIGTERM) after global step" in said[0], r.stdout
+    assert len(said) == 1, r.stdout
+    assert "Run interrupted (SIGTERM) after global step" in said[0], r.stdout
     step = int(re.search(r"after global step (\d+)", said[0]).group(1))
     text = log.read_text()
-    assert f"(global step {step}) finishes" in text and f"(global step {step + 1}) finishes" not in text
+    assert f"(global step {step}) finishes" in text
+    assert f"(global step {step + 1}) finishes" not in text
     ckpt = re.search(r"recover checkpoint (\S+?);", text.split("Run interrupted (SIGTERM)")[-1]).group(1)
-    assert ckpt.endswith(f"globalstep{step}") and Path(ckpt).is_dir(), ckpt  # storage: same path inside
+    assert ckpt.endswith(f"globalstep{step}"), ckpt
+    assert Path(ckpt).is_dir(), ckpt  # storage: same path inside
     return step
 
 
@@ -196,7 +202,8 @@ def test_replacing_only_worker_containers_stops_training_first(docker_cluster, t
     cmds = [ln.split("[run] ", 1)[1] for ln in dry.stdout.splitlines() if "[run] docker " in ln]
     workers = [cmd for cmd in cmds if cmd.startswith("docker run ") and "areal-kit.role=worker" in cmd]
     train = [cmd for cmd in cmds if cmd.startswith("docker exec -d ")]
-    assert len(workers) == 2 and len(train) == 1, dry.stdout
+    assert len(workers) == 2, dry.stdout
+    assert len(train) == 1, dry.stdout
     for i, cmd in zip((2, 3), workers):
         digest = re.search(r"areal-kit[.]config=(\w+)", cmd).group(1)
         label = testbed.ssh(i, 'docker inspect --format \'{{index .Config.Labels "areal-kit.config"}}\' '
@@ -210,7 +217,8 @@ def test_replacing_only_worker_containers_stops_training_first(docker_cluster, t
     testbed.ssh(1, train[0])
     wait_for(log, "(global step 2) finishes", 600)
     rollout_ips = {ip for cls, ip in json.loads(head_python(testbed, RAY_ACTORS)) if "Rollout" in (cls or "")}
-    assert rollout_ips and testbed.ips[0] not in rollout_ips, "spread_roles puts the engines on the workers"
+    assert rollout_ips, "spread_roles puts the engines on the workers"
+    assert testbed.ips[0] not in rollout_ips, "spread_roles puts the engines on the workers"
 
     r = kit.run("setup", *kit.args)
     assert r.returncode == 0, r.stdout
@@ -218,7 +226,8 @@ def test_replacing_only_worker_containers_stops_training_first(docker_cluster, t
     step = stopped_at(r, log, "] ray: areal-areal-worker started (stopped or started with other options; first, "
                               "training stopped after SIGTERM")
     after = [ln for ln in lines(r, "changed") if "; after training was stopped for " in ln]
-    assert len(after) == 1 and "] ray: areal-areal-worker started" in after[0], r.stdout
+    assert len(after) == 1, r.stdout
+    assert "] ray: areal-areal-worker started" in after[0], r.stdout
     start_training(kit, step + 2)
     resumed(log, step, step + 2)
     wait_not_running(kit)
@@ -253,7 +262,9 @@ def test_training_survives_setup_changes_and_down_without_losing_a_step(docker_c
     resumed(log, step, step + 2)
     wait_not_running(kit)
     r = kit.run("down", "--known-hosts", str(kit.known_hosts))
-    assert r.returncode == 0 and any("] stop training: no training running" in ln for ln in lines(r, "ok")), r.stdout
+    assert r.returncode == 0, r.stdout
+    assert any("] stop training: no training running" in ln for ln in lines(r, "ok")), r.stdout
     r = kit.run("down", "--known-hosts", str(kit.known_hosts))
-    assert r.returncode == 0 and lines(r, "changed") == [], "down twice: nothing left to do"
+    assert r.returncode == 0, "down twice: nothing left to do"
+    assert lines(r, "changed") == [], "down twice: nothing left to do"
     assert any("] stop training: no training running" in ln for ln in lines(r, "ok")), "nor a head container"

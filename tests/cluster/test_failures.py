@@ -47,7 +47,8 @@ def test_strict_policy_refuses_unknown_host(testbed, kit):
     r = kit.run("setup", *kit.conn_args([testbed.ip(1)]), *setup_args(testbed, "host"),
                 "--host-key-policy", "strict")
     assert r.returncode == 1
-    assert "is not in" in r.stdout and "strict" in r.stdout
+    assert "is not in" in r.stdout
+    assert "strict" in r.stdout
 
 
 @pytest.fixture
@@ -74,5 +75,6 @@ def test_private_key_permissions_checked(testbed, kit, tmp_path):
     args[args.index("--private_key_file") + 1] = str(key)
     r = kit.run("setup", *args, *setup_args(testbed, "host"))
     assert r.returncode == 2
-    assert r.stderr.strip().startswith("error: --private_key_file:") and "chmod 600" in r.stderr
+    assert r.stderr.strip().startswith("error: --private_key_file:")
+    assert "chmod 600" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

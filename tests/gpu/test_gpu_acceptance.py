@@ -113,7 +113,8 @@ def test_engine_logprobs_equal_the_trainers_after_the_sync(trained):
 
 def test_recover_checkpoint_written_and_resumed(resumed):
     ck = latest(resumed["paths"].recover_dir)
-    assert ck is not None and ck.global_step == STEPS + 1  # the resumed run wrote its own at the end
+    assert ck is not None
+    assert ck.global_step == STEPS + 1  # the resumed run wrote its own at the end
     log = resumed["log"]
     assert "Dumped recover info to file." in log
     assert f"Will recover from: {resumed['paths'].recover_dir}" in log

@@ -56,15 +56,18 @@ def test_table_files_have_the_guide_columns(first_run):
     assert list(agg["results"]) == DATASETS
     for r in agg["results"].values():
         assert r["num_questions"] == NUM_Q
-        assert 0 < r["greedy_length"] <= MAX_GEN and 0 < r["sample_length"] <= MAX_GEN
+        assert 0 < r["greedy_length"] <= MAX_GEN
+        assert 0 < r["sample_length"] <= MAX_GEN
         for k in ("greedy_acc", "sample_pass@1", "pass@8"):
             assert 0.0 <= r[k] <= 100.0
         assert r["pass@8"] >= r["sample_pass@1"]
         assert r["pass@16"] is None                       # 8 samples: no pass@16
     md = (out / "results.md").read_text().splitlines()
-    assert md[0] == "| " + " | ".join(COLUMNS) + " |" and len(md) == 2 + len(DATASETS)
+    assert md[0] == "| " + " | ".join(COLUMNS) + " |"
+    assert len(md) == 2 + len(DATASETS)
     rows = list(csv.reader((out / "results.csv").read_text().splitlines()))
-    assert rows[0] == COLUMNS and [r[0] for r in rows[1:]] == DATASETS
+    assert rows[0] == COLUMNS
+    assert [r[0] for r in rows[1:]] == DATASETS
 
 
 def test_per_sample_records(first_run):
@@ -74,8 +77,10 @@ def test_per_sample_records(first_run):
         assert len(recs) == NUM_Q * (1 + NUM_SAMPLES)
         for r in recs.values():
             assert set(r) == RECORD_FIELDS
-            assert r["dataset"] == name and 1 <= r["tokens"] <= MAX_GEN
-            assert isinstance(r["completion"], str) and isinstance(r["correct"], bool)
+            assert r["dataset"] == name
+            assert 1 <= r["tokens"] <= MAX_GEN
+            assert isinstance(r["completion"], str)
+            assert isinstance(r["correct"], bool)
             assert r["prompt"].endswith("within \\boxed{}.\n")
         assert sum(r["mode"] == "greedy" for r in recs.values()) == NUM_Q
     # gsm8k references are the '#### N' numbers, without thousands separators
@@ -91,7 +96,8 @@ def test_rerun_skips_done_samples_and_keeps_the_aggregate(first_run, capsys):
     capsys.readouterr()
     main(eval_args(model, out, data_dir))
     printed = capsys.readouterr().out
-    assert "0 to generate" in printed and "vLLM engine" not in printed
+    assert "0 to generate" in printed
+    assert "vLLM engine" not in printed
     assert (out / "aggregate.json").read_text() == before
     assert {n: (out / n / "samples.jsonl").stat().st_size for n in DATASETS} == sizes
 
@@ -136,7 +142,8 @@ def test_a_folder_of_checkpoints_is_evaluated_one_by_one_and_compared(first_run,
             "--num_samples", "2", "--prompt_type", "plain", "--seed", "3"]
     main(args)
     printed = capsys.readouterr().out
-    assert "checkpoint 1/2" in printed and "checkpoints compared" in printed
+    assert "checkpoint 1/2" in printed
+    assert "checkpoints compared" in printed
     cmp = json.loads((cmp_out / "compare.json").read_text())
     assert [r["checkpoint"] for r in cmp["rows"]] == [early.name, late.name]
     for row in cmp["rows"]:

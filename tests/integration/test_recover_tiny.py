@@ -130,7 +130,8 @@ def test_sigkill_mid_write_resumes_from_the_previous_checkpoint_identically(root
     assert sorted(killed) == [1, 2, 3, 4]
 
     view = subprocess.run([EXE, "logs", p.log_dir, "--tail", "0"], capture_output=True, text=True, check=False)
-    assert "state      dead" in view.stdout and "recover    global step 2" in view.stdout
+    assert "state      dead" in view.stdout
+    assert "recover    global step 2" in view.stdout
     assert "resumes at global step 3" in view.stdout
 
     proc = start(root, "kill", ["exp_ctrl.ckpt_freq_steps=2"])
@@ -159,8 +160,10 @@ def test_sigkill_mid_write_resumes_from_the_previous_checkpoint_identically(root
                          cwd=root, capture_output=True, text=True, env=env(), timeout=600, check=False)
     assert bad.returncode == 2
     err = bad.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: the recover checkpoint")
-    assert "ppo.group_size was 8, now 4" in err[0] and "--fresh" in err[0]
+    assert len(err) == 1
+    assert err[0].startswith("error: the recover checkpoint")
+    assert "ppo.group_size was 8, now 4" in err[0]
+    assert "--fresh" in err[0]
 
 
 def test_killed_rollout_relaunches_to_the_end_and_a_failed_save_stops_cleanly(root):
@@ -184,7 +187,8 @@ def test_killed_rollout_relaunches_to_the_end_and_a_failed_save_stops_cleanly(ro
             _unlock(actor_dir, locked)
         reap(proc)
     log = Path(p.log_file).read_text()
-    assert "Worker failure (" in log and "relaunching from the last recover checkpoint (retry 1/1)" in log
+    assert "Worker failure (" in log
+    assert "relaunching from the last recover checkpoint (retry 1/1)" in log
     assert f"Will recover from: {p.recover_dir}/globalstep2 (global step 2" in log
     after = log.split("Will recover from:")[1]
     assert "(global step 4) finishes" in after  # the final step was reached after the relaunch
@@ -192,7 +196,9 @@ def test_killed_rollout_relaunches_to_the_end_and_a_failed_save_stops_cleanly(ro
 
     assert rc == 2
     last = stderr_tail(root, "faults")
-    assert last.startswith("error: saving the model to") and "globalstep4" in last and "intact" in last
+    assert last.startswith("error: saving the model to")
+    assert "globalstep4" in last
+    assert "intact" in last
     kept = os.path.join(actor_dir, "epoch1epochstep2globalstep2")
     assert sorted(os.listdir(actor_dir)) == ["epoch1epochstep2globalstep2"]
     from safetensors.torch import load_file

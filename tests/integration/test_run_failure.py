@@ -35,11 +35,13 @@ def test_an_engine_that_cannot_start_fails_the_run_in_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: run tiny/run0 failed: RolloutWorker.setup: ValueError: ")
-    assert "VLLM_CPU_KVCACHE_SPACE" in lines[0] and lines[0].endswith(f"(traceback in {run / 'train.log'})")
+    assert "VLLM_CPU_KVCACHE_SPACE" in lines[0]
+    assert lines[0].endswith(f"(traceback in {run / 'train.log'})")
 
     log = (run / "train.log").read_text()
     assert " ERROR Run failed: RolloutWorker.setup: ValueError: " in log
-    assert "Traceback (most recent call last):" in log and "determine_available_memory" in log
+    assert "Traceback (most recent call last):" in log
+    assert "determine_available_memory" in log
 
     status = subprocess.run([exe, "logs", str(run)], capture_output=True, text=True, timeout=60, check=False)
     assert status.returncode == 0, status.stderr
@@ -62,8 +64,10 @@ def test_eval_whose_engine_cannot_start_fails_in_one_line(tmp_path):
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]  # the rest: vLLM's log
-    assert len(errors) == 1 and errors[0].startswith("error: eval failed: ValueError: "), proc.stderr[-2000:]
-    assert "VLLM_CPU_KVCACHE_SPACE" in errors[0] and errors[0].endswith(f"(traceback in {out}/error.log)")
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert errors[0].startswith("error: eval failed: ValueError: "), proc.stderr[-2000:]
+    assert "VLLM_CPU_KVCACHE_SPACE" in errors[0]
+    assert errors[0].endswith(f"(traceback in {out}/error.log)")
     assert "determine_available_memory" in (out / "error.log").read_text()
 
 
@@ -76,7 +80,8 @@ def test_a_second_driver_is_refused_and_sigterm_stops_after_a_checkpointed_step(
     try:
         deadline = time.time() + 600
         while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().count("\n") >= 3:
-            assert proc.poll() is None and time.time() < deadline, "training never reached step 3"
+            assert proc.poll() is None, "training never reached step 3"
+            assert time.time() < deadline, "training never reached step 3"
             time.sleep(0.2)
         second = subprocess.run([exe, "train", "tiny"], cwd=tmp_path, capture_output=True, text=True,
                                 env={**os.environ, "AREAL_USER": "ci"}, timeout=120, check=False)
@@ -93,7 +98,8 @@ def test_a_second_driver_is_refused_and_sigterm_stops_after_a_checkpointed_step(
     steps = [json.loads(line)["global_step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     g = steps[-1]
     ckpt = tmp_path / "areal_runs" / "recover" / "ci" / "tiny" / "run0" / f"globalstep{g}"
-    assert json.loads((ckpt / "state.json").read_text())["global_step"] == g and g > 2  # not the checkpoint of step 2
+    assert json.loads((ckpt / "state.json").read_text())["global_step"] == g
+    assert g > 2  # not the checkpoint of step 2
     log = (run / "train.log").read_text()
     assert " WARNING SIGTERM: the run stops after this step, with its recover checkpoint" in log
     assert (f" WARNING Run interrupted (SIGTERM) after global step {g}, with its recover checkpoint {ckpt}; "
@@ -137,7 +143,8 @@ def test_sigterm_stops_an_eval_on_several_engines(tmp_path):
     try:
         deadline = time.time() + 600
         while "2 vLLM engine(s) ready" not in (tmp_path / "out.txt").read_text():
-            assert proc.poll() is None and time.time() < deadline, (tmp_path / "err.txt").read_text()[-2000:]
+            assert proc.poll() is None, (tmp_path / "err.txt").read_text()[-2000:]
+            assert time.time() < deadline, (tmp_path / "err.txt").read_text()[-2000:]
             time.sleep(0.2)
         time.sleep(2)
         proc.send_signal(signal.SIGTERM)

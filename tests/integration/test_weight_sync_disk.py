@@ -23,7 +23,8 @@ def test_engine_serves_the_saved_weights(disk_run):
 def test_every_step_records_the_engine_load(disk_run):
     # Step 1's batch was generated before any sync; every later batch waited for a load.
     loads = [r["load_time"] for r in disk_run.rows]
-    assert loads[0] == 0.0 and all(t > 0 for t in loads[1:])
+    assert loads[0] == 0.0
+    assert all(t > 0 for t in loads[1:])
 
 
 def test_disk_load_reports_its_parts_as_a_broadcast_does(disk_run):
@@ -37,7 +38,8 @@ def test_disk_load_reports_its_parts_as_a_broadcast_does(disk_run):
     version = ray.get(engine.get_version.remote()) + 1
     got = ray.get(engine.load_from_disk.remote(weight_sync_dir(cfg), version))
     assert got["load_wait"] == 0.0  # nothing on the wire
-    assert 0 < got["load_repack"] and 0 < got["load_copy"]
+    assert 0 < got["load_repack"]
+    assert 0 < got["load_copy"]
     assert got["load_repack"] + got["load_copy"] <= got["load_time"]
     assert got["load_placed"] == 0  # a file's tensors are copied into place, never received there
     assert ray.get(engine.get_version.remote()) == version

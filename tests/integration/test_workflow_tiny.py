@@ -52,11 +52,14 @@ def test_eval_every_two_steps(run):
         if r["global_step"] % 2:
             assert "eval/pass@1" not in r
         else:
-            assert 0.0 <= r["eval/pass@1"] <= 1.0 and r["eval/n_prompts"] == EVAL_N
-    assert "Eval at global step 2: pass@1" in text and "Eval at global step 4: pass@1" in text
+            assert 0.0 <= r["eval/pass@1"] <= 1.0
+            assert r["eval/n_prompts"] == EVAL_N
+    assert "Eval at global step 2: pass@1" in text
+    assert "Eval at global step 4: pass@1" in text
     # Held-out prompts are never trained on.
     train_ids = {r["id"] for r in ctrl.job.loader.rows}
-    assert len(ctrl.job.eval_rows) == EVAL_N and not train_ids & {r["id"] for r in ctrl.job.eval_rows}
+    assert len(ctrl.job.eval_rows) == EVAL_N
+    assert not train_ids & {r["id"] for r in ctrl.job.eval_rows}
 
 
 def test_reward_plugin_failures_counted_and_logged_once(run):
@@ -91,4 +94,5 @@ def test_two_turn_samples_match_trainer_logprobs(run):
                                                           [s["output_ids"] for s in samples]))
     diffs = [abs(a - b) for s, t in zip(samples, lp) for a, b, m in zip(s["logprobs"], t, s["loss_mask"]) if m]
     # The second turn's logprob, sampled after the inserted token, is the trainer's too.
-    assert len(diffs) == 2 * len(samples) and max(diffs) < 1e-4
+    assert len(diffs) == 2 * len(samples)
+    assert max(diffs) < 1e-4

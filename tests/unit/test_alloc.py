@@ -49,7 +49,8 @@ def test_a_shared_allocation_splits_into_the_same_gpus(text, split):
     assert a.split() == split
     if split:
         b = parse_allocation(split)
-        assert b.kind == "decoupled" and b.total_gpus == a.total_gpus
+        assert b.kind == "decoupled"
+        assert b.total_gpus == a.total_gpus
 
 
 def test_per_role_explicit_train_wins_over_star():

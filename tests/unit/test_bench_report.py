@@ -34,19 +34,27 @@ def _run(registry, names, tmp_path):
 def test_json_line_table_and_latest(tmp_path, capsys):
     _, table = _run({"demo": _demo()}, ["demo"], tmp_path)
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert line["name"] == "demo" and line["ratio"] == 2.0 and line["met"] is True
-    assert "demo thing vs baseline" in table and "ratio 2.00x" in table and "target met" in table
+    assert line["name"] == "demo"
+    assert line["ratio"] == 2.0
+    assert line["met"] is True
+    assert "demo thing vs baseline" in table
+    assert "ratio 2.00x" in table
+    assert "target met" in table
     latest = load_latest(str(tmp_path))
-    assert latest["demo"]["ours_s"] == 1.0 and latest["demo"]["ratio"] == 2.0
+    assert latest["demo"]["ours_s"] == 1.0
+    assert latest["demo"]["ratio"] == 2.0
     assert latest["demo"]["rows"] == [["ours", 1.0], ["baseline", 2.0]]
     md = (tmp_path / "PERF.md").read_text()
-    assert "## Performance" in md and "What demo measures." in md
-    assert "python bench/run.py demo" in md and "| ours | 1.000 |" in md
+    assert "## Performance" in md
+    assert "What demo measures." in md
+    assert "python bench/run.py demo" in md
+    assert "| ours | 1.000 |" in md
 
 
 def test_missed_target_and_failed_check(tmp_path, capsys):
     done, table = _run({"demo": _demo(1.2)}, ["demo"], tmp_path)
-    assert done["demo"]["met"] is False and "target missed" in table
+    assert done["demo"]["met"] is False
+    assert "target missed" in table
     done, _ = _run({"demo": _demo(2.0, {"within 2x of raw": False})}, ["demo"], tmp_path)
     assert done["demo"]["met"] is False
     assert "not met" in (tmp_path / "PERF.md").read_text()
@@ -58,7 +66,8 @@ def test_merge_keeps_other_entries_and_errors_keep_previous(tmp_path, capsys):
 
     _run({"demo": _demo(), "other": _demo(3.0)}, ["demo", "other"], tmp_path)
     done, text = _run({"demo": boom, "other": _demo(4.0)}, ["demo", "other"], tmp_path)
-    assert done["demo"] == {"error": "ValueError: engine exploded"} and "demo failed" in text
+    assert done["demo"] == {"error": "ValueError: engine exploded"}
+    assert "demo failed" in text
     latest = load_latest(str(tmp_path))
     assert latest["demo"]["ratio"] == 2.0  # the failed run left the previous figures
     assert latest["other"]["ratio"] == 4.0

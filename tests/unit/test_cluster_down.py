@@ -98,6 +98,7 @@ def start_driver(c: Cluster, tmp_path, mode: str, reaped: bool = False, started:
     return p
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reaped", [False, True], ids=["zombie", "reaped"])
 def test_down_waits_for_the_step_and_reports_the_checkpoint(head, tmp_path, reaped, started):
     """Once the driver has exited, whether its parent has reaped it yet or not, the wait ends."""
@@ -116,17 +117,20 @@ def test_down_reports_only_what_the_log_said_after_the_sigterm(head, tmp_path, s
     c, h = head
     p = start_driver(c, tmp_path, "silent", started=started)
     o = ray_cluster.stop_training(c, h, grace=30)
-    assert o.status == "changed" and "global step 1," not in o.message, o.message
-    assert o.message.startswith("training stopped after SIGTERM: its log's last line: ") and \
-        o.message.endswith("Estimated remaining time: 45.796s.")
+    assert o.status == "changed", o.message
+    assert "global step 1," not in o.message, o.message
+    assert o.message.startswith("training stopped after SIGTERM: its log's last line: ")
+    assert o.message.endswith("Estimated remaining time: 45.796s.")
     assert p.wait(timeout=5) == 0
 
 
+@pytest.mark.slow
 def test_down_gives_up_after_the_grace_period(head, tmp_path, started):
     c, h = head
     p = start_driver(c, tmp_path, "ignore", started=started)
     o = ray_cluster.stop_training(c, h, grace=1)
-    assert o.status == "changed" and "still running 1s after SIGTERM" in o.message
+    assert o.status == "changed"
+    assert "still running 1s after SIGTERM" in o.message
     assert p.poll() is None
 
 
@@ -134,7 +138,8 @@ def test_grace_zero_skips_the_stop(head, tmp_path, started):
     c, h = head
     p = start_driver(c, tmp_path, "stop", started=started)
     o = ray_cluster.stop_training(c, h, grace=0)
-    assert o.status == "skipped" and p.poll() is None
+    assert o.status == "skipped"
+    assert p.poll() is None
 
 
 def test_status_names_the_step_and_the_log(head, tmp_path, started):
@@ -144,6 +149,7 @@ def test_status_names_the_step_and_the_log(head, tmp_path, started):
                                             f"log {tmp_path / 'train.log'}")
 
 
+@pytest.mark.slow
 def test_hosts_replacing_containers_at_once_stop_training_once(tmp_path, started):
     """setup's hosts replace their containers in parallel threads, and training's actors may be in
     any of them: the first host SIGTERMs the training and waits for its checkpoint, the others wait

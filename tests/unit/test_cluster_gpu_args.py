@@ -88,7 +88,8 @@ def test_spec_env_reaches_every_container_and_setup_env_wins(tmp_path):
         assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
         assert env["NCCL_DEBUG"] == "INFO"  # --env, given to this setup, over the spec
-        assert env["MY_VAR"] == "1" and env["RAY_AUTH_MODE"] == "disabled"
+        assert env["MY_VAR"] == "1"
+        assert env["RAY_AUTH_MODE"] == "disabled"
     args = docker_run_args(c, c.hosts[0])
     assert len(pairs(args, "-e")) == len(env_of(args))  # each variable once
 
@@ -96,7 +97,8 @@ def test_spec_env_reaches_every_container_and_setup_env_wins(tmp_path):
 def test_containers_never_try_the_hub_and_cache_compiles_on_storage(tmp_path):
     c = cluster(tmp_path)
     env = env_of(docker_run_args(c, c.hosts[0]))
-    assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["TRANSFORMERS_OFFLINE"] == "1"
     # the training's own cache folder under fileroot, on the shared storage every node mounts
     assert env["VLLM_CACHE_ROOT"] == "/mnt/nas/ray/experiments/cache/vllm"
 

@@ -42,8 +42,11 @@ def test_dry_run_lists_every_step_per_host(capsys):
     for needle in ("os-release", "apt-get install", "docker image inspect", "docker pull areal-kit:latest",
                    "--head --port 6379", "areal_kit.cluster.fetch", "areal_kit.cli train tiny"):
         assert needle in head, needle
-    assert "--address h1:6379" in worker and "--head" not in worker and "train tiny" not in worker
-    assert "RAY_AUTH_MODE=disabled" in head and "--dashboard-host h1" in head
+    assert "--address h1:6379" in worker
+    assert "--head" not in worker
+    assert "train tiny" not in worker
+    assert "RAY_AUTH_MODE=disabled" in head
+    assert "--dashboard-host h1" in head
 
 
 def test_hostile_paths_are_single_shell_words(capsys):
@@ -53,7 +56,8 @@ def test_hostile_paths_are_single_shell_words(capsys):
     assert code == 0
     run = next(ln for ln in out.splitlines() if "docker run -d" in ln and "head" in ln)
     words = shlex.split(run.split("] ", 1)[1])
-    assert f"{storage}:{storage}" in words and "/x y:/z" in words
+    assert f"{storage}:{storage}" in words
+    assert "/x y:/z" in words
     mk = next(ln for ln in out.splitlines() if "shared-check" in ln and "mkdir" in ln)
     words = shlex.split(mk.split("] ", 1)[1])
     assert f"{storage}/.areal-kit" in words  # one word: no `;` or `$(` reaches the shell
@@ -78,9 +82,11 @@ def test_host_runtime_dry_run_has_no_docker(capsys):
 
 def test_down_dry_run_from_saved_state_needs_state(capsys):
     code, _, err = cli(capsys, "down", "--dry-run", "--name", "nosuch")
-    assert code == 2 and "no cluster named 'nosuch'" in err
+    assert code == 2
+    assert "no cluster named 'nosuch'" in err
     code, out, _ = cli(capsys, "down", "--dry-run", "--hostnames", "h1,h2")
-    assert code == 0 and "docker rm -f" in out
+    assert code == 0
+    assert "docker rm -f" in out
 
 
 BAD_OPTIONS = [
@@ -104,7 +110,9 @@ BAD_OPTIONS = [
 def test_bad_options_exit_2_one_line(capsys, args, needle):
     code, _, err = cli(capsys, *args)
     assert code == 2
-    assert err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: ")
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_loose_key_permissions_refused(capsys, tmp_path):
@@ -112,7 +120,8 @@ def test_loose_key_permissions_refused(capsys, tmp_path):
     key.write_text("x")
     key.chmod(0o644)
     code, _, err = cli(capsys, "setup", "--hostnames", "h1", "--private_key_file", str(key), "--dry-run")
-    assert code == 2 and "chmod 600" in err
+    assert code == 2
+    assert "chmod 600" in err
 
 
 def test_every_option_has_help(capsys):
@@ -159,10 +168,13 @@ def test_runner_failed_host_drops_out_others_go_on(capsys):
 
     ok = run_steps(c, [Step("a", a), Step("b", b)], make_console())
     assert not ok
-    assert ("b", "n2") not in calls and ("b", "n0") in calls and ("b", "n1") in calls
+    assert ("b", "n2") not in calls
+    assert ("b", "n0") in calls
+    assert ("b", "n1") in calls
     assert c.hosts[2].outcomes["b"].status == "skipped"
     out = capsys.readouterr().out
-    assert "FAILED [n2] a: boom on n2" in out and "recap" in out
+    assert "FAILED [n2] a: boom on n2" in out
+    assert "recap" in out
 
 
 def test_runner_head_failure_skips_workers_and_head_last_order():
@@ -176,10 +188,12 @@ def test_runner_head_failure_skips_workers_and_head_last_order():
         return Outcome("ok")
 
     assert not run_steps(c, [Step("s", step, head_first=True)], make_console())
-    assert order == ["n0"] and c.hosts[1].outcomes["s"].status == "skipped"
+    assert order == ["n0"]
+    assert c.hosts[1].outcomes["s"].status == "skipped"
     c, order = make_cluster(), []
     run_steps(c, [Step("d", lambda cl, h: order.append(h.name) or Outcome("ok"), head_last=True)], make_console())
-    assert order[-1] == "n0" and sorted(order) == ["n0", "n1", "n2"]
+    assert order[-1] == "n0"
+    assert sorted(order) == ["n0", "n1", "n2"]
 
 
 def test_unexpected_exception_is_a_failure_not_a_crash():
@@ -191,14 +205,16 @@ def test_unexpected_exception_is_a_failure_not_a_crash():
         return Outcome("ok")
 
     assert not run_steps(c, [Step("s", step)], make_console())
-    assert c.hosts[1].outcomes["s"].status == "failed" and "surprise" in c.hosts[1].outcomes["s"].message
+    assert c.hosts[1].outcomes["s"].status == "failed"
+    assert "surprise" in c.hosts[1].outcomes["s"].message
 
 
 def test_host_log_masks_secrets(tmp_path):
     log = HostLog(tmp_path / "h.log", ["tok_ABC"])
     log.write("$ echo tok_ABC\nvalue tok_ABC here")
     text = (tmp_path / "h.log").read_text()
-    assert "tok_ABC" not in text and text.count("***") == 2
+    assert "tok_ABC" not in text
+    assert text.count("***") == 2
 
 
 # -- data fetcher ----------------------------------------------------------------------------
@@ -216,7 +232,8 @@ def test_fetch_file_uri_once_with_checksum(tmp_path):
     assert fetch.main(["--check", uri, str(dest)]) == 1
     with pytest.raises(SystemExit, match="checksum mismatch"):
         fetch.main([f"file://{src}#sha256={'0' * 64}", str(tmp_path / "other")])
-    assert not (tmp_path / "other").exists() and not (tmp_path / "other.partial").exists()
+    assert not (tmp_path / "other").exists()
+    assert not (tmp_path / "other.partial").exists()
 
 
 def test_fetch_directory_and_verify(tmp_path):

@@ -27,9 +27,12 @@ def test_example_specs_load():
     spec = load_cluster_spec(ROOT / "cluster_specs" / "local_4node.json")
     assert (spec.cluster_name, spec.n_gpus_per_node, spec.n_nodes) == ("local", 8, 4)
     assert spec.head.hostname == "10.0.0.11"
-    assert spec.hosts[3].port == 2222 and spec.hosts[0].key_file.endswith(".ssh/id_ed25519")
+    assert spec.hosts[3].port == 2222
+    assert spec.hosts[0].key_file.endswith(".ssh/id_ed25519")
     one = load_cluster_spec(ROOT / "cluster_specs" / "local_1node.json")
-    assert one.hosts == [] and one.n_nodes == 1 and one.fileroot == "/storage/ray/experiments"
+    assert one.hosts == []
+    assert one.n_nodes == 1
+    assert one.fileroot == "/storage/ray/experiments"
     inv = load_cluster_spec(ROOT / "cluster_specs" / "hosts_4node.yaml")
     assert [h.hostname for h in inv.hosts] == [h.hostname for h in spec.hosts]
 
@@ -37,15 +40,18 @@ def test_example_specs_load():
 def test_guide_json_with_inline_hosts(tmp_path):
     p = write(tmp_path, "c.json", {**GUIDE, "hosts": ["a", {"hostname": "b", "user": "ubuntu", "port": 2200}]})
     spec = load_cluster_spec(p)
-    assert spec.n_nodes == 2 and spec.hosts[1] == HostSpec("b", "ubuntu", 2200, None)
+    assert spec.n_nodes == 2
+    assert spec.hosts[1] == HostSpec("b", "ubuntu", 2200, None)
     assert spec.default_mount == "/storage:/storage"
 
 
 def test_defaults_fill_in(tmp_path):
     p = write(tmp_path, "h.yaml", "storage: /nfs\nhosts: [x, y]\n")
     spec = load_cluster_spec(p)
-    assert spec.fileroot == "/nfs/ray/experiments" and spec.default_mount == "/nfs:/nfs"
-    assert spec.cluster_name == "areal" and spec.hosts[0].user == "root"
+    assert spec.fileroot == "/nfs/ray/experiments"
+    assert spec.default_mount == "/nfs:/nfs"
+    assert spec.cluster_name == "areal"
+    assert spec.hosts[0].user == "root"
 
 
 BAD = [
@@ -88,7 +94,9 @@ def test_malformed_spec_via_cli_is_one_line_exit_2(tmp_path, capsys, name, data,
         main(["setup", "--inventory", str(p), "--dry-run"])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and len(err.splitlines()) == 1 and needle in err
+    assert err.startswith("error: ")
+    assert len(err.splitlines()) == 1
+    assert needle in err
     assert "Traceback" not in err
 
 

@@ -106,13 +106,16 @@ def test_micro_batch_must_hold_one_sequence():
 def test_overrides_apply_with_types():
     cfg = load_config("1.5B_n4", ["ppo.gen.max_new_tokens=8192", "actor.lr=2e-6", "ppo.adv_norm=false",
                                   "ppo.reward_fns=[math,gsm8k]", "trial_name=t1", "+seed=7"])
-    assert cfg.ppo.gen.max_new_tokens == 8192 and isinstance(cfg.ppo.gen.max_new_tokens, int)
-    assert cfg.actor.lr == 2e-6 and isinstance(cfg.actor.lr, float)
+    assert cfg.ppo.gen.max_new_tokens == 8192
+    assert isinstance(cfg.ppo.gen.max_new_tokens, int)
+    assert cfg.actor.lr == 2e-6
+    assert isinstance(cfg.actor.lr, float)
     assert cfg.ppo.adv_norm is False
     assert cfg.ppo.reward_fns == ["math", "gsm8k"]
     assert cfg.trial_name == "t1"
     assert cfg.seed == 7
-    assert isinstance(cfg, TrainConfig) and isinstance(cfg.ppo, PPOConfig)
+    assert isinstance(cfg, TrainConfig)
+    assert isinstance(cfg.ppo, PPOConfig)
 
 
 def test_later_override_wins():
@@ -162,7 +165,8 @@ def write(path, text):
 def test_yaml_file_preset_with_inherit(tmp_path):
     p = write(tmp_path / "mine.yaml", "inherit: tiny\ntrial_name: mine\nppo:\n  group_size: 4\n")
     cfg = load_config(p)
-    assert cfg.trial_name == "mine" and cfg.ppo.group_size == 4
+    assert cfg.trial_name == "mine"
+    assert cfg.ppo.group_size == 4
     assert cfg.actor.path == "tiny://toy"  # from tiny
     # a YAML preset can inherit from another YAML file by path
     q = write(tmp_path / "mine2.yaml", f"inherit: {p}\nseed: 5\n")
@@ -317,6 +321,8 @@ def test_describe_args_values():
 
 def test_all_keys_are_dotted_leaves():
     keys = all_keys()
-    assert "ppo.gen.max_new_tokens" in keys and "ref_inf.mb_spec.max_tokens_per_mb" in keys
-    assert "ppo" not in keys and "ppo.gen" not in keys
+    assert "ppo.gen.max_new_tokens" in keys
+    assert "ref_inf.mb_spec.max_tokens_per_mb" in keys
+    assert "ppo" not in keys
+    assert "ppo.gen" not in keys
     assert loader.preset_names() == sorted(["tiny", "1.5B_n1", "1.5B_n4", "1.5B_n16", "7B_n4", "7B_n16"])

@@ -53,7 +53,8 @@ def test_pinned_env_binds_trainers_and_each_tp_rank_of_an_engine():
     sets = [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert groups._pinned(env, None, [0]) is env
     t = groups._pinned(env, sets, [0])
-    assert t["AREAL_CPU_CORES"] == "0,1" and t["X"] == "1"
+    assert t["AREAL_CPU_CORES"] == "0,1"
+    assert t["X"] == "1"
     e = groups._pinned(env, sets, range(2, 4))
     assert e["VLLM_CPU_OMP_THREADS_BIND"] == "4,5|6,7"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-7"  # the shared env is not changed

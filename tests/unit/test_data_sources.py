@@ -33,7 +33,8 @@ def test_areal_rows_carry_solutions_and_math_reward_grades_them(tmp_path):
 
     rows = sources.load(_areal(tmp_path))
     assert [r["id"] for r in rows] == [f"q{i}" for i in range(5)]
-    assert rows[2]["solutions"] == ["\\boxed{2}"] and rows[2]["prompt"] == "<bos>Q2?"
+    assert rows[2]["solutions"] == ["\\boxed{2}"]
+    assert rows[2]["prompt"] == "<bos>Q2?"
     assert get_reward("math")("p", "so \\boxed{2}", rows[2]) == 1.0
     assert get_reward("math")("p", "so \\boxed{3}", rows[2]) == 0.0
 
@@ -56,7 +57,9 @@ def test_areal_missing_query_id_is_one_line_error(tmp_path):
     with pytest.raises(UserError) as e:
         sources.load(d)
     msg = str(e.value)
-    assert "\n" not in msg and "4 of 5 rows have a query_id missing from" in msg and "'q1', 'q2', 'q3', ..." in msg
+    assert "\n" not in msg
+    assert "4 of 5 rows have a query_id missing from" in msg
+    assert "'q1', 'q2', 'q3', ..." in msg
 
 
 @pytest.mark.parametrize("content, expect", [
@@ -80,7 +83,8 @@ def test_jsonl_fields_ids_and_errors(tmp_path):
     d = DatasetConfig(type="jsonl", path=p, question_field="problem", answer_field="solution")
     rows = sources.load(d)
     assert [r["id"] for r in rows] == ["math-0", "x", "x#1"]  # repeated ids made unique
-    assert rows[0]["prompt"] == "1+1?" and rows[2]["answer"] == "6"
+    assert rows[0]["prompt"] == "1+1?"
+    assert rows[2]["answer"] == "6"
     with pytest.raises(UserError, match="math.jsonl row 0|math.jsonl:1: no text in field 'question'"):
         sources.load(DatasetConfig(type="jsonl", path=p))
     (tmp_path / "bad.jsonl").write_text('{"question": "a", "answer": "1"}\n{oops\n')
@@ -90,18 +94,21 @@ def test_jsonl_fields_ids_and_errors(tmp_path):
         sources.load(DatasetConfig(type="jsonl", path=str(tmp_path / "nope.jsonl")))
 
 
+@pytest.mark.slow
 def test_hf_save_to_disk_and_script_free_folder(tmp_path):
     datasets = pytest.importorskip("datasets")
     data = {"question": ["What is 2+3?", "What is 4+4?"], "answer": ["It is 5.\n#### 5", "#### 8"]}
     datasets.DatasetDict({"train": datasets.Dataset.from_dict(data)}).save_to_disk(str(tmp_path / "saved"))
     rows = sources.load(DatasetConfig(type="hf", path=str(tmp_path / "saved")))
-    assert [r["prompt"] for r in rows] == data["question"] and rows[1]["answer"] == "#### 8"
+    assert [r["prompt"] for r in rows] == data["question"]
+    assert rows[1]["answer"] == "#### 8"
     # A folder as downloaded from the Hub: data files, no loading script.
     (tmp_path / "hub" / "data").mkdir(parents=True)
     datasets.Dataset.from_dict({"problem": ["p1", "p2", "p3"], "answer": ["1", "2", "3"]}).to_parquet(
         str(tmp_path / "hub" / "data" / "train-00000-of-00001.parquet"))
     rows = sources.load(DatasetConfig(type="hf", path=str(tmp_path / "hub"), question_field="problem"))
-    assert [r["answer"] for r in rows] == ["1", "2", "3"] and len({r["id"] for r in rows}) == 3
+    assert [r["answer"] for r in rows] == ["1", "2", "3"]
+    assert len({r["id"] for r in rows}) == 3
     with pytest.raises(UserError, match="not a folder"):
         sources.load(DatasetConfig(type="hf", path=_write_jsonl(tmp_path / "f.jsonl", [{"a": 1}])))
 
@@ -109,12 +116,15 @@ def test_hf_save_to_disk_and_script_free_folder(tmp_path):
 def test_split_eval_held_out_or_from_path(tmp_path):
     rows = [{"id": str(i), "prompt": "q", "answer": "1"} for i in range(20)]
     train, ev = sources.split_eval(rows, DatasetConfig(type="toy", eval_size=5), seed=1)
-    assert len(train) == 15 and len(ev) == 5 and not {r["id"] for r in train} & {r["id"] for r in ev}
+    assert len(train) == 15
+    assert len(ev) == 5
+    assert not {r["id"] for r in train} & {r["id"] for r in ev}
     assert sources.split_eval(rows, DatasetConfig(type="toy", eval_size=5), seed=1)[1] == ev  # seeded
     assert sources.split_eval(rows, DatasetConfig(type="toy"), seed=1) == (rows, [])
     p = _write_jsonl(tmp_path / "ev.jsonl", [{"question": f"e{i}", "answer": "1"} for i in range(4)])
     train, ev = sources.split_eval(rows, DatasetConfig(type="jsonl", path=p, eval_path=p, eval_size=3), seed=1)
-    assert train == rows and [r["prompt"] for r in ev] == ["e0", "e1", "e2"]
+    assert train == rows
+    assert [r["prompt"] for r in ev] == ["e0", "e1", "e2"]
     with pytest.raises(UserError, match="holds out every prompt"):
         sources.split_eval(rows, DatasetConfig(type="toy", eval_size=20), seed=1)
 
@@ -136,8 +146,10 @@ class _Tok:
 def test_tokenize_no_double_bos_chat_template_and_dropped_count():
     rows = [{"id": "a", "prompt": "<bos>ab"}, {"id": "b", "prompt": "cd"}, {"id": "c", "prompt": "x" * 50}]
     kept, dropped = tokenize_rows(rows, _Tok(), max_prompt_len=10)
-    assert dropped == 1 and [r["id"] for r in kept] == ["a", "b"]
-    assert kept[0]["prompt_ids"] == [1, 97, 98] and kept[1]["prompt_ids"] == [1, 99, 100]
+    assert dropped == 1
+    assert [r["id"] for r in kept] == ["a", "b"]
+    assert kept[0]["prompt_ids"] == [1, 97, 98]
+    assert kept[1]["prompt_ids"] == [1, 99, 100]
     kept, _ = tokenize_rows(rows[1:2], _Tok(), max_prompt_len=10, apply_chat_template=True)
     assert kept[0]["prompt_ids"] == [1, 2, 99, 100, 3]
 
@@ -164,7 +176,8 @@ def test_cli_entry_prints_rows(tmp_path):
 
     p = _write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "1"}])
     out = subprocess.run([sys.executable, "-m", "areal_kit.data.sources", p], capture_output=True, text=True, check=False)
-    assert out.returncode == 0 and out.stdout.startswith("1 rows; first:")
+    assert out.returncode == 0
+    assert out.stdout.startswith("1 rows; first:")
 
 
 def test_namespace_config_is_enough():

@@ -57,7 +57,8 @@ def test_table_has_a_row_per_checkpoint_and_a_column_per_dataset_and_metric(tmp_
     compare.write(tmp_path, cmp)
     assert json.loads((tmp_path / "compare.json").read_text())["rows"] == cmp["rows"]
     rows = list(csv.reader((tmp_path / "compare.csv").read_text().splitlines()))
-    assert rows[0] == cmp["columns"] and rows[2] == ["globalstep9", "30.0", "27.25", "70.0", "65.0"]
+    assert rows[0] == cmp["columns"]
+    assert rows[2] == ["globalstep9", "30.0", "27.25", "70.0", "65.0"]
     assert (tmp_path / "compare.md").read_text().splitlines()[3] == "| globalstep9 | 30.0 | 27.2 | 70.0 | 65.0 |"
 
 
@@ -76,5 +77,7 @@ def test_several_checkpoints_into_a_single_checkpoints_folder_is_refused(tmp_pat
     with pytest.raises(SystemExit) as e:
         main(["eval", "--model_path", str(a), "--model_path", str(b), "--output_path", str(out)])
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and err.startswith("error: ") and "holds the evaluation of one checkpoint" in err
+    assert e.value.code == 2
+    assert err.startswith("error: ")
+    assert "holds the evaluation of one checkpoint" in err
     assert sorted(p.name for p in out.iterdir()) == ["run_config.json"], "nothing written"

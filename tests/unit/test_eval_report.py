@@ -46,11 +46,14 @@ def test_pass_at_k_only_where_num_samples_allows(tmp_path):
     questions, recs = synthetic(cfg, [4, 0])
     agg = report.aggregate(cfg, questions, recs)
     r = agg["results"]["gsm8k"]
-    assert r["pass@8"] is None and r["pass@16"] is None
+    assert r["pass@8"] is None
+    assert r["pass@16"] is None
     assert report.rows(agg)[0][-2:] == ["-", "-"]
     assert report.markdown(agg).splitlines()[0] == "| " + " | ".join(report.COLUMNS) + " |"
     table = list(csv.reader(report.csv_text(agg).splitlines()))
-    assert table[0] == report.COLUMNS and table[1][0] == "gsm8k" and table[1][-1] == ""
+    assert table[0] == report.COLUMNS
+    assert table[1][0] == "gsm8k"
+    assert table[1][-1] == ""
 
 
 def test_load_records_cuts_a_torn_last_line(tmp_path):
@@ -85,7 +88,8 @@ def test_finished_output_rebuilds_table_without_an_engine(tmp_path, monkeypatch)
     agg1 = run(cfg)
     first = (tmp_path / "out" / "aggregate.json").read_text()
     agg2 = run(cfg)
-    assert agg1 == agg2 and (tmp_path / "out" / "aggregate.json").read_text() == first
+    assert agg1 == agg2
+    assert (tmp_path / "out" / "aggregate.json").read_text() == first
     assert agg1["results"]["gsm8k"]["greedy_acc"] == round(100 / 3, 4)
 
 

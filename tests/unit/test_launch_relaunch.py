@@ -113,7 +113,8 @@ def test_a_worker_death_relaunches(make):
     log = Log()
     assert L.relaunching(run_once, retries=2, log=log, pause=0) == 0
     assert calls == [0, 1, 2]
-    assert "(retry 2/2)" in log.warnings[-1] and len(log.warnings) == 2
+    assert "(retry 2/2)" in log.warnings[-1]
+    assert len(log.warnings) == 2
 
 
 @pytest.mark.parametrize("make", BUGS.values(), ids=BUGS.keys())
@@ -123,7 +124,9 @@ def test_a_bug_surfaces_at_once_with_its_message(make):
     log = Log()
     with pytest.raises(BaseException) as got:
         L.relaunching(run_once, retries=3, log=log, pause=0)
-    assert got.value is err and calls == [0] and log.warnings == []
+    assert got.value is err
+    assert calls == [0]
+    assert log.warnings == []
 
 
 def test_the_bug_message_reaches_the_user():
@@ -144,7 +147,8 @@ def test_deaths_beyond_the_retries_raise_the_last_one():
     run_once, calls = attempts_raising(rex.ActorDiedError(), last)
     with pytest.raises(rex.ActorDiedError) as got:
         L.relaunching(run_once, retries=1, log=Log(), pause=0)
-    assert got.value is last and calls == [0, 1]
+    assert got.value is last
+    assert calls == [0, 1]
 
 
 # -- launch() wiring: each attempt gets a fresh controller, stopped whatever happened -------------
@@ -228,11 +232,13 @@ def test_launch_does_not_retry_a_bug_and_names_the_call_it_came_from(fake_run):
     FakeController.failures = [bug]
     with pytest.raises(RunFailed) as got:
         L.launch(cfg(retries=3))
-    assert len(FakeController.made) == 1 and FakeController.made[0].stopped
+    assert len(FakeController.made) == 1
+    assert FakeController.made[0].stopped
     msg = str(got.value)
     assert msg == ("run e/t failed: Trainer.train_step: ValueError: packed batch has 3 rows, expected 4 "
                    f"(traceback in {fake_run.dir}/train.log)")
-    assert "\n" not in msg and got.value.__cause__ is bug
+    assert "\n" not in msg
+    assert got.value.__cause__ is bug
     assert fake_run.log.failures == [("Run failed: Trainer.train_step: ValueError: packed batch has 3 rows, expected 4",
                                       bug)]
 
@@ -262,7 +268,8 @@ def test_launch_relaunches_when_an_error_came_from_a_dead_peer(fake_run):
     assert L.launch(cfg()) == 0
     assert len(FakeController.made) == 2
     warning = fake_run.log.warnings[0]
-    assert "WorkerDied" in warning and "TrainerWorker.send_weights: RuntimeError: Connection closed" in warning
+    assert "WorkerDied" in warning
+    assert "TrainerWorker.send_weights: RuntimeError: Connection closed" in warning
 
 
 def test_launch_does_not_retry_a_bug_when_every_worker_is_alive(fake_run):
@@ -277,7 +284,8 @@ def test_ctrl_c_stops_the_workers_and_the_log_says_so(fake_run):
     with pytest.raises(Interrupted) as got:
         L.launch(cfg(retries=3))
     assert (got.value.signame, got.value.exit_code) == ("Ctrl-C", 130)
-    assert len(FakeController.made) == 1 and FakeController.made[0].stopped  # no relaunch
+    assert len(FakeController.made) == 1
+    assert FakeController.made[0].stopped  # no relaunch
     said = "Run interrupted (Ctrl-C); the same command resumes it from the last recover checkpoint."
     assert fake_run.log.warnings == [said]
 
@@ -311,7 +319,8 @@ def test_sigterm_with_on_sigterm_stop_unwinds_at_once_and_the_handler_is_put_bac
         L.launch(cfg(on_sigterm="stop"))
     assert (got.value.signame, got.value.exit_code, got.value.checkpoint) == ("SIGTERM", 143, "")
     assert str(got.value) == "interrupted (SIGTERM)"
-    assert FakeController.made[0].stopped and len(FakeController.made) == 1
+    assert FakeController.made[0].stopped
+    assert len(FakeController.made) == 1
     assert fake_run.log.warnings == [("Run interrupted (SIGTERM); the same command resumes it from the last "
                                       "recover checkpoint.")]
     assert signal.getsignal(signal.SIGTERM) is before
@@ -333,7 +342,9 @@ def test_sigterm_during_training_asks_the_loop_to_stop_after_the_step_with_its_c
     FakeController.failures = []
     with pytest.raises(Interrupted) as got:
         L.launch(cfg())
-    assert got.value.exit_code == 143 and len(FakeController.made) == 1 and FakeController.made[0].stopped
+    assert got.value.exit_code == 143
+    assert len(FakeController.made) == 1
+    assert FakeController.made[0].stopped
     assert fake_run.log.warnings == [
         "SIGTERM: the run stops after this step, with its recover checkpoint; a second SIGTERM stops it at once.",
         ("Run interrupted (SIGTERM) after global step 3, with its recover checkpoint /r/globalstep3; the same "
@@ -350,7 +361,8 @@ def test_a_second_sigterm_stops_at_once(fake_run, monkeypatch):
     monkeypatch.setattr(FakeController, "run", run)
     with pytest.raises(Interrupted) as got:
         L.launch(cfg())
-    assert got.value.checkpoint == "" and len(fake_run.log.warnings) == 2
+    assert got.value.checkpoint == ""
+    assert len(fake_run.log.warnings) == 2
     assert fake_run.log.warnings[-1].startswith("Run interrupted (SIGTERM); the same command resumes")
 
 
@@ -363,7 +375,8 @@ def test_sigterm_before_training_runs_stops_at_once(fake_run, monkeypatch):
     monkeypatch.setattr(FakeController, "start", start)
     with pytest.raises(Interrupted) as got:
         L.launch(cfg())
-    assert got.value.checkpoint == "" and fake_run.log.warnings[0].startswith("Run interrupted (SIGTERM);")
+    assert got.value.checkpoint == ""
+    assert fake_run.log.warnings[0].startswith("Run interrupted (SIGTERM);")
 
 
 def test_a_worker_death_after_sigterm_stops_the_run_without_a_relaunch(fake_run, monkeypatch):
@@ -376,7 +389,8 @@ def test_a_worker_death_after_sigterm_stops_the_run_without_a_relaunch(fake_run,
     monkeypatch.setattr(FakeController, "run", run)
     with pytest.raises(Interrupted) as got:
         L.launch(cfg(retries=3))
-    assert len(FakeController.made) == 1 and isinstance(got.value.__cause__, rex.ActorDiedError)
+    assert len(FakeController.made) == 1
+    assert isinstance(got.value.__cause__, rex.ActorDiedError)
     assert fake_run.log.failures == []
     assert fake_run.log.warnings[1].startswith("After SIGTERM the step did not finish (ActorDiedError")
     assert fake_run.log.warnings[2].startswith("Run interrupted (SIGTERM); the same command resumes")
@@ -394,7 +408,8 @@ def test_a_second_driver_of_a_running_run_is_refused_before_it_writes(fake_run):
             L.launch(cfg())
         assert str(got.value) == ("run e/t is already running (driver pid 4242 on node-a); stop it first, or give "
                                   "this one another trial_name=")
-        assert FakeController.made == [] and fake_run.log.infos == []  # nothing started, nothing logged
+        assert FakeController.made == []
+        assert fake_run.log.infos == []  # nothing started, nothing logged
     finally:
         import os
 

@@ -67,6 +67,7 @@ def _measure(mode: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc peak-RSS reset")
 def test_chunked_logprob_peak_memory_is_bounded():
     full = _measure("full")

@@ -31,7 +31,8 @@ def test_epoch_line_rounding_and_no_eta():
 def test_epoch_line_greppable():
     line = epoch_line(3, 4, 7, 9, 25, 10, 1, 2, 3)
     m = re.fullmatch(r"Epoch (\d+)/(\d+) step (\d+)/(\d+) \(global step (\d+)\) finishes\. .*", line)
-    assert m and m.groups() == ("3", "4", "7", "9", "25")
+    assert m
+    assert m.groups() == ("3", "4", "7", "9", "25")
 
 
 def test_rpc_line_keys_in_design_order_and_parsable():

@@ -54,9 +54,11 @@ def test_guide_shared_settings(name):
     assert (x.total_train_epochs, x.save_freq_epochs, x.ckpt_freq_secs) == (10, 1, 600)
     assert (cfg.recover_mode, cfg.recover_retries) == ("auto", 10)
     assert p.reward_output_scaling == 5
-    assert p.adv_norm is True and p.group_adv_norm is False
+    assert p.adv_norm is True
+    assert p.group_adv_norm is False
     assert (p.gen.temperature, p.gen.top_p) == (0.6, 1.0)
-    assert cfg.actor.lr == 1e-6 and cfg.actor.lr_scheduler == "constant"
+    assert cfg.actor.lr == 1e-6
+    assert cfg.actor.lr_scheduler == "constant"
     assert cfg.actor.warmup_steps_proportion == 0
     assert cfg.dataset.max_prompt_len == 2048
     assert p.eps_clip == 0.2
@@ -73,7 +75,8 @@ def test_tiny_runs_on_one_cpu_machine():
     assert cfg.n_nodes == 1
     assert cfg.actor.path.startswith("tiny://")
     assert cfg.dataset.type == "toy"
-    assert cfg.ppo.group_adv_norm is True and cfg.ppo.group_size >= 2
+    assert cfg.ppo.group_adv_norm is True
+    assert cfg.ppo.group_size >= 2
     assert cfg.dataset.train_bs_n_seqs >= 32  # fewer prompts a step collapse the toy task
 
 
@@ -166,4 +169,5 @@ def test_dry_run_reads_a_local_dataset(capsys, tmp_path):
     (tmp_path / "d.jsonl").write_text(rows)
     out = dry_run(["train", "tiny", "--dry-run", "dataset.type=jsonl", f"dataset.path={tmp_path}/d.jsonl",
                    "dataset.train_bs_n_seqs=4"], capsys)
-    assert "dataset: 10 prompts" in out and "2 steps per epoch" in out
+    assert "dataset: 10 prompts" in out
+    assert "2 steps per epoch" in out

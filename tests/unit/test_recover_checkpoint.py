@@ -85,7 +85,9 @@ def test_dump_is_a_complete_folder_and_replaces_the_previous(tmp_path):
     assert os.path.basename(p2) == "globalstep2"
     assert "Dumped recover info to file." in c2.log.lines
     st = json.loads(Path(p2, "state.json").read_text())
-    assert st["global_step"] == 2 and st["loader"]["position"] == 2 and len(st["loader"]["used_ids"]) == 64
+    assert st["global_step"] == 2
+    assert st["loader"]["position"] == 2
+    assert len(st["loader"]["used_ids"]) == 64
     assert st["sampling"] == {"seed": job.cfg.seed, "next_step_index": 2}
     p4 = dump(Ctrl(job, 4))
     assert sorted(os.listdir(job.paths.recover_dir)) == ["globalstep4"]
@@ -105,7 +107,8 @@ def test_a_write_killed_midway_leaves_the_previous_checkpoint(tmp_path):
     assert names == [".tmp-globalstep4", "globalstep2"]
     log = Log()
     state = recover.resume_state(job, log, fresh=False)
-    assert state.global_step == 2 and state.recover_path.endswith("globalstep2")
+    assert state.global_step == 2
+    assert state.recover_path.endswith("globalstep2")
     assert any(m.startswith("Will recover from: ") and "global step 2" in m and "global step 3 of 10" in m
                for m in log.lines)
     assert sorted(os.listdir(job.paths.recover_dir)) == ["globalstep2"]  # the torn write is cleaned up
@@ -117,7 +120,10 @@ def test_a_failed_write_is_one_line_and_keeps_the_previous(tmp_path):
     with pytest.raises(UserError) as e:
         dump(Ctrl(job, 4, FakeTrainers(fail=OSError(28, "No space left on device"))))
     msg = str(e.value)
-    assert "\n" not in msg and "No space left on device" in msg and "globalstep2" in msg and "intact" in msg
+    assert "\n" not in msg
+    assert "No space left on device" in msg
+    assert "globalstep2" in msg
+    assert "intact" in msg
     assert sorted(os.listdir(job.paths.recover_dir)) == ["globalstep2"]
 
 
@@ -151,7 +157,8 @@ def test_fresh_discards_and_starts_at_step_one(tmp_path):
     log = Log()
     assert recover.resume_state(job, log, fresh=True) is None
     assert recover.latest(job.paths.recover_dir) is None
-    assert job.loader.position == 0 and any("--fresh: discarding" in m for m in log.lines)
+    assert job.loader.position == 0
+    assert any("--fresh: discarding" in m for m in log.lines)
 
 
 def test_modes(tmp_path):
@@ -176,7 +183,8 @@ def test_relaunch_repositions_a_loader_that_ran_ahead(tmp_path):
         job.loader.next_batch()
     job.recover_attempts = 1
     state = recover.resume_state(job, Log(), fresh=False)
-    assert state.global_step == 2 and job.loader.state_dict() == job.loader.state_at(2)
+    assert state.global_step == 2
+    assert job.loader.state_dict() == job.loader.state_at(2)
 
 
 def test_a_finished_run_says_so(tmp_path):

@@ -4,6 +4,7 @@ graded against the `answer` field (>= 99%, each disagreement listed with a reaso
 import json
 from pathlib import Path
 
+import pytest
 from shared_data import eval_data_dir
 
 from areal_kit.reward import extract_answer, grade
@@ -16,6 +17,7 @@ def load_rows() -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_math500_solution_boxed_answer_agrees_with_answer_field():
     rows = load_rows()
     assert len(rows) == 500
@@ -32,6 +34,7 @@ def test_math500_solution_boxed_answer_agrees_with_answer_field():
         f"disagreements changed; now {disagree} (update {FIXTURE.name} with a reason for each)")
 
 
+@pytest.mark.slow
 def test_math500_answers_are_not_all_accepted():
     """The agreement above is not a grader that says yes to everything: each solution's
     answer against the NEXT row's answer is wrong except where the two are equal."""

@@ -47,6 +47,7 @@ def _ppo(**kw):
     return PPOConfig(**{"reward_timeout_s": 1.0, "reward_workers": 2, **kw})
 
 
+@pytest.mark.slow
 def test_named_plugin_and_dotted_path_sum_with_builtins(plugin):
     r = RewardScorer(_ppo(reward_fns=["math", "mine", f"{plugin}:picky"], reward_plugins={"mine": f"{plugin}:exact"}))
     try:
@@ -59,6 +60,7 @@ def test_named_plugin_and_dotted_path_sum_with_builtins(plugin):
     assert r.specs[1] == ("mine", f"{plugin}:exact")
 
 
+@pytest.mark.slow
 def test_failures_give_zero_and_are_counted_by_kind(plugin):
     r = RewardScorer(_ppo(reward_fns=["bad"], reward_plugins={"bad": f"{plugin}:picky"}))
     try:
@@ -108,7 +110,8 @@ def test_config_fields_validated_and_file_paths_made_absolute(monkeypatch, tmp_p
     monkeypatch.chdir(tmp_path)
     p = PPOConfig(reward_fns=["math", "r.py:score"], reward_plugins={"m": "sub/x.py:f"}, workflow="w.py:flow")
     assert p.reward_fns == ["math", f"{tmp_path}/r.py:score"]
-    assert p.reward_plugins == {"m": f"{tmp_path}/sub/x.py:f"} and p.workflow == f"{tmp_path}/w.py:flow"
+    assert p.reward_plugins == {"m": f"{tmp_path}/sub/x.py:f"}
+    assert p.workflow == f"{tmp_path}/w.py:flow"
     for kw, msg in [({"format_pattern": "(unclosed"}, "not a valid regex"),
                     ({"reward_timeout_s": 0}, "reward_timeout_s=0"),
                     ({"reward_workers": 0}, "reward_workers=0"),
@@ -135,7 +138,8 @@ def test_format_reward_and_non_stop_penalty_in_shaping():
     shaped = shape_rewards(ss, ppo)
     assert [s["final_reward"] for s in ss] == [1.5, 0.0, -1.0, 1.0]
     row = step_stats(ss, shaped, {})
-    assert row["format_reward"] == 0.25 and row["task_reward"] == 0.75  # task_reward stays the verifier's
+    assert row["format_reward"] == 0.25
+    assert row["task_reward"] == 0.75  # task_reward stays the verifier's
     off = PPOConfig(group_size=2, adv_norm=False)
     ss = _samples([1.0, 0.0], [True, False])
     shape_rewards(ss, off)
@@ -150,14 +154,17 @@ def test_default_format_pattern_matches_r1_style_answers():
     assert not re.search(pat, "\\boxed{4} without closing the thought", re.DOTALL)
 
 
+@pytest.mark.slow
 def test_train_rejects_bad_reward_path_before_any_worker(tmp_path, capsys):
     from areal_kit.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["train", "tiny", f"fileroot={tmp_path}", "ppo.reward_fns=[toy,no_such_pkg.mod:score]"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1
-    assert "no_such_pkg.mod:score" in err[0] and "does not import" in err[0]
+    assert e.value.code == 2
+    assert len(err) == 1
+    assert "no_such_pkg.mod:score" in err[0]
+    assert "does not import" in err[0]
     import ray
 
     assert not ray.is_initialized()

@@ -85,6 +85,7 @@ def trainer(tmp_path, monkeypatch):
     return worker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_trainer_step_first_collective_waits_for_the_send_on_gpus(trainer, device):
     """The trainer's real send (send_weights over a gloo group to an engine that is slow to take

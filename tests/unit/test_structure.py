@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "areal_kit"
 HEAVY = ("torch", "ray", "vllm", "transformers", "deepspeed", "matplotlib", "math_verify", "omegaconf")
@@ -52,6 +54,7 @@ def _help_modules() -> set[str]:
     return set(out.stdout.split())
 
 
+@pytest.mark.slow
 def test_no_import_cycle():
     mods = _modules()
     graph = {m: _imports(m, t, set(mods)) for m, t in mods.items()}
@@ -79,6 +82,7 @@ def test_help_loads_no_heavy_library():
     assert not heavy, f"`areal-kit --help` imports {heavy}; keep them inside the commands that need them"
 
 
+@pytest.mark.slow
 def test_function_level_imports_only_where_help_needs_them():
     help_set = {m for m in _help_modules() if m.startswith("areal_kit")}
     offenders = []

@@ -4,6 +4,7 @@ numbers but knows no sums."""
 
 from collections import Counter
 
+import pytest
 import torch
 
 from areal_kit.data.tiny_model import TinySpec, build_tokenizer, format_prior
@@ -33,6 +34,7 @@ def test_only_the_exact_sum_ended_by_eos_earns_the_reward():
     assert reward("7", answer="7") == 1.0
 
 
+@pytest.mark.slow
 def test_the_format_prior_writes_numbers_but_not_sums():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

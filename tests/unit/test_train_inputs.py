@@ -19,23 +19,30 @@ def _run(argv, capsys):
 
 def test_missing_model_path(tmp_path, capsys):
     code, err = _run(["train", "tiny", f"fileroot={tmp_path}", f"actor.path={tmp_path}/nope"], capsys)
-    assert code == 2 and len(err) == 1
-    assert "actor.path=" in err[0] and "not a model folder" in err[0]
+    assert code == 2
+    assert len(err) == 1
+    assert "actor.path=" in err[0]
+    assert "not a model folder" in err[0]
 
 
+@pytest.mark.slow
 def test_row_without_answer_for_the_verifier(tmp_path, capsys, monkeypatch):
     from areal_kit.rl import job
 
     rows = [{"id": "q1", "question": "1 + 1 =", "answer": "2"}, {"id": "q2", "question": "2 + 2 ="}]
     monkeypatch.setattr(job, "load_rows", lambda cfg: rows)
     code, err = _run(["train", "tiny", f"fileroot={tmp_path}"], capsys)
-    assert code == 2 and len(err) == 1
-    assert "'q2'" in err[0] and "answer" in err[0]
+    assert code == 2
+    assert len(err) == 1
+    assert "'q2'" in err[0]
+    assert "answer" in err[0]
 
 
+@pytest.mark.slow
 def test_prompt_batch_larger_than_dataset(tmp_path, capsys):
     code, err = _run(["train", "tiny", f"fileroot={tmp_path}", "dataset.toy_size=16"], capsys)
-    assert code == 2 and "larger than the dataset (16 prompts)" in err[0]
+    assert code == 2
+    assert "larger than the dataset (16 prompts)" in err[0]
 
 
 def test_nothing_started(tmp_path, capsys):

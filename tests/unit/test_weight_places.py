@@ -63,13 +63,15 @@ def test_parameters_with_places_move_into_a_region_the_trainer_can_write():
     # Byte offsets mirror the parameter: kv's rows start 2 rows x 4 floats after q's; each
     # parameter starts 64-byte aligned.
     assert offsets["kv.weight"] == offsets["q.weight"] + 2 * 4 * 4
-    assert offsets["q.weight"] % 64 == 0 and offsets["o.weight"] % 64 == 0
+    assert offsets["q.weight"] % 64 == 0
+    assert offsets["o.weight"] % 64 == 0
     assert moved["kv.weight"][0].data_ptr() == params["qkv.weight"].data[2:6].data_ptr()
 
     trainer = transport.open_region(region)
     for name, (dst, _) in moved.items():
         meta = transport.TensorMeta(name, tuple(dst.shape), "float32")
         transport.region_view(trainer, offsets[name], meta).fill_(len(name))
-    assert params["qkv.weight"][0:2].eq(len("q.weight")).all() and params["qkv.weight"][2:].eq(len("kv.weight")).all()
+    assert params["qkv.weight"][0:2].eq(len("q.weight")).all()
+    assert params["qkv.weight"][2:].eq(len("kv.weight")).all()
     assert params["o.weight"].eq(len("o.weight")).all()
     assert torch.equal(params["norm.weight"], before["norm.weight"])

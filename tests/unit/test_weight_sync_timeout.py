@@ -10,6 +10,7 @@ from areal_kit.config.schema import ConfigError
 from areal_kit.rl.weight_sync import transport
 
 
+@pytest.mark.slow
 def test_a_peer_that_never_joins_fails_the_rendezvous_within_the_timeout():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

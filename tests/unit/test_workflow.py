@@ -46,7 +46,8 @@ ROWS = [{"id": f"r{i}", "prompt_ids": [10 + i, 20], "seed": i} for i in range(3)
 def test_single_turn_is_one_batched_call():
     llm, eng = _engine()
     groups = W.run_episodes(W.single_turn, eng, ROWS)
-    assert len(llm.batches) == 1 and [b[1] for b in llm.batches[0]] == [2, 2, 2]
+    assert len(llm.batches) == 1
+    assert [b[1] for b in llm.batches[0]] == [2, 2, 2]
     assert [[t.output_ids for t in g] for g in groups] == [[[30], [31]], [[31], [32]], [[32], [33]]]
     assert all(t.loss_mask is None and t.reward is None for g in groups for t in g)
 
@@ -70,8 +71,11 @@ def test_two_turn_episodes_batch_each_turn_across_prompts():
     assert [len(b) for b in llm.batches] == [3, 3, 3]
     t = groups[1][0]
     p2 = ROWS[1]["prompt_ids"] + [31] + [ord("?")]
-    assert t.output_ids == [31, ord("?"), sum(p2) % 50] and t.loss_mask == [1, 0, 1] and t.no_eos
-    assert t.logprobs == [-0.5, 0.0, -0.5] and t.reward == 2.0
+    assert t.output_ids == [31, ord("?"), sum(p2) % 50]
+    assert t.loss_mask == [1, 0, 1]
+    assert t.no_eos
+    assert t.logprobs == [-0.5, 0.0, -0.5]
+    assert t.reward == 2.0
 
 
 class ClassFlow:
@@ -103,7 +107,8 @@ def test_episodes_waiting_on_other_things_still_finish():
     flow = ClassFlow()
     _, eng = _engine()
     groups = W.run_episodes(flow.arun_episode, eng, ROWS)
-    assert flow.calls == 3 and all(len(g) == 2 for g in groups)
+    assert flow.calls == 3
+    assert all(len(g) == 2 for g in groups)
 
 
 @pytest.mark.parametrize("make, msg", [

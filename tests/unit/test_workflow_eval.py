@@ -21,7 +21,8 @@ def test_grade_row_is_the_eval_grader():
     from areal_kit.eval.evaluation import grade_completion
 
     row = {"solutions": ["\\boxed{4}", "\\boxed{-4}"]}
-    assert E.grade_row("so x = \\boxed{-4}", row) and not E.grade_row("so x = \\boxed{5}", row)
+    assert E.grade_row("so x = \\boxed{-4}", row)
+    assert not E.grade_row("so x = \\boxed{5}", row)
     assert E.grade_row("... #### 18", {"answer": "#### 18"})
     assert grade_completion("so \\boxed{1/2}", ["0.5"]) == ("1/2", True)
     assert grade_completion("no answer", ["0.5"]) == (None, False)
