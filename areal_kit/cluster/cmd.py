@@ -45,8 +45,7 @@ def _spec(hosts, hostnames, inventory, username, ssh_port, key, storage, name, n
         if n_gpus is not None:
             spec.n_gpus_per_node = n_gpus
         return ClusterSpec(**{**spec.__dict__, "fileroot": spec.fileroot, "hosts": spec.hosts})
-    port = ssh_port if ssh_port is not None else 22
-    hs = [HostSpec(hostname=n, user=username or "root", port=port, key_file=key) for n in names]
+    hs = [HostSpec(hostname=n, user=username, port=ssh_port, key_file=key) for n in names]
     return ClusterSpec(cluster_name=name or "areal", storage=storage or "/storage",
                        n_gpus_per_node=n_gpus or 0, hosts=hs)
 
@@ -78,7 +77,7 @@ def _build(opts, copts, secrets: dict[str, str]):
     for i, spec in enumerate(opts.spec.hosts):
         h = HostState(spec=spec, index=i)
         if opts.dry_run:
-            h.remote = DryRemote(spec)
+            h.remote = DryRemote(spec, copts.gateway)
         else:
             h.log_path = Path(opts.log_dir) / (re.sub(r"[^A-Za-z0-9_.-]", "_", spec.label) + ".log")
             h.remote = Remote(spec, copts, HostLog(h.log_path, list(secrets.values())))
@@ -100,8 +99,13 @@ def setup(
                         "(cluster_specs/) instead of --hostnames."),
     private_key_file: str = _O(None, "--private_key_file", "--private-key-file",
                                help="SSH private key (must be chmod 600)."),
-    username: str = _O(None, "--username", help="SSH user (default root); others need passwordless sudo."),
-    ssh_port: int = _O(None, "--ssh_port", "--ssh-port", help="SSH port (default 22)."),
+    username: str = _O(None, "--username", help="SSH user (default: the ssh config's User, else root); "
+                       "others need passwordless sudo."),
+    ssh_port: int = _O(None, "--ssh_port", "--ssh-port", help="SSH port (default: the ssh config's Port, else 22)."),
+    ssh_config: str = _O(None, "--ssh-config", help="OpenSSH client config for host aliases, User, Port, "
+                         "IdentityFile, ProxyJump (default ~/.ssh/config)."),
+    gateway: str = _O(None, "--gateway", help="Jump host [user@]host[:port] through which every host is "
+                      "reached (default: the ssh config's ProxyJump, if any)."),
     storage: str = _O(None, "--storage", help="Shared storage path, the same on every host (default /storage)."),
     nas_url: str = _O(None, "--nas_url", "--nas-url", help="NFS export (server:/path) to mount at --storage "
                       "where it is not mounted yet."),
@@ -155,9 +159,10 @@ def setup(
                         num_cpus=num_cpus, object_store_memory=object_store_memory, shm_size=shm_size,
                         ray_auth_mode=ray_auth_mode, data=data or [], train_param=train_param,
                         train_args=train_arg or [], min_disk_gb=min_disk_gb, ray_wait=ray_wait,
-                        log_dir=log_dir or "", dry_run=dry_run, nas_url=nas_url)
+                        log_dir=log_dir or "", dry_run=dry_run, nas_url=nas_url, ssh_config=ssh_config,
+                        gateway=gateway)
     copts = ConnectOptions(known_hosts=known_hosts, host_key_policy=host_key_policy,
-                           connect_timeout=connect_timeout, wait=ssh_wait)
+                           connect_timeout=connect_timeout, wait=ssh_wait, ssh_config=ssh_config, gateway=gateway)
     data_step.validate(opts.data)
     secrets = {k: v for k, v in (("HF_TOKEN", hf_token), ("WANDB_API_KEY", wandb_key)) if v}
     if ray_auth_mode == "token":
@@ -204,7 +209,7 @@ def _saved_or_given(name, hosts, hostnames, inventory, username, ssh_port, key, 
 
 
 def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime,
-            python, known_hosts, host_key_policy, ssh_wait, dry_run, grace: float = 0.0) -> int:
+            python, known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, dry_run, grace: float = 0.0) -> int:
     from rich.table import Table
 
     from areal_kit.cluster import ray_cluster, steps
@@ -214,8 +219,11 @@ def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, p
     opts = _saved_or_given(name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime, python)
     opts.dry_run = dry_run
     opts.log_dir = ""
+    opts.ssh_config = ssh_config or opts.ssh_config
+    opts.gateway = gateway or opts.gateway
     opts.__post_init__()
-    copts = ConnectOptions(known_hosts=known_hosts, host_key_policy=host_key_policy, wait=ssh_wait)
+    copts = ConnectOptions(known_hosts=known_hosts, host_key_policy=host_key_policy, wait=ssh_wait,
+                           ssh_config=opts.ssh_config, gateway=opts.gateway)
     secrets = {"RAY_AUTH_TOKEN": _ray_token(opts.spec.cluster_name)} if opts.ray_auth_mode == "token" else {}
     cluster = _build(opts, copts, secrets)
     console = make_console()
@@ -271,24 +279,28 @@ _PYTHON = _O(None, "--python", help="Python with ray (default: as at setup).")
 _KNOWN_HOSTS = _O("~/.ssh/known_hosts", "--known-hosts", help="known_hosts file.")
 _HOST_KEY_POLICY = _O("accept-new", "--host-key-policy", help="accept-new | strict | off.")
 _SSH_WAIT = _O(10.0, "--ssh-wait", help="Seconds to keep retrying unreachable hosts.")
+_SSH_CONFIG = _O(None, "--ssh-config", help="OpenSSH client config (default: as at setup, else ~/.ssh/config).")
+_GATEWAY = _O(None, "--gateway", help="Jump host [user@]host[:port] (default: as at setup).")
 
 
 def status(
     name: str = _NAME, hosts: list[str] = _HOSTS, hostnames: list[str] = _HOSTNAMES, inventory: str = _INVENTORY,
     username: str = _USERNAME, ssh_port: int = _SSH_PORT, private_key_file: str = _KEY_FILE,
     runtime: str = _RUNTIME, python: str = _PYTHON, known_hosts: str = _KNOWN_HOSTS,
-    host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT,
+    host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT, ssh_config: str = _SSH_CONFIG,
+    gateway: str = _GATEWAY,
 ) -> int:
     """Report, per host, the Ray process and whether Ray counts it as a live node."""
     return _manage("status", name, hosts, hostnames, inventory, username, ssh_port, private_key_file,
-                   runtime, python, known_hosts, host_key_policy, ssh_wait, False)
+                   runtime, python, known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, False)
 
 
 def down(
     name: str = _NAME, hosts: list[str] = _HOSTS, hostnames: list[str] = _HOSTNAMES, inventory: str = _INVENTORY,
     username: str = _USERNAME, ssh_port: int = _SSH_PORT, private_key_file: str = _KEY_FILE,
     runtime: str = _RUNTIME, python: str = _PYTHON, known_hosts: str = _KNOWN_HOSTS,
-    host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT,
+    host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT, ssh_config: str = _SSH_CONFIG,
+    gateway: str = _GATEWAY,
     dry_run: bool = _O(False, "--dry-run", help="Print the commands; run nothing."),
     grace: float = _O(STOP_GRACE, "--grace", min=0, help="Seconds training may take, after SIGTERM, to finish its step "
                       "and write that step's recover checkpoint; 0: stop it with Ray at once."),
@@ -298,4 +310,4 @@ def down(
     Training gets SIGTERM first, so it checkpoints the step under way; secrets files are removed.
     """
     return _manage("down", name, hosts, hostnames, inventory, username, ssh_port, private_key_file,
-                   runtime, python, known_hosts, host_key_policy, ssh_wait, dry_run, grace)
+                   runtime, python, known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, dry_run, grace)

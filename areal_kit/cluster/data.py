@@ -45,9 +45,9 @@ def _fetch_cmd(c: Cluster, h: HostState, *args: str) -> str:
     if o.runtime == "docker":
         run = ["docker", "run", "--rm", "--network", "host", *o.volume_args()]
         if c.secrets:
-            run += ["--env-file", o.secrets_path(h.spec)]
+            run += ["--env-file", o.secrets_path(h.remote.user)]
         return q(*run, o.image, *py)
-    pre = f"set -a; . {shlex.quote(o.secrets_path(h.spec))}; set +a; " if c.secrets else ""
+    pre = f"set -a; . {shlex.quote(o.secrets_path(h.remote.user))}; set +a; " if c.secrets else ""
     return pre + q(*py)
 
 

@@ -70,6 +70,8 @@ class SetupOptions:
     log_dir: str = ""  # per-host log files (default: $AREAL_KIT_HOME/logs/<cluster>/<time>)
     dry_run: bool = False  # print the commands, run nothing
     nas_url: str | None = None  # NFS export mounted at storage where it is not mounted yet
+    ssh_config: str | None = None  # OpenSSH client config (None: ~/.ssh/config)
+    gateway: str | None = None  # jump host [user@]host[:port] (None: ProxyJump from the ssh config, if any)
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -130,8 +132,9 @@ class SetupOptions:
             out += ["-v", v]
         return out
 
-    def secrets_path(self, host: HostSpec) -> str:
-        home = "/root" if host.user == "root" else f"/home/{host.user}"
+    def secrets_path(self, user: str) -> str:
+        """Where a host's secrets file lives, in the home of the user we log in as."""
+        home = "/root" if user == "root" else f"/home/{user}"
         return f"{home}/.areal-kit/{self.spec.cluster_name}.env"
 
     def to_state(self) -> dict:

@@ -81,7 +81,7 @@ def host_env(c: Cluster, h: HostState) -> str:
     """Prefix for host-runtime commands: Ray env, plus the secrets file when there is one."""
     pre = env_prefix(c.opts.ray_env())
     if c.secrets:
-        pre = f"set -a; . {shlex.quote(c.opts.secrets_path(h.spec))}; set +a; " + pre
+        pre = f"set -a; . {shlex.quote(c.opts.secrets_path(h.remote.user))}; set +a; " + pre
     return pre
 
 
@@ -112,7 +112,7 @@ def docker_run_args(c: Cluster, h: HostState) -> list[str]:
         # allowed without a limit, or it falls back to slower paths or fails to register.
         args += ["--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
     if c.secrets:
-        args += ["--env-file", o.secrets_path(h.spec)]
+        args += ["--env-file", o.secrets_path(h.remote.user)]
     for k, v in container_env(c).items():
         args += ["-e", f"{k}={v}"]
     args += o.volume_args()
@@ -406,7 +406,7 @@ def down(c: Cluster, h: HostState) -> Outcome:
             # `ray stop --force` returns before the killed processes are gone.
             h.remote.run("for i in $(seq 1 50); do pgrep -f '[r]aylet' >/dev/null || exit 0; sleep 0.2; done; exit 1")
             removed.append("ray stopped")
-    sec = o.secrets_path(h.spec)
+    sec = o.secrets_path(h.remote.user)
     if h.remote.run(q("test", "-e", sec), check=True).ok:
         h.remote.run(q("rm", "-f", sec))
         removed.append("secrets file removed")

@@ -1,4 +1,10 @@
-"""One SSH connection per host (paramiko): connect with a clear diagnosis, run commands, log.
+"""One SSH connection per host (fabric): connect with a clear diagnosis, run commands, log.
+
+Hosts are resolved as OpenSSH would: ~/.ssh/config (or --ssh-config) gives aliases, HostName,
+User, Port, IdentityFile and ProxyJump; keys held by ssh-agent are offered; a jump host
+(--gateway [user@]host[:port], or ProxyJump) reaches nodes that only a login node can see.
+Flags given on the command line win over the config file; without either, the user is root
+and the port 22.
 
 Connection failures are classified, because "it did not work" is what users of `ray up` on
 on-prem hosts get and what this toolkit exists to avoid:
@@ -19,6 +25,7 @@ them (``--dry-run``). Commands are shell strings built by callers with shlex quo
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import socket
@@ -27,12 +34,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fabric
+import invoke
 import paramiko
 
 from areal_kit.config.cluster_spec import HostSpec
 from areal_kit.errors import UserError
 
 HOST_KEY_POLICIES = ("accept-new", "strict", "off")
+# paramiko logs a refused jump channel to stderr on its own; our ConnectError says it once.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _known_hosts_lock = threading.Lock()
 
 
@@ -71,6 +82,8 @@ class ConnectOptions:
     host_key_policy: str = "accept-new"  # accept-new | strict | off
     connect_timeout: float = 10.0  # seconds for one TCP+SSH handshake attempt
     wait: float = 30.0  # keep retrying an unreachable host this long (hosts still booting)
+    ssh_config: str | None = None  # OpenSSH client config (None: ~/.ssh/config and /etc/ssh/ssh_config)
+    gateway: str | None = None  # [user@]host[:port] of a jump host for every host (else ProxyJump, if any)
 
     def __post_init__(self) -> None:
         if self.host_key_policy not in HOST_KEY_POLICIES:
@@ -79,6 +92,17 @@ class ConnectOptions:
         if self.connect_timeout <= 0 or self.wait < 0:
             raise UserError("--connect-timeout must be > 0 and --ssh-wait >= 0 (seconds)")
         self.known_hosts = os.path.expanduser(self.known_hosts)
+        if self.ssh_config is not None:
+            self.ssh_config = os.path.expanduser(self.ssh_config)
+            if not os.path.isfile(self.ssh_config):
+                raise UserError(f"--ssh-config: {self.ssh_config} does not exist; expected an OpenSSH client config file")
+        if self.gateway is not None and (not self.gateway or any(c.isspace() for c in self.gateway)):
+            raise UserError(f"--gateway: expected [user@]host[:port], got {self.gateway!r}")
+
+    def fabric_config(self) -> fabric.Config:
+        # root and 22 unless the command line or the ssh config says otherwise (fabric's own
+        # default user is the local one, which is rarely right on a fresh GPU node).
+        return fabric.Config(runtime_ssh_path=self.ssh_config, overrides={"user": "root", "port": 22})
 
 
 def check_key_file(path: str | None) -> None:
@@ -116,8 +140,8 @@ class HostLog:
             f.writelines(f"{stamp} {line}\n" for line in self.redact(text).rstrip("\n").splitlines() or [""])
 
 
-def _known_hosts_entry(host: HostSpec) -> str:
-    return host.hostname if host.port == 22 else f"[{host.hostname}]:{host.port}"
+def _known_hosts_entry(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
 
 
 def _accept_new_policy(path: str):
@@ -135,24 +159,42 @@ def _accept_new_policy(path: str):
     return AcceptNew()
 
 
+def _hops(conn: fabric.Connection) -> list[fabric.Connection]:
+    """The jump hosts in the order they are opened (the first is reached directly), then conn."""
+    chain = [conn]
+    while isinstance(chain[0].gateway, fabric.Connection):
+        chain.insert(0, chain[0].gateway)
+    return chain
+
+
+def _name(conn: fabric.Connection) -> str:
+    return f"{conn.user}@{conn.host}" + ("" if conn.port == 22 else f":{conn.port}")
+
+
 class Remote:
     """An SSH session to one host; `run` executes a shell command string."""
 
     def __init__(self, host: HostSpec, opts: ConnectOptions, log: HostLog):
         self.host, self.opts, self.log = host, opts, log
-        self.client = None
-        self.is_root = host.user == "root"
+        self.conn = self._connection()
+        self.user = self.conn.user
+        self.is_root = self.user == "root"
 
-    # -- connecting --------------------------------------------------------------------------
-    def connect(self) -> str:
-        """Open the session (retrying while unreachable); return the host's address as seen
-        by the SSH server, which is the address Ray should use for this node."""
-
-        deadline = time.monotonic() + self.opts.wait
-        last: Exception | None = None
-        attempt = 0
-        while True:
-            attempt += 1
+    def _connection(self) -> fabric.Connection:
+        """A not yet opened connection, resolved through the ssh config, with our host key rules
+        on every hop (fabric's default accepts any key)."""
+        config = self.opts.fabric_config()
+        keys = {"key_filename": [self.host.key_file], "allow_agent": False, "look_for_keys": False} \
+            if self.host.key_file else {}
+        t = self.opts.connect_timeout
+        gateway = None
+        if self.opts.gateway:
+            gateway = fabric.Connection(self.opts.gateway, config=config, connect_timeout=t,
+                                        connect_kwargs={**keys, "banner_timeout": t, "auth_timeout": t})
+        conn = fabric.Connection(self.host.hostname, user=self.host.user, port=self.host.port, config=config,
+                                 gateway=gateway, connect_timeout=t,
+                                 connect_kwargs={**keys, "banner_timeout": t, "auth_timeout": t})
+        for hop in _hops(conn):
             client = paramiko.SSHClient()
             if self.opts.host_key_policy == "off":
                 client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
@@ -163,45 +205,71 @@ class Remote:
                 client.set_missing_host_key_policy(
                     _accept_new_policy(self.opts.known_hosts)
                     if self.opts.host_key_policy == "accept-new" else paramiko.RejectPolicy())
-            kw = {"hostname": self.host.hostname, "port": self.host.port, "username": self.host.user,
-                  "timeout": self.opts.connect_timeout, "banner_timeout": self.opts.connect_timeout,
-                  "auth_timeout": self.opts.connect_timeout}
-            if self.host.key_file:
-                kw.update(key_filename=self.host.key_file, allow_agent=False, look_for_keys=False)
+            hop.client = client
+        return conn
+
+    def route(self) -> list[str]:
+        """user@host[:port] of each hop, jump hosts first, as resolved from flags and ssh config."""
+        return [_name(h) for h in _hops(self.conn)]
+
+    # -- connecting --------------------------------------------------------------------------
+    def connect(self) -> str:
+        """Open the session (retrying while unreachable); return the host's address as seen
+        by the SSH server, which is the address Ray should use for this node."""
+        deadline = time.monotonic() + self.opts.wait
+        last: Exception | None = None
+        attempt = 0
+        while True:
+            attempt += 1
+            hops = _hops(self.conn)
+            via = f" through {', '.join(self.route()[:-1])}" if len(hops) > 1 else ""
             try:
-                client.connect(**kw)
-                self.client = client
-                self.log.write(f"connected to {self.host.user}@{self.host.label} (attempt {attempt})")
+                for hop in hops:  # one by one, so that a failure names the hop it happened on
+                    self._open(hop)
+                self.log.write(f"connected to {_name(self.conn)}{via} (attempt {attempt})")
                 break
-            except paramiko.BadHostKeyException as e:
-                entry = _known_hosts_entry(self.host)
-                raise ConnectError(
-                    "hostkey",
-                    f"host key changed: {self.host.label} offered {e.key.get_name()} key "
-                    f"{e.key.get_fingerprint().hex()[:16]}.., known_hosts has a different one. If the "
-                    f"host was reinstalled, remove the old key: ssh-keygen -f "
-                    f"{shlex.quote(self.opts.known_hosts)} -R {shlex.quote(entry)}") from None
-            except paramiko.AuthenticationException as e:
-                raise ConnectError(
-                    "auth", f"authentication refused for {self.host.user}@{self.host.label} with key "
-                    f"{self.host.key_file or '(agent/default keys)'}: {e}; check --username and that "
-                    f"the public key is in the user's authorized_keys") from None
-            except paramiko.SSHException as e:
-                if "not found in known_hosts" in str(e):
-                    raise ConnectError("hostkey", f"{self.host.label} is not in {self.opts.known_hosts} "
-                                       "and --host-key-policy is strict; add it with ssh-keyscan") from None
-                last = e  # e.g. banner timeout while sshd starts: retry
-            except (TimeoutError, OSError, EOFError) as e:
+            except ConnectError as e:
+                if e.kind != "unreachable":
+                    raise
                 last = e
-            client.close()
+            self.close()
+            self.conn = self._connection()
             if time.monotonic() + 1 > deadline:
                 raise ConnectError(
-                    "unreachable", f"{self.host.label} unreachable after {attempt} attempt(s) over "
-                    f"{self.opts.wait:.0f}s: {type(last).__name__}: {last or 'timed out'}") from None
+                    "unreachable", f"{self.host.label} unreachable{via} after {attempt} attempt(s) over "
+                    f"{self.opts.wait:.0f}s: {last}") from None
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
         conn = self.run("echo $SSH_CONNECTION", quiet=True)
         parts = conn.stdout.split()
-        return parts[2] if len(parts) >= 3 else socket.gethostbyname(self.host.hostname)
+        return parts[2] if len(parts) >= 3 else socket.gethostbyname(self.conn.host)
+
+    def _open(self, hop: fabric.Connection) -> None:
+        """Open one hop; ConnectError with its kind."""
+        who = _name(hop)
+        try:
+            hop.open()
+        except paramiko.BadHostKeyException as e:
+            entry = _known_hosts_entry(hop.host, hop.port)
+            raise ConnectError(
+                "hostkey",
+                f"host key changed: {who} offered {e.key.get_name()} key "
+                f"{e.key.get_fingerprint().hex()[:16]}.., known_hosts has a different one. If the "
+                f"host was reinstalled, remove the old key: ssh-keygen -f "
+                f"{shlex.quote(self.opts.known_hosts)} -R {shlex.quote(entry)}") from None
+        except paramiko.AuthenticationException as e:
+            raise ConnectError(
+                "auth", f"authentication refused for {who} with key "
+                f"{self.host.key_file or '(ssh config/agent/default keys)'}: {e}; check --username and that "
+                f"the public key is in the user's authorized_keys") from None
+        except paramiko.ChannelException as e:  # the jump host could not reach this hop
+            raise ConnectError("unreachable", f"{who}: the jump host cannot connect ({e})") from None
+        except paramiko.SSHException as e:
+            if "not found in known_hosts" in str(e):
+                raise ConnectError("hostkey", f"{who} is not in {self.opts.known_hosts} "
+                                   "and --host-key-policy is strict; add it with ssh-keyscan") from None
+            raise ConnectError("unreachable", f"{who}: {type(e).__name__}: {e}") from None  # e.g. sshd starting
+        except (TimeoutError, OSError, EOFError) as e:
+            raise ConnectError("unreachable", f"{who}: {type(e).__name__}: {e or 'timed out'}") from None
 
     # -- commands ----------------------------------------------------------------------------
     def wrap(self, cmd: str, sudo: bool = False) -> str:
@@ -217,55 +285,34 @@ class Remote:
         if not quiet:
             self.log.write(f"$ {full}")
         t0 = time.monotonic()
-        chan = self.client.get_transport().open_session()
-        chan.settimeout(1.0)
-        chan.exec_command(full)
-        out, err = bytearray(), bytearray()
-        # Drain both streams as they come: a command that fills the stderr window while we
-        # wait on stdout would otherwise hang forever.
-        while True:
-            if chan.recv_ready():
-                out += chan.recv(65536)
-            elif chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
-            elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                break
-            else:
-                if timeout and time.monotonic() - t0 > timeout:
-                    chan.close()
-                    res = Result(full, 124, out.decode(errors="replace"),
-                                 err.decode(errors="replace") + f"\n(timed out after {timeout:.0f}s)",
-                                 time.monotonic() - t0)
-                    self.log.write(res.tail(20) + "\n-> rc=124 timeout")
-                    return res
-                time.sleep(0.05)
-        rc = chan.recv_exit_status()
-        chan.close()
-        res = Result(full, rc, out.decode(errors="replace"), err.decode(errors="replace"),
-                     time.monotonic() - t0)
+        try:
+            r = self.conn.run(full, hide=True, warn=True, in_stream=False, pty=False, encoding="utf-8",
+                              timeout=timeout or None)
+            res = Result(full, r.exited, r.stdout, r.stderr, time.monotonic() - t0)
+        except invoke.CommandTimedOut as e:
+            res = Result(full, 124, e.result.stdout, e.result.stderr + f"\n(timed out after {timeout:.0f}s)",
+                         time.monotonic() - t0)
+            self.log.write(res.tail(20) + "\n-> rc=124 timeout")
+            return res
         if not quiet:
             body = (res.stdout + res.stderr).strip()
-            self.log.write((body + "\n" if body else "") + f"-> rc={rc} ({res.seconds:.1f}s)")
+            self.log.write((body + "\n" if body else "") + f"-> rc={res.rc} ({res.seconds:.1f}s)")
         return res
 
     def put_text(self, text: str, path: str, mode: int = 0o600) -> None:
         """Write a small file (e.g. secrets) over SFTP: never part of a command line or log."""
-        sftp = self.client.open_sftp()
-        try:
-            d = os.path.dirname(path)
-            if d:
-                self.run("mkdir -p -m 700 " + shlex.quote(d), quiet=True)
-            with sftp.open(path, "w") as f:
-                f.chmod(mode)
-                f.write(text)
-        finally:
-            sftp.close()
+        d = os.path.dirname(path)
+        if d:
+            self.run("mkdir -p -m 700 " + shlex.quote(d), quiet=True)
+        sftp = self.conn.sftp()
+        with sftp.open(path, "w") as f:
+            f.chmod(mode)  # before the first byte: the secret is never readable by others
+            f.write(text)
         self.log.write(f"wrote {path} (mode {oct(mode)}, contents not logged)")
 
     def close(self) -> None:
-        if self.client:
-            self.client.close()
-            self.client = None
+        for hop in reversed(_hops(self.conn)):
+            hop.close()
 
 
 @dataclass
@@ -273,16 +320,22 @@ class DryRemote:
     """Records what would run; checks report "not satisfied" so every action is listed."""
 
     host: HostSpec
+    gateway: str | None = None
     commands: list[tuple[str, str]] = field(default_factory=list)  # (kind, command)
 
     @property
+    def user(self) -> str:
+        return self.host.user or "root"
+
+    @property
     def is_root(self) -> bool:
-        return self.host.user == "root"
+        return self.user == "root"
 
     wrap = Remote.wrap
 
     def connect(self) -> str:
-        self.commands.append(("connect", f"ssh -p {self.host.port} {self.host.user}@{self.host.hostname}"))
+        words = ["ssh"] + (["-J", self.gateway] if self.gateway else []) + (["-p", str(self.host.port)] if self.host.port else [])
+        self.commands.append(("connect", " ".join([*words, f"{self.user}@{self.host.hostname}"])))
         return self.host.hostname
 
     def run(self, cmd: str, sudo: bool = False, check: bool = False, timeout: float | None = None,

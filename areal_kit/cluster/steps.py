@@ -51,8 +51,8 @@ def connect(c: Cluster, h: HostState) -> Outcome:
     if c.secrets:
         # Secrets travel over SFTP into a 0600 file, never on a command line (ps, logs).
         body = "".join(f"{k}={v}\n" for k, v in c.secrets.items())
-        h.remote.put_text(body, c.opts.secrets_path(h.spec), 0o600)
-    return Outcome("ok", f"{h.spec.user}@{h.spec.label}, node address {h.ip}")
+        h.remote.put_text(body, c.opts.secrets_path(h.remote.user), 0o600)
+    return Outcome("ok", f"{h.remote.user}@{h.spec.label}, node address {h.ip}")
 
 
 # -- 2. preflight -----------------------------------------------------------------------------
@@ -84,8 +84,8 @@ def preflight(c: Cluster, h: HostState) -> Outcome:
     if sudo not in ("root", "yes"):
         why = "sudo is not installed" if sudo == "not-installed" else "sudo asks for a password"
         raise StepFailed(
-            f"missing sudo: {h.spec.user} is not root and {why} on {h.name}; connect as root "
-            f"(--username root) or add '{h.spec.user} ALL=(ALL) NOPASSWD: ALL' to /etc/sudoers.d/areal-kit", res)
+            f"missing sudo: {h.remote.user} is not root and {why} on {h.name}; connect as root "
+            f"(--username root) or add '{h.remote.user} ALL=(ALL) NOPASSWD: ALL' to /etc/sudoers.d/areal-kit", res)
     disk = facts.get("disk_gb", "missing")
     if disk == "missing":
         raise StepFailed(f"storage {o.storage} does not exist on {h.name}; mount the shared storage "

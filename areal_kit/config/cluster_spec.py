@@ -47,10 +47,10 @@ ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "UCX_", "TORCH_DISTRIBUTED_")
 class HostSpec:
     """One SSH-reachable node."""
 
-    hostname: str  # name or address the controller connects to (first host = Ray head)
-    user: str = "root"  # SSH login user; non-root users need passwordless sudo
-    port: int = 22  # SSH port
-    key_file: str | None = None  # private key path (None: ssh-agent / ~/.ssh defaults)
+    hostname: str  # name, ~/.ssh/config alias or address the controller connects to (first host = Ray head)
+    user: str | None = None  # SSH login user (None: ~/.ssh/config's User, else root); non-root needs sudo
+    port: int | None = None  # SSH port (None: ~/.ssh/config's Port, else 22)
+    key_file: str | None = None  # private key path (None: ~/.ssh/config's IdentityFile, ssh-agent, defaults)
 
     def __post_init__(self) -> None:
         if not isinstance(self.hostname, str) or not self.hostname.strip():
@@ -59,9 +59,11 @@ class HostSpec:
         # whitespace and control characters, which are always a typo.
         if any(c.isspace() or ord(c) < 32 for c in self.hostname):
             raise UserError(f"hosts: hostname {self.hostname!r} contains whitespace; expected a name or address")
-        if not isinstance(self.user, str) or not self.user or any(c.isspace() for c in self.user):
+        if self.user is not None and (not isinstance(self.user, str) or not self.user
+                                      or any(c.isspace() for c in self.user)):
             raise UserError(f"hosts[{self.hostname}].user: expected a login name, got {self.user!r}")
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 < self.port < 65536:
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 0 < self.port < 65536):
             raise UserError(f"hosts[{self.hostname}].port: expected an integer 1-65535, got {self.port!r}")
         if self.key_file is not None:
             if not isinstance(self.key_file, str) or not self.key_file:
@@ -70,7 +72,7 @@ class HostSpec:
 
     @property
     def label(self) -> str:
-        return self.hostname if self.port == 22 else f"{self.hostname}:{self.port}"
+        return self.hostname if self.port in (None, 22) else f"{self.hostname}:{self.port}"
 
 
 @dataclass

@@ -32,10 +32,11 @@ class Kit:
         return ["--hostnames", ",".join(hosts or self.tb.ips), "--private_key_file", str(self.tb.key),
                 "--known-hosts", str(self.known_hosts)]
 
-    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    def run(self, *args: str, timeout: float = 600, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        """areal-kit ARGS; `prefix` runs it under another command (e.g. nsenter into a namespace)."""
         env = dict(os.environ, AREAL_KIT_HOME=str(self.home), COLUMNS="200")
         t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "areal_kit.cli", *args], capture_output=True, text=True,
+        r = subprocess.run([*prefix, sys.executable, "-m", "areal_kit.cli", *args], capture_output=True, text=True,
                            env=env, timeout=timeout, check=False)
         r.seconds = time.monotonic() - t0
         print(f"\n$ areal-kit {' '.join(args)}  [{r.seconds:.1f}s rc={r.returncode}]\n{r.stdout[-6000:]}"

@@ -14,6 +14,10 @@ Why these choices (found the hard way on these machines):
 - dockerd with --iptables=false --bridge=none: containers use --network host anyway, and the
   host's firewall is left alone.
 
+`jump_up()` adds a login node: a namespace on the same bridge whose sshd listens only on a
+second link, to a controller namespace that has no other route. A controller there reaches the
+nodes only through the login node (`ctl_cmd` prefixes a command to run there).
+
 Needs root, openssh-server, docker.io, iproute2 (.ci/cluster_deps.sh). By hand:
 
     python tests/cluster/testbed.py up 3      # prints node addresses and the key
@@ -32,6 +36,8 @@ from pathlib import Path
 BASE = Path(os.environ.get("AK_TESTBED", "/tmp/areal-kit-testbed"))
 NET = os.environ.get("AK_TESTBED_NET", "10.232.0")
 BRIDGE = os.environ.get("AK_TESTBED_BRIDGE", "akbr0")
+NS = os.environ.get("AK_TESTBED_NS", "ak")  # prefix of namespace and link names: two testbeds can coexist
+JUMP_NET = os.environ.get("AK_TESTBED_JUMP_NET", "10.233.0")  # controller <-> login node only
 
 # PID 1 of a node: hostname, private mounts, then sshd in the foreground.
 NODE_INIT = """#!/bin/sh
@@ -122,25 +128,75 @@ class Testbed:
         return self
 
     def _node_up(self, i: int) -> None:
-        ns, d, ip = f"ak-node{i}", self.node_dir(i), self.ip(i)
-        d.mkdir(parents=True, exist_ok=True)
+        ns, ip = f"{NS}-node{i}", self.ip(i)
         if sh(f"ip netns list | grep -qw {ns}", check=False).returncode:
-            sh(f"ip netns add {ns} && ip link add akv{i} type veth peer name eth0 netns {ns} && "
-               f"ip link set akv{i} master {BRIDGE} up && ip -n {ns} link set lo up && "
+            sh(f"ip netns add {ns} && ip link add {NS}v{i} type veth peer name eth0 netns {ns} && "
+               f"ip link set {NS}v{i} master {BRIDGE} up && ip -n {ns} link set lo up && "
                f"ip -n {ns} addr add {ip}/24 dev eth0 && ip -n {ns} link set eth0 up")
+        self._boot(ns, f"node{i}", self.node_dir(i), ip)
+
+    def _boot(self, ns: str, name: str, d: Path, listen: str) -> None:
+        """Start the node's PID 1 (own hostname and mounts, sshd on `listen`), once."""
+        d.mkdir(parents=True, exist_ok=True)
         if not (d / "ssh_host_ed25519_key").exists():
             sh(f"ssh-keygen -q -t ed25519 -N '' -f {d}/ssh_host_ed25519_key")
-        (d / "sshd_config").write_text(SSHD_CONFIG.format(ip=ip, d=d, keys=self.keys))
+        (d / "sshd_config").write_text(SSHD_CONFIG.format(ip=listen, d=d, keys=self.keys))
         pidf = d / "node.pid"
         if pidf.exists() and sh(f"kill -0 {pidf.read_text().strip()}", check=False).returncode == 0:
             return
         # --kill-child: killing this host-side unshare kills the node's PID 1 and so the node.
         p = subprocess.Popen(["setsid", "nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--pid",
                               "--mount", "--fork", "--mount-proc", "--kill-child", "sh",
-                              str(self.base / "node_init.sh"), f"node{i}", str(d)],
+                              str(self.base / "node_init.sh"), name, str(d)],
                              stdin=subprocess.DEVNULL, stdout=open(d / "node.out", "w"),  # noqa: SIM115 - lives with the node
                              stderr=subprocess.STDOUT)
         pidf.write_text(str(p.pid))
+
+    # -- a login node: the only host a controller in namespace ak-ctl can reach ---------------
+    @property
+    def jump_ip(self) -> str:
+        return f"{JUMP_NET}.2"
+
+    @staticmethod
+    def ctl_cmd() -> list[str]:
+        """Prefix that runs a command in the controller's namespace."""
+        return ["nsenter", f"--net=/run/netns/{NS}-ctl"]
+
+    def jump_up(self) -> None:
+        if sh(f"ip netns list | grep -qw {NS}-jump", check=False).returncode:
+            sh(f"ip netns add {NS}-jump && ip netns add {NS}-ctl && "
+               f"ip link add {NS}vj type veth peer name eth0 netns {NS}-jump && ip link set {NS}vj master {BRIDGE} up && "
+               f"ip -n {NS}-jump addr add {NET}.250/24 dev eth0 && ip -n {NS}-jump link set eth0 up && "
+               f"ip -n {NS}-jump link set lo up && ip -n {NS}-ctl link set lo up && "
+               f"ip -n {NS}-ctl link add eth0 type veth peer name eth1 netns {NS}-jump && "
+               f"ip -n {NS}-ctl addr add {JUMP_NET}.1/24 dev eth0 && ip -n {NS}-ctl link set eth0 up && "
+               f"ip -n {NS}-jump addr add {self.jump_ip}/24 dev eth1 && ip -n {NS}-jump link set eth1 up")
+        self._boot(f"{NS}-jump", "login", self.base / "nodes" / "jump", self.jump_ip)
+        end = time.monotonic() + 20
+        while self.ctl_ssh(self.jump_ip, "true").returncode:
+            if time.monotonic() > end:
+                raise RuntimeError(f"login node: sshd not answering; see {self.base}/nodes/jump/sshd.log")
+            time.sleep(0.2)
+
+    def ctl_ssh(self, ip: str, cmd: str) -> subprocess.CompletedProcess:
+        """Plain OpenSSH from the controller's namespace, straight to `ip` (no jump)."""
+        args = [*self.ctl_cmd(), "ssh", "-q", "-i", str(self.key), "-o", "BatchMode=yes", "-o",
+                "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=3",
+                f"root@{ip}", cmd]
+        return subprocess.run(args, text=True, capture_output=True, timeout=30, check=False)
+
+    def jump_down(self) -> None:
+        pidf = self.base / "nodes" / "jump" / "node.pid"
+        if pidf.exists():
+            sh(f"kill {pidf.read_text().strip()}", check=False)
+            pidf.unlink()
+        for _ in range(30):
+            pids = sh(f"ip netns pids {NS}-jump", check=False).stdout.split()
+            if not pids:
+                break
+            sh(f"kill -KILL {' '.join(pids)}", check=False)
+            time.sleep(0.2)
+        sh(f"ip netns del {NS}-jump; ip netns del {NS}-ctl; ip link del {NS}vj", check=False)
 
     def wait_ssh(self, i: int, timeout: float = 20) -> None:
         end = time.monotonic() + timeout
@@ -156,7 +212,7 @@ class Testbed:
             docker info >/dev/null 2>&1 && exit 0
             setsid /usr/sbin/dockerd -H unix:///var/run/docker.sock -H unix://{d}/docker.sock \
               --storage-driver overlay2 --iptables=false --ip-masq=false --ip-forward=false --bridge=none \
-              --cgroup-parent /ak-docker-node{i} </dev/null >{d}/dockerd.log 2>&1 &
+              --cgroup-parent /{NS}-docker-node{i} </dev/null >{d}/dockerd.log 2>&1 &
             for t in $(seq 1 150); do docker info >/dev/null 2>&1 && exit 0; sleep 0.2; done
             echo "dockerd did not start"; tail -5 {d}/dockerd.log; exit 1""")
 
@@ -166,8 +222,9 @@ class Testbed:
 
     def down(self) -> None:
         """Kill every process of every node (by PID, via the netns), delete namespaces and bridge."""
+        self.jump_down()
         for i in range(1, self.n + 1):
-            ns = f"ak-node{i}"
+            ns = f"{NS}-node{i}"
             if sh(f"ip netns list | grep -qw {ns}", check=False).returncode:
                 continue
             self.dockerd_down(i)  # lets dockerd stop its containers and unmount its layers
@@ -182,7 +239,7 @@ class Testbed:
                     if not sh(f"ip netns pids {ns}", check=False).stdout.strip():
                         break
                     time.sleep(0.2)
-            sh(f"ip netns del {ns}; ip link del akv{i}", check=False)
+            sh(f"ip netns del {ns}; ip link del {NS}v{i}", check=False)
             pidf.unlink(missing_ok=True)
         sh(f"ip link show {BRIDGE} >/dev/null 2>&1 && ip link del {BRIDGE}", check=False)
         # dockerd's overlay mounts live in the node's (now gone) mount namespace; the layer

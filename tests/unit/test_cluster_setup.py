@@ -103,6 +103,9 @@ BAD_OPTIONS = [
     (["setup", "--hostnames", "h1", "--ray-auth-mode", "maybe"], "--ray-auth-mode"),
     (["setup", "--hostnames", "h1", "--private_key_file", "/nonexistent/key"], "does not exist"),
     (["setup", "--hostnames", "h1", "--inventory", "x.yaml"], "not both"),
+    (["setup", "--hostnames", "h1", "--ssh-config", "/nonexistent/ssh_config"], "--ssh-config"),
+    (["setup", "--hostnames", "h1", "--gateway", "jump host"], "--gateway"),
+    (["status", "--hostnames", "h1", "--ssh-config", "/nonexistent/ssh_config"], "--ssh-config"),
 ]
 
 

@@ -51,7 +51,7 @@ def test_defaults_fill_in(tmp_path):
     assert spec.fileroot == "/nfs/ray/experiments"
     assert spec.default_mount == "/nfs:/nfs"
     assert spec.cluster_name == "areal"
-    assert spec.hosts[0].user == "root"
+    assert spec.hosts[0].user is None  # ~/.ssh/config decides, else root (cluster/remote.py)
 
 
 BAD = [
