@@ -29,7 +29,7 @@ from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
 from areal_kit.cluster.steps import must
 
 # Runs on the head with the cluster's Python: waits (in one driver connection) until every
-# expected node address is alive with its GPUs, prints {ip: gpus} of alive nodes.
+# expected node address is alive with its GPUs, once each, prints {ip: gpus} of alive nodes.
 NODES_SNIPPET = """
 import json, socket, sys, time
 addr, want, gpus, wait = sys.argv[1], set(filter(None, sys.argv[2].split(","))), float(sys.argv[3]), float(sys.argv[4])
@@ -42,12 +42,17 @@ import ray
 ray.init(address=addr, logging_level="ERROR", log_to_driver=False)
 end = time.time() + wait
 while True:
-    alive = {n["NodeManagerAddress"]: n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]}
-    ok = want <= set(alive) and all(alive[ip] >= gpus for ip in want)
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    alive = {n["NodeManagerAddress"]: n["Resources"].get("GPU", 0) for n in nodes}
+    # A replaced node's old entry stays alive until its heartbeats are missed: wait for it to go,
+    # or a driver started now may place work on the ghost.
+    ips = [n["NodeManagerAddress"] for n in nodes]
+    ok = want <= set(alive) and all(alive[ip] >= gpus for ip in want) and len(ips) == len(set(ips))
     if ok or time.time() > end:
         break
     time.sleep(1)
 print("NODES " + json.dumps(alive))
+print("TWICE " + json.dumps(sorted({ip for ip in ips if ips.count(ip) > 1})))
 sys.exit(0 if ok else 3)
 """
 
@@ -167,6 +172,9 @@ def _ray_docker(c: Cluster, h: HostState) -> Outcome:
         "head was restarted" if head_changed and not h.is_head else "stopped or started with other options")
     if res.ok:
         why += _stop_training_once(c, h)
+        # Leave Ray politely first: a raylet killed with its container stays an alive node in the
+        # head's view until its heartbeats are missed, and work placed there meanwhile is lost.
+        h.remote.run(q("docker", "exec", name, *ray_cli(c), "stop"), sudo=True, timeout=60)
         must(c, h, q("docker", "rm", "-f", name), f"removing old {name}", sudo=True)
     run = must(c, h, shlex.join(args), f"starting {name}", sudo=True, timeout=300)
     if h.is_head:
@@ -249,6 +257,11 @@ def ray_ready(c: Cluster, h: HostState) -> Outcome:
     if missing:
         raise StepFailed(f"Ray reports {len(alive)} node(s) after {c.opts.ray_wait:.0f}s; missing: "
                          f"{', '.join(missing)}; see their logs", res)
+    twice = next((json.loads(ln[6:]) for ln in res.stdout.splitlines() if ln.startswith("TWICE ")), [])
+    if twice:
+        raise StepFailed(f"Ray counts two live nodes at {', '.join(twice)} after {c.opts.ray_wait:.0f}s: a "
+                         "replaced node not yet gone, or a second raylet on that host; run `areal-kit down` "
+                         "and setup again", res)
     short = [f"{x.name} ({alive[x.ip]:g} GPUs)" for x in live if alive[x.ip] < gpus]
     if short:
         raise StepFailed(f"Ray sees fewer GPUs than nvidia-smi on: {', '.join(short)}", res)
