@@ -281,6 +281,16 @@ class ExpCtrl:
         "Stop the run (exit 1, naming the first error) when every sample's reward failed in this many "
         "steps in a row: it cannot learn. No checkpoint is written during such a streak, so the last "
         "recover checkpoint is from before it (0 = never stop).")
+    hang_factor: float = opt(10.0,
+        "Watchdog: a worker call (a generation, a train step, a weight sync, a save) running longer "
+        "than this many times the median of its kind is a hang: every worker's Python stacks go to "
+        "<log dir>/stacks/, the workers stop, and the run relaunches from the last recover checkpoint "
+        "(a retry). 0 = off.")
+    hang_floor_s: float = opt(300.0, "Watchdog: a call is never a hang before this many seconds.")
+    hang_first_s: float = opt(1800.0,
+        "Watchdog: the bound of the first hang_warmup calls of each kind (compilation, caches), and "
+        "the timeout of the trainers' collectives.")
+    hang_warmup: int = opt(3, "Watchdog: calls of a kind before its median sets the bound.")
     on_sigterm: str = opt("checkpoint",
         "SIGTERM (a scheduler's stop, `kill`) during training. checkpoint: finish the "
         "step, write its recover checkpoint, stop (a second SIGTERM stops at once); give it the grace "
@@ -293,8 +303,10 @@ class ExpCtrl:
         for name in ("total_train_steps", "save_freq_epochs", "save_freq_steps", "save_freq_secs",
                      "keep_last_n", "ckpt_freq_epochs", "ckpt_freq_steps", "ckpt_freq_secs", "eval_every",
                      "eval_max_new_tokens", "stop_after_failed_reward_steps", "dump_samples_every",
-                     "dump_samples_groups"):
+                     "dump_samples_groups", "hang_factor", "hang_warmup"):
             check_positive(f"exp_ctrl.{name}", getattr(self, name), allow_zero=True)
+        for name in ("hang_floor_s", "hang_first_s"):
+            check_positive(f"exp_ctrl.{name}", getattr(self, name))
         check_choices(self, "exp_ctrl.")
 
 

@@ -72,7 +72,8 @@ class Controller:
         t0 = time.time()
         self.start_ray()
         cache = os.path.join(self.cfg.fileroot, "cache")
-        w = self.workers = groups.create(self.cfg, self.job.model_path, cache, self.job.total_steps)
+        w = self.workers = groups.create(self.cfg, self.job.model_path, cache, self.job.total_steps,
+                                         os.path.join(self.job.paths.log_dir, "stacks"))
         setup = w.setup()
         self.weights = WeightSync(self.cfg, w.trainers, w.engines)
         how = self.weights.connect()
@@ -146,7 +147,7 @@ class Controller:
     def _collect(self, batch: Batch) -> tuple[list[dict], list[dict], int, float]:
         """The batch's generations and the weight loads before them (a failed one surfaces at once)."""
         t0 = time.time()
-        got = groups.collect(batch.loads + batch.handles)
+        got = self.workers.watchdog.wait("generate", batch.loads + batch.handles)
         loads, outs = got[:len(batch.loads)], got[len(batch.loads):]
         stale = self.state.version - min(s["version"] for o in outs for s in o["samples"])
         k = self.cfg.ppo.max_head_offpolicyness

@@ -1,6 +1,7 @@
 """Run a validated config to the end: logs, progress bar, recover and relaunch after failures.
 
-A worker that dies (a killed rollout or trainer actor, a lost node) ends the attempt; the run
+A worker that dies (a killed rollout or trainer actor, a lost node) or hangs (a call past the
+watchdog's bound, rl/workers/watchdog.py) ends the attempt; the run
 then relaunches from the last recover checkpoint, up to recover_retries times, saying so in the
 log. Any other error, including one our code raises inside a worker, ends the run at once: a
 relaunch would only fail the same way. It reaches the terminal as one line naming the worker
@@ -27,6 +28,7 @@ from areal_kit.interrupts import Interrupted, interruption, raise_on_sigterm, si
 from areal_kit.rl.checkpoint import recover
 from areal_kit.rl.controller import Controller
 from areal_kit.rl.job import prepare
+from areal_kit.rl.workers.watchdog import WorkerHang
 
 
 class _Progress:
@@ -203,7 +205,7 @@ def relaunching(run_once, retries: int, log, pause: float = 1.0):
 
 
 def worker_died(e: BaseException) -> bool:
-    """True when a worker process, actor or node died, so a relaunch can help.
+    """True when a worker process, actor or node died (or hung), so a relaunch can help.
 
     A RayTaskError only says a remote call raised: its cause may be our own bug (a ValueError in a
     trainer method), which would fail the same way on every relaunch, so it must surface at once.
@@ -215,7 +217,7 @@ def worker_died(e: BaseException) -> bool:
     except ImportError:
         return False
     deaths = (rex.RayActorError, rex.WorkerCrashedError, rex.ObjectLostError, rex.NodeDiedError,
-              rex.LocalRayletDiedError, WorkerDied)
+              rex.LocalRayletDiedError, WorkerDied, WorkerHang)
     seen = set()
     while e is not None and id(e) not in seen:  # causes can nest; a cycle must not loop forever
         seen.add(id(e))

@@ -13,11 +13,13 @@ import time
 import pytest
 import ray
 
+from areal_kit.config.schema import ExpCtrl
 from areal_kit.rl.weight_sync.sync import WeightSync
 from areal_kit.rl.workers.groups import EngineGroup, TrainerGroup, Workers
+from areal_kit.rl.workers.watchdog import StackDumps, Watchdog, WorkerHang
 
 
-class Worker:
+class Worker(StackDumps):
     def busy(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds
@@ -37,7 +39,8 @@ def test_dead_workers_counts_killed_actors_only(ray_local):
     W = ray.remote(num_cpus=0)(Worker)
     trainer, busy, killed = W.remote(), W.remote(), W.remote()
     ray.get([a.__ray_ready__.remote() for a in (trainer, busy, killed)])
-    workers = Workers(TrainerGroup([trainer]), EngineGroup([busy, killed]))
+    dog = Watchdog(ExpCtrl(), "/nonexistent")
+    workers = Workers(TrainerGroup([trainer], dog), EngineGroup([busy, killed], dog), dog)
     assert workers.dead(timeout_s=2) == 0
     busy.busy.remote(30)  # still running when asked: alive
     ray.kill(killed)
@@ -89,7 +92,8 @@ def test_trainer_joins_the_broadcast_only_after_the_running_generation(ray_local
 
     engine = ray.remote(num_cpus=0)(Engine).remote()
     trainer = ray.remote(num_cpus=0, concurrency_groups={"weights": 1})(Trainer).remote()
-    sync = WeightSync(SimpleNamespace(weight_sync="broadcast"), TrainerGroup([trainer]), EngineGroup([engine]))
+    dog = Watchdog(ExpCtrl(), "/nonexistent")
+    sync = WeightSync(SimpleNamespace(weight_sync="broadcast"), TrainerGroup([trainer], dog), EngineGroup([engine], dog))
     engine.generate.remote(2.0)
     time.sleep(0.2)  # the generation is running
     sync.push(1)
@@ -99,3 +103,34 @@ def test_trainer_joins_the_broadcast_only_after_the_running_generation(ray_local
     [sent] = ray.get(trainer.sends.remote())
     assert free_at < events["generated"] <= sent
     assert events["generated"] <= events["received"]
+
+
+def stuck_in_a_call(seconds: float) -> None:
+    time.sleep(seconds)  # the name a stack dump must show
+
+
+class Stuck(StackDumps):
+    def step(self, seconds: float) -> float:
+        stuck_in_a_call(seconds)
+        return seconds
+
+
+def test_a_call_past_its_bound_is_a_hang_with_every_workers_stacks(ray_local, tmp_path):
+    """Real actors, real faulthandler dumps: calls of 0.2 s set the median; the next one, stuck
+    for a minute, is a hang once it passes 10x that median (with a 3 s floor), long before it ends."""
+    S = ray.remote(num_cpus=0)(Stuck)
+    a, b = S.remote(), S.remote()
+    dog = Watchdog(ExpCtrl(hang_factor=10, hang_floor_s=3, hang_first_s=30, hang_warmup=2), str(tmp_path / "stacks"))
+    dog.arm({"trainer rank 0": a, "rollout engine 0": b})
+    for _ in range(2):
+        dog.wait("step", dog.label([a.step.remote(0.2), b.step.remote(0.2)], ["trainer rank 0", "rollout engine 0"]))
+    assert dog.bound("step") == 3  # 10 x 0.2 s is below the floor
+    t0 = time.monotonic()
+    with pytest.raises(WorkerHang) as hang:
+        dog.wait("step", dog.label([a.step.remote(0.2), b.step.remote(60)], ["trainer rank 0", "rollout engine 0"]))
+    assert 3 <= time.monotonic() - t0 < 20
+    assert str(hang.value).startswith("rollout engine 0 ran step for 3s, past its bound of 3s")
+    stacks = {p.name: p.read_text() for p in (tmp_path / "stacks").iterdir()}
+    assert set(stacks) == {"trainer_rank_0.txt", "rollout_engine_0.txt", "driver.txt"}
+    assert "stuck_in_a_call" in stacks["rollout_engine_0.txt"]
+    assert "stuck_in_a_call" not in stacks["trainer_rank_0.txt"]  # it had finished: idle

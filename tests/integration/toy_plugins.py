@@ -6,9 +6,15 @@ digit. The toy reward reads the first word, so the task and its signal are uncha
 flaky: a reward plug-in that raises for some answers (counted failures, reward 0) and returns
 a dict with an extra number otherwise.
 broken: a reward plug-in that always raises, so a run cannot learn.
+stuck_once: single-turn, except that once per run (a marker file) the episode after
+AREAL_TEST_HANG_AFTER episodes blocks its engine for an hour, as a call stuck in C code would.
 """
 
-from areal_kit.rl.workers.workflow import Trajectory
+import os
+import time
+from pathlib import Path
+
+from areal_kit.rl.workers.workflow import Trajectory, single_turn
 
 INSERTED = "="
 
@@ -35,3 +41,16 @@ def flaky(prompt, completion, sample):
 
 def broken(prompt, completion, sample):
     raise ValueError("the grading service is down")
+
+
+_episodes = 0
+
+
+async def stuck_once(engine, row):
+    global _episodes
+    _episodes += 1
+    marker = os.environ.get("AREAL_TEST_HANG_MARKER")
+    if marker and _episodes > int(os.environ["AREAL_TEST_HANG_AFTER"]) and not os.path.exists(marker):
+        Path(marker).touch()
+        time.sleep(3600)  # noqa: ASYNC251 - the point: the engine's event loop blocks, generate never returns
+    return await single_turn(engine, row)

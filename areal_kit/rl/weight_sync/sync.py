@@ -50,7 +50,8 @@ class WeightSync:
         trainers, engines = self.trainers.actors, self.engines.actors
         if self.mode != "disk":
             shared = self.shared and self.mode == "auto"
-            ray.get([t.stage_weights.remote() for t in trainers])
+            dog = self.trainers.watchdog
+            dog.wait("stage_weights", dog.label([t.stage_weights.remote() for t in trainers], self.trainers.names))
             # get_version queues behind an engine's pending generations: the send starts once every
             # engine is free to receive, on the trainer's second thread while it trains on. No one
             # waits inside the collective during a generation (a long one would meet its timeout).
@@ -58,19 +59,20 @@ class WeightSync:
             # safe, as each engine's next call is the receive_weights queued here.
             free = [e.get_version.remote() for e in engines]
             send = trainers[0].send_weights.options(concurrency_group="weights").remote(*free, shared=shared)
-            self.in_flight = [send] + [e.receive_weights.remote(version, shared) for e in engines]
+            loads = [e.receive_weights.remote(version, shared) for e in engines]
+            self.in_flight = self.trainers.watchdog.label([send] + loads, [self.trainers.names[0]] + self.engines.names)
         else:
             path = weight_sync_dir(self.cfg)
             self.trainers.save_hf(path)
-            self.in_flight = [e.load_from_disk.remote(path, version) for e in engines]
+            loads = [e.load_from_disk.remote(path, version) for e in engines]
+            self.in_flight = self.trainers.watchdog.label(loads, self.engines.names)
         if wait_engines:
             self.wait()
         return time.time() - t0
 
     def wait(self) -> list[dict]:
         """Until the last push is loaded everywhere; what each load reported."""
-
-        return ray.get(self.in_flight)
+        return self.trainers.watchdog.wait("weight sync", self.in_flight)
 
 
 def weight_sync_dir(cfg) -> str:

@@ -20,6 +20,7 @@ from areal_kit.errors import UserError
 from areal_kit.rl.workers import placement
 from areal_kit.rl.workers.rollout import RolloutWorker
 from areal_kit.rl.workers.trainer import TrainerWorker
+from areal_kit.rl.workers.watchdog import Watchdog
 
 
 def worker_env(cfg, cache_root: str) -> dict[str, str]:
@@ -48,14 +49,17 @@ class TrainerGroup:
     """The DeepSpeed ranks of the actor. Every call goes to every rank (their collectives need
     all of them) and returns rank 0's answer."""
 
-    def __init__(self, actors: list):
+    def __init__(self, actors: list, watchdog: Watchdog):
         self.actors = actors  # Ray actor handles, rank order
+        self.watchdog = watchdog
+        self.names = [f"trainer rank {r}" for r in range(len(actors))]
 
     def __len__(self) -> int:
         return len(self.actors)
 
     def _all(self, method: str, *args) -> list:
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        return self.watchdog.wait(method, self.watchdog.label(refs, self.names))
 
     def attention(self) -> str:
         return ray.get(self.actors[0].attention.remote())
@@ -76,50 +80,48 @@ class TrainerGroup:
 class EngineGroup:
     """The rollout engines: rows are split evenly over them; generations are queued, not waited."""
 
-    def __init__(self, actors: list, tp: int = 1):
+    def __init__(self, actors: list, watchdog: Watchdog, tp: int = 1):
         self.actors = actors  # Ray actor handles, one per engine
+        self.watchdog = watchdog
         self.tp = tp  # devices (vLLM workers) of each engine
+        self.names = [f"rollout engine {i}" for i in range(len(actors))]
 
     def __len__(self) -> int:
         return len(self.actors)
 
-    def _split(self, rows: list) -> list[tuple[object, list]]:
+    def _split(self, rows: list) -> list[tuple[int, list]]:
         n = len(self.actors)
-        return [(e, rows[i::n]) for i, e in enumerate(self.actors) if rows[i::n]]
+        return [(i, rows[i::n]) for i in range(n) if rows[i::n]]
 
     def submit(self, rows: list[dict]) -> list:
-        """Queue a generation of every row; the handles for collect()."""
-        return [e.generate.remote(chunk) for e, chunk in self._split(rows)]
+        """Queue a generation of every row; the handles to wait on with the watchdog."""
+        parts = self._split(rows)
+        refs = [self.actors[i].generate.remote(chunk) for i, chunk in parts]
+        return self.watchdog.label(refs, [self.names[i] for i, _ in parts])
 
     def evaluate(self, rows: list[dict], max_new_tokens: int) -> list[dict]:
-        parts = ray.get([e.evaluate.remote(chunk, max_new_tokens) for e, chunk in self._split(rows)])
-        return [r for part in parts for r in part]
-
-
-def collect(handles: list) -> list:
-    """What queued calls returned, raising the first error as soon as it is in: a plain ray.get of
-    a list can sit on a generation stuck behind a load whose sender already failed."""
-
-    left = list(handles)
-    while left:
-        done, left = ray.wait(left, num_returns=1)
-        ray.get(done)
-    return ray.get(handles)
+        parts = self._split(rows)
+        refs = [self.actors[i].evaluate.remote(chunk, max_new_tokens) for i, chunk in parts]
+        got = self.watchdog.wait("evaluate", self.watchdog.label(refs, [self.names[i] for i, _ in parts]))
+        return [r for part in got for r in part]
 
 
 @dataclass
 class Workers:
     trainers: TrainerGroup
     engines: EngineGroup
+    watchdog: Watchdog
     places: placement.Reservation | None = None
 
     def actors(self) -> list:
         return self.trainers.actors + self.engines.actors
 
     def setup(self) -> dict[str, float]:
-        """Start every trainer rank and engine in parallel; seconds the slowest of each took."""
-
-        t = ray.get([a.setup.remote() for a in self.actors()])
+        """Start every trainer rank and engine in parallel; seconds the slowest of each took. Then
+        every worker can dump its stacks for the watchdog."""
+        refs = [a.setup.remote() for a in self.actors()]
+        t = self.watchdog.wait("setup", self.watchdog.label(refs, self.trainers.names + self.engines.names))
+        self.watchdog.arm(dict(zip(self.trainers.names + self.engines.names, self.actors(), strict=True)))
         n = len(self.trainers)
         return {"trainer_setup": max(t[:n]), "rollout_setup": max(t[n:])}
 
@@ -149,7 +151,7 @@ def reserve(cfg, plat) -> placement.Reservation:
     return placement.reserve(placement.on_cluster(alloc, plat, cfg.spread_roles))
 
 
-def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
+def create(cfg, model_path: str, cache_root: str, total_steps: int, stacks_dir: str) -> Workers:
     plat = hardware.detect()
     alloc = parse_allocation(cfg.allocation_mode)
     places = reserve(cfg, plat)
@@ -168,7 +170,8 @@ def create(cfg, model_path: str, cache_root: str, total_steps: int) -> Workers:
     rollouts = [Rollout.options(**places.engine_options(i)).remote(
         i, model_path, cfg, _pinned(env, cores, range(n_train + i * tp, n_train + (i + 1) * tp)), tp)
         for i in range(alloc.gen.dp)]
-    return Workers(TrainerGroup(trainers), EngineGroup(rollouts, tp), places)
+    dog = Watchdog(cfg.exp_ctrl, stacks_dir)
+    return Workers(TrainerGroup(trainers, dog), EngineGroup(rollouts, dog, tp), dog, places)
 
 
 def core_sets(cfg, n_train: int, n_engines: int, tp: int) -> list[list[int]] | None:

@@ -22,11 +22,12 @@ from areal_kit.reward.scoring import RewardScorer
 from areal_kit.rl.validation import grade_row
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
 from areal_kit.rl.workers import workflow
+from areal_kit.rl.workers.watchdog import StackDumps
 
 EXTENSION = "areal_kit.rl.weight_sync.vllm_ext.WeightSyncExtension"
 
 
-class RolloutWorker(WeightReceiver):
+class RolloutWorker(WeightReceiver, StackDumps):
     def __init__(self, index: int, model_path: str, cfg, env: dict[str, str], tp: int = 1):
         os.environ.update(env)
         self.index, self.cfg, self.model_path, self.tp = index, cfg, model_path, tp

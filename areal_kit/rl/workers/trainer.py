@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import time
+from datetime import timedelta
 
 import ray
 import torch
@@ -29,6 +30,7 @@ from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.checkpoint.store import fsync_tree
 from areal_kit.rl.weight_sync import transport
 from areal_kit.rl.weight_sync.sender import WeightSender
+from areal_kit.rl.workers.watchdog import StackDumps
 
 
 def _pin_to_cores(cores: str) -> None:
@@ -41,7 +43,7 @@ def _pin_to_cores(cores: str) -> None:
     torch.set_num_threads(len(ids))
 
 
-class TrainerWorker(WeightSender):
+class TrainerWorker(WeightSender, StackDumps):
     def __init__(self, rank: int, world: int, cfg, model_path: str, env: dict[str, str],
                  total_steps: int = 1):
         os.environ.update(env)
@@ -63,7 +65,10 @@ class TrainerWorker(WeightSender):
         self.device = plat.torch_device
         self.outbox.exclusive = plat.exclusive_weight_send
         _pin_to_cores(os.environ.get("AREAL_CPU_CORES", ""))
-        deepspeed.init_distributed(dist_backend=plat.dist_backend)
+        # A collective that never completes (a rank stuck or gone) fails after the watchdog's
+        # longest bound instead of waiting forever.
+        deepspeed.init_distributed(dist_backend=plat.dist_backend,
+                                   timeout=timedelta(seconds=self.cfg.exp_ctrl.hang_first_s))
         torch.manual_seed(self.cfg.seed)
         dtype = self._dtype(plat)
         attn = varlen.choose(plat.device)

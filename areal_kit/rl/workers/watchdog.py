@@ -1,0 +1,144 @@
+"""Hangs become failures: every wait on a worker call has a bound, and a call past it ends the attempt.
+
+The loop waits on its workers through `Watchdog.wait(call, refs)`. The watchdog keeps how long
+each kind of call took ("train_step", "generate", "weight sync", ...). The first calls of a
+kind (compilation, caches) get `exp_ctrl.hang_first_s`; after them a call may take
+`exp_ctrl.hang_factor` times the median of its kind, and never less than `exp_ctrl.hang_floor_s`.
+A call past its bound is a hang: every worker writes its Python stacks (faulthandler, armed at
+start on SIGUSR1, so a thread stuck in C code dumps too) into `<log dir>/stacks/`, and
+`WorkerHang` names the worker, the call and how long it ran. The launcher stops the workers and
+relaunches from the last recover checkpoint, as after a worker death.
+
+    dog = Watchdog(cfg.exp_ctrl, stacks_dir)
+    dog.arm({"trainer rank 0": actor, ...})         # each worker's node and pid, for the dumps
+    dog.wait("train_step", dog.label(refs, names))  # ray.get under the bound
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import statistics
+import time
+from collections import defaultdict
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+STACK_SIGNAL = signal.SIGUSR1
+HISTORY = 50  # the median of the last calls of a kind: a run whose steps slow down keeps a fair bound
+
+
+class WorkerHang(RuntimeError):
+    """A worker call ran past its bound."""
+
+
+def arm(stacks_dir: str, name: str) -> tuple[str, int]:
+    """In a worker: dump every thread's Python stack to stacks_dir/<name>.txt on STACK_SIGNAL.
+    Returns (Ray node id, pid), where the driver sends the signal."""
+    os.makedirs(stacks_dir, exist_ok=True)
+    f = open(os.path.join(stacks_dir, name.replace(" ", "_") + ".txt"), "a")  # noqa: SIM115 - open for the process's life
+    faulthandler.register(STACK_SIGNAL, file=f, all_threads=True)
+    arm.file = f  # faulthandler keeps the fd, not the object: keep it from being closed
+    return ray.get_runtime_context().get_node_id(), os.getpid()
+
+
+class StackDumps:
+    """Mixin of the worker classes: the driver's watchdog arms each worker at start."""
+
+    def arm_stacks(self, stacks_dir: str, name: str) -> tuple[str, int]:
+        return arm(stacks_dir, name)
+
+
+@ray.remote(num_cpus=0)
+def _signal(pid: int) -> None:
+    os.kill(pid, STACK_SIGNAL)
+
+
+class Watchdog:
+    def __init__(self, exp_ctrl, stacks_dir: str):
+        self.factor = float(exp_ctrl.hang_factor)
+        self.floor_s = float(exp_ctrl.hang_floor_s)
+        self.first_s = float(exp_ctrl.hang_first_s)
+        self.warmup = int(exp_ctrl.hang_warmup)
+        self.stacks_dir = stacks_dir
+        self.took: dict[str, list[float]] = defaultdict(list)
+        self._names: dict[str, str] = {}  # object ref -> worker, for the calls being waited on
+        self._where: dict[str, tuple[str, int]] = {}  # worker -> (node id, pid)
+
+    # -- bounds ------------------------------------------------------------------------------
+    def bound(self, call: str) -> float | None:
+        """Seconds a call of this kind may take now; None when the watchdog is off."""
+        if self.factor <= 0:
+            return None
+        took = self.took[call]
+        if len(took) < self.warmup:
+            return self.first_s
+        return max(self.floor_s, self.factor * statistics.median(took[-HISTORY:]))
+
+    def record(self, call: str, seconds: float) -> None:
+        self.took[call].append(seconds)
+
+    # -- waiting -----------------------------------------------------------------------------
+    def label(self, refs: list, names: list[str]) -> list:
+        """Name the worker behind each ref (a hang report names it); returns refs."""
+        for r, n in zip(refs, names, strict=True):
+            self._names[r.hex()] = n
+        return refs
+
+    def wait(self, call: str, refs: list) -> list:
+        """What the calls returned, raising the first error as soon as it is in (a plain ray.get of
+        a list can sit on a call stuck behind one that already failed), or WorkerHang."""
+        t0 = time.monotonic()
+        bound = self.bound(call)
+        left = list(refs)
+        try:
+            while left:
+                timeout = None if bound is None else max(0.0, t0 + bound - time.monotonic())
+                done, left = ray.wait(left, num_returns=1, timeout=timeout)
+                if not done:
+                    self._hang(call, left, time.monotonic() - t0, bound)
+                ray.get(done)
+            self.record(call, time.monotonic() - t0)
+            return ray.get(refs)
+        finally:
+            for r in refs:
+                self._names.pop(r.hex(), None)
+
+    def _hang(self, call: str, pending: list, ran: float, bound: float) -> None:
+        who = sorted({self._names.get(r.hex(), "a worker") for r in pending})
+        took = self.took[call]
+        why = (f"{self.factor:g}x its median {statistics.median(took[-HISTORY:]):.1f}s, at least {self.floor_s:g}s"
+               if len(took) >= self.warmup else f"exp_ctrl.hang_first_s for its first {self.warmup} calls")
+        where = self.dump_stacks()
+        raise WorkerHang(f"{', '.join(who)} ran {call} for {ran:.0f}s, past its bound of {bound:.0f}s ({why}); "
+                         f"Python stacks of every worker in {where}")
+
+    # -- stacks ------------------------------------------------------------------------------
+    def arm(self, actors: dict[str, object]) -> None:
+        """Have each worker dump its stacks on our signal; remember where it runs."""
+        names = list(actors)
+        where = ray.get([a.arm_stacks.remote(self.stacks_dir, n) for n, a in actors.items()], timeout=120)
+        self._where.update(zip(names, where, strict=True))
+
+    def dump_stacks(self) -> str:
+        """Every armed worker's stacks, and the driver's own, into stacks_dir; returns it."""
+        os.makedirs(self.stacks_dir, exist_ok=True)
+        here = ray.get_runtime_context().get_node_id()
+        remote = []
+        for node, pid in self._where.values():
+            try:
+                if node == here:
+                    os.kill(pid, STACK_SIGNAL)
+                else:
+                    strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+                    remote.append(_signal.options(scheduling_strategy=strategy).remote(pid))
+            except ProcessLookupError:
+                pass  # that worker is gone already: nothing to dump
+        if remote:
+            ray.wait(remote, num_returns=len(remote), timeout=30)
+        with open(os.path.join(self.stacks_dir, "driver.txt"), "a") as f:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+        time.sleep(1.0)  # the workers write from their signal handlers; give them a moment
+        return self.stacks_dir
