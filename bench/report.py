@@ -35,7 +35,7 @@ class Result:
     title: str  # one line: what is compared with what
     figures: dict  # flat numbers (and short strings) that go to latest.json
     ratio: float | None = None  # ours / baseline, higher is better
-    target: float | None = None  # the ratio the issue asks for (None: reported, no target)
+    target: float | None = None  # the ratio we aim for (None: reported, no target)
     columns: list[str] = field(default_factory=list)  # the table: header ...
     rows: list[list] = field(default_factory=list)  # ... and one list per row
     notes: list[str] = field(default_factory=list)  # caveats worth a reader's time

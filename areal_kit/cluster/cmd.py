@@ -16,12 +16,13 @@ from __future__ import annotations
 import functools
 import os
 import re
+import secrets as secrets_mod
 from pathlib import Path
 
 import typer
 from typer import Option as _O  # every flag below is one
 
-from areal_kit.cluster.options import STOP_GRACE
+from areal_kit.cluster.options import STOP_GRACE, Cluster, SetupOptions, load_state, save_state, state_dir
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec, load_cluster_spec
 from areal_kit.errors import UserError
 
@@ -53,10 +54,6 @@ def _spec(hosts, hostnames, inventory, username, ssh_port, key, storage, name, n
 def _ray_token(cluster_name: str) -> str:
     """One Ray auth token per cluster, kept (0600) next to the saved state so re-runs and
     `down` reuse it; it reaches the hosts only through the secrets file."""
-    import secrets as secrets_mod
-
-    from areal_kit.cluster.options import state_dir
-
     p = state_dir() / "clusters" / f"{cluster_name}.ray_token"
     if not p.exists():
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +64,6 @@ def _ray_token(cluster_name: str) -> str:
 
 
 def _build(opts, copts, secrets: dict[str, str]):
-    from areal_kit.cluster.options import Cluster
     from areal_kit.cluster.parallel import HostState
     from areal_kit.cluster.remote import DryRemote, HostLog, Remote, check_key_file
 
@@ -149,7 +145,6 @@ def setup(
     """Provision bare hosts over SSH into a Ray cluster (containers or host), optionally start training."""
     from areal_kit.cluster import data as data_step
     from areal_kit.cluster import ray_cluster, steps
-    from areal_kit.cluster.options import SetupOptions, save_state
     from areal_kit.cluster.parallel import Step, make_console, print_dry_run, run_steps
     from areal_kit.cluster.remote import ConnectOptions
 
@@ -197,8 +192,6 @@ def setup(
 
 
 def _saved_or_given(name, hosts, hostnames, inventory, username, ssh_port, key, runtime, python):
-    from areal_kit.cluster.options import SetupOptions, load_state
-
     if hosts or hostnames or inventory:
         spec = _spec(hosts, hostnames, inventory, username, ssh_port, key, None, name, None)
         return SetupOptions(spec=spec, runtime=runtime or "docker", python=python or "python3")

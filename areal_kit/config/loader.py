@@ -21,6 +21,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from areal_kit.config.cluster_spec import load_cluster_spec
 from areal_kit.config.schema import ConfigError, TrainConfig
 
 # train_scripts/ ships inside the package (pyproject.toml maps it to areal_kit.train_scripts), so a
@@ -150,8 +151,6 @@ def _load_chain(path: Path, depth: int = 0) -> list:
 def finalize(cfg: TrainConfig) -> TrainConfig:
     """Check the config against its cluster spec; fill fileroot from the spec or ./areal_runs."""
     if cfg.cluster:  # validated even when fileroot is overridden: a broken spec never passes
-        from areal_kit.config.cluster_spec import load_cluster_spec
-
         spec = load_cluster_spec(cfg.cluster)
         cfg.fileroot = cfg.fileroot or spec.fileroot
         # The spec's GPU count (0 on CPU clusters: not checked) and host count must match.

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 
 from areal_kit.data import sources
+from areal_kit.data.toy_task import toy_rows
 from areal_kit.errors import UserError
 
 
@@ -19,8 +20,6 @@ def load_rows(cfg) -> list[dict]:
     """Rows of cfg.dataset (TrainConfig), before tokenization."""
     d = cfg.dataset
     if d.type == "toy":
-        from areal_kit.data.toy_task import toy_rows
-
         return toy_rows(d.toy_size, seed=cfg.seed)
 
     return sources.load(d)

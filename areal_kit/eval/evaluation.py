@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from areal_kit import durable
 from areal_kit.console import make_console
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import RunFailed, UserError, describe
@@ -128,10 +128,7 @@ def load_records(path: Path) -> dict[str, dict]:
 
 
 def _append(path: Path, records: list[dict]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        f.flush()
-        os.fsync(f.fileno())
+    durable.append_lines(path, [json.dumps(r, ensure_ascii=False) + "\n" for r in records])
 
 
 def grade_completion(text: str, references: list[str], timeout_s: float = 5.0) -> tuple[str | None, bool]:

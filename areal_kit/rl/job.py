@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from areal_kit import logs
 from areal_kit.data.prompts import PromptLoader, load_rows, tokenize_rows
 from areal_kit.data.sources import split_eval
+from areal_kit.data.tiny_model import TinySpec, build
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import UserError
 from areal_kit.reward.plugins import reward_specs
@@ -55,8 +56,6 @@ class Job:
 def resolve_model(cfg) -> str:
     path = cfg.actor.path
     if path.startswith("tiny://"):
-        from areal_kit.data.tiny_model import TinySpec, build
-
         kind = path.removeprefix("tiny://") or "toy"
         return build(os.path.join(cfg.fileroot, "models", f"tiny-{kind}"), TinySpec(kind=kind, seed=cfg.seed))
     if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):

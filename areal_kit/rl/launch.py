@@ -22,6 +22,8 @@ import signal
 import sys
 import time
 
+import ray.exceptions as rex
+
 from areal_kit import logs
 from areal_kit.errors import RunFailed, UserError, describe
 from areal_kit.interrupts import Interrupted, interruption, raise_on_sigterm, sigterm_interrupts
@@ -212,10 +214,6 @@ def worker_died(e: BaseException) -> bool:
     It counts only when its cause is itself a death, e.g. an actor method whose ray.get met a dead
     actor. `raise ... from` chains are followed too, so wrapping a death does not hide it.
     """
-    try:
-        import ray.exceptions as rex
-    except ImportError:
-        return False
     deaths = (rex.RayActorError, rex.WorkerCrashedError, rex.ObjectLostError, rex.NodeDiedError,
               rex.LocalRayletDiedError, WorkerDied, WorkerHang)
     seen = set()

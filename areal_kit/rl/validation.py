@@ -3,7 +3,7 @@
 The split is dataset.eval_path, or dataset.eval_size prompts held out of the training data
 (data/sources.split_eval). The rollout engines answer each prompt once at temperature 0 with
 the weights just trained, and each answer is graded by the grader of `areal-kit eval`
-(eval/runner.grade_completion) against the row's reference (`answer`, or any of AReaL's
+(eval/evaluation.grade_completion) against the row's reference (`answer`, or any of AReaL's
 `solutions`). One log line a evaluation, and metrics keys eval/* in that step's row:
 
     Eval at global step 20: pass@1 0.4219 (27/64 prompts, greedy, 512 max tokens) in 3.1s.

@@ -24,6 +24,11 @@ import json, ray
 ray.init(address="auto", logging_level="ERROR")
 print(json.dumps(sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])))
 """
+RAY_NODE_IDS = """
+import json, ray
+ray.init(address="auto", logging_level="ERROR")
+print(json.dumps(sorted([n["NodeManagerAddress"], n["NodeID"]] for n in ray.nodes() if n["Alive"])))
+"""
 RAY_ACTORS = """
 import json, ray
 ray.init(address="auto", logging_level="ERROR")
@@ -194,6 +199,9 @@ def test_replacing_only_worker_containers_stops_training_first(docker_cluster, t
     The workers' containers are made out of date by hand: the very `docker run` setup's dry run
     shows, with another config label, as after a change that touches workers only. Training then
     starts by setup's own command, run by hand, since setup would first bring the workers up to date."""
+    from image import venv_mounts
+
+    venv, _ = venv_mounts()
     kit, _ = docker_cluster
     shutil.rmtree(testbed.storage / "ray" / "experiments", ignore_errors=True)  # storage outlives a session
     log = testbed.storage / "ray" / "experiments" / "logs" / "areal-tiny.log"
@@ -204,16 +212,24 @@ def test_replacing_only_worker_containers_stops_training_first(docker_cluster, t
     train = [cmd for cmd in cmds if cmd.startswith("docker exec -d ")]
     assert len(workers) == 2, dry.stdout
     assert len(train) == 1, dry.stdout
+    old_ids = {node_id for _, node_id in json.loads(head_python(testbed, RAY_NODE_IDS))}
     for i, cmd in zip((2, 3), workers):
         digest = re.search(r"areal-kit[.]config=(\w+)", cmd).group(1)
         label = testbed.ssh(i, 'docker inspect --format \'{{index .Config.Labels "areal-kit.config"}}\' '
                                'areal-areal-worker').stdout.strip()
         assert label == digest, "the dry run shows the container setup started"
-        testbed.ssh(i, f"docker rm -f areal-areal-worker && {cmd.replace(digest, 'out-of-date')}")
+        # Leave Ray first, as setup does: a raylet killed with its container stays an alive node
+        # until its heartbeats are missed, and the training started below could be placed on it.
+        testbed.ssh(i, f"docker exec areal-areal-worker {venv}/bin/python -m ray.scripts.scripts stop; "
+                       f"docker rm -f areal-areal-worker && {cmd.replace(digest, 'out-of-date')}")
     for _ in range(60):
-        if len(json.loads(head_python(testbed, RAY_NODES))) == 3:
-            break
+        alive = json.loads(head_python(testbed, RAY_NODE_IDS))
+        workers_now = [node_id for addr, node_id in alive if addr != testbed.ips[0]]
+        if sorted(addr for addr, _ in alive) == sorted(testbed.ips) and not old_ids & set(workers_now):
+            break  # each node once, and the workers are the new raylets
         time.sleep(2)
+    else:
+        raise AssertionError("the replaced workers did not rejoin Ray")
     testbed.ssh(1, train[0])
     wait_for(log, "(global step 2) finishes", 600)
     rollout_ips = {ip for cls, ip in json.loads(head_python(testbed, RAY_ACTORS)) if "Rollout" in (cls or "")}

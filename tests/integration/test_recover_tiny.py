@@ -27,7 +27,7 @@ import pytest
 from areal_kit import logs as L
 
 EXE = os.path.join(os.path.dirname(sys.executable), "areal-kit")
-# k=0: the determinism the issue asks for is that of synchronous runs (with k>0 a resumed run
+# k=0: the determinism promised is that of synchronous runs (with k>0 a resumed run
 # regenerates its first batch with the checkpoint's weights, not the older ones the killed run used).
 ARGS = ["exp_ctrl.total_train_steps=4", "exp_ctrl.ckpt_freq_secs=0", "ppo.max_head_offpolicyness=0"]
 # Determinism tolerance. task_reward is a count of correct answers over 256 samples: one token

@@ -1,4 +1,4 @@
-"""ZeRO-3's full state, gathered a group of parameters at a time (rl/trainer.gathered_state): real
+"""ZeRO-3's full state, gathered a group of parameters at a time (rl/workers/trainer.gathered_state): real
 DeepSpeed (CPU accelerator, gloo, one rank) in a child process, on a tiny Qwen2 with tied
 embeddings. With groups of 4 KB (dozens of gathers) and with the default (one), the result must
 be the model's own state dict, tensor for tensor, the tied head sharing the embedding's copy.

@@ -31,6 +31,7 @@ import time
 
 from ray.exceptions import RayTaskError
 
+from areal_kit.durable import fsync_dir, fsync_tree, write_json
 from areal_kit.errors import UserError
 from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.checkpoint.store import (
@@ -39,14 +40,11 @@ from areal_kit.rl.checkpoint.store import (
     STATE_FILE,
     TMP_PREFIX,
     Checkpoint,
-    fsync_dir,
-    fsync_tree,
     last_metrics_row,
     latest,
     list_checkpoints,
     remove_tmp,
     tree_bytes,
-    write_json,
 )
 from areal_kit.rl.job import RunState
 

@@ -28,30 +28,6 @@ class Checkpoint:
         return int(self.state["global_step"])
 
 
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: str) -> None:
-    """fsync every file, then every folder bottom-up (a rename is only durable once its folder is)."""
-    for d, _, files in os.walk(root, topdown=False):
-        for f in files:
-            with open(os.path.join(d, f), "rb") as fh:
-                os.fsync(fh.fileno())
-        fsync_dir(d)
-
-
-def write_json(path: str, obj: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def tree_bytes(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
 

@@ -23,11 +23,11 @@ from transformers import AutoModelForCausalLM
 
 from areal_kit import hardware
 from areal_kit.data.tokenizer import copy_tokenizer_files
+from areal_kit.durable import fsync_tree
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.algo.packing import Packed, min_bins, pack, partition
 from areal_kit.rl.checkpoint import rng
-from areal_kit.rl.checkpoint.store import fsync_tree
 from areal_kit.rl.weight_sync import transport
 from areal_kit.rl.weight_sync.sender import WeightSender
 from areal_kit.rl.workers.watchdog import StackDumps
