@@ -81,15 +81,24 @@ def cpu_env(cache_root: str | None = None, threads: int | None = None) -> dict[s
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{ncpu - 1}"),
         "DS_ACCELERATOR": "cpu",
         "TOKENIZERS_PARALLELISM": "false",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "VLLM_NO_USAGE_STATS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
+        **offline_env(),
     }
-    env["VLLM_CACHE_ROOT"] = vllm_cache_root()
     if cache_root:
         env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(cache_root, "torch_extensions"))
     return env
+
+
+def offline_env() -> dict[str, str]:
+    """What every worker gets on any device: models come from disk, never from the hub (an
+    air-gapped cluster must not wait on it), no usage reports, and vLLM's compile and model-class
+    caches in one folder that outlives the run."""
+    return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
+            "VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": vllm_cache_root()}
+
+
+def worker_env(cache_root: str | None = None) -> dict[str, str]:
+    """Environment of the processes that run vLLM / DeepSpeed on this machine's device."""
+    return cpu_env(cache_root) if detect().is_cpu else offline_env()
 
 
 def vllm_cache_root() -> str:

@@ -84,7 +84,7 @@ def ray_start_args(c: Cluster, h: HostState) -> list[str]:
 
 def host_env(c: Cluster, h: HostState) -> str:
     """Prefix for host-runtime commands: Ray env, plus the secrets file when there is one."""
-    pre = env_prefix(c.opts.ray_env())
+    pre = env_prefix(runtime_env(c))
     if c.secrets:
         pre = f"set -a; . {shlex.quote(c.opts.secrets_path(h.remote.user))}; set +a; " + pre
     return pre
@@ -93,9 +93,10 @@ def host_env(c: Cluster, h: HostState) -> str:
 INFINIBAND = "/dev/infiniband"
 
 
-def container_env(c: Cluster) -> dict[str, str]:
-    """Environment of a Ray container, so of every worker it runs: fixed settings, then the cluster
-    spec's NCCL_* / GLOO_* ones, then `--env` (later wins)."""
+def runtime_env(c: Cluster) -> dict[str, str]:
+    """Environment of every Ray process on a host (the container's, or the host runtime's command
+    prefix), so of every worker it runs: fixed settings, then the cluster spec's NCCL_* / GLOO_*
+    ones, then `--env` (later wins)."""
     o = c.opts
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            # The training's cache folder (its fileroot's), so vLLM compiles a model once per cluster.
@@ -118,7 +119,7 @@ def docker_run_args(c: Cluster, h: HostState) -> list[str]:
         args += ["--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
     if c.secrets:
         args += ["--env-file", o.secrets_path(h.remote.user)]
-    for k, v in container_env(c).items():
+    for k, v in runtime_env(c).items():
         args += ["-e", f"{k}={v}"]
     args += o.volume_args()
     args += [o.image, *ray_start_args(c, h), "--block"]

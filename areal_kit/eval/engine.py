@@ -147,8 +147,7 @@ def open_engines(model_path: str, max_model_len: int, seed: int = 0, tp: int = 1
         return LocalEngine(model_path, max_model_len, seed, tp)
 
     if not ray.is_initialized():
-        env = plat.cpu_env(os.environ.get("AREAL_CACHE_ROOT")) if not use_gpu else {}
-        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False,
-                 runtime_env={"env_vars": env} if env else None)
+        env = plat.worker_env(os.environ.get("AREAL_CACHE_ROOT"))
+        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, runtime_env={"env_vars": env})
         sigterm_interrupts()  # ray.init put in its own handler, which aborts eval (exit 134, a C++ stack dump)
     return RayEngines(model_path, max_model_len, n, seed, tp, use_gpu)

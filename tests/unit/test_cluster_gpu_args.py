@@ -9,6 +9,7 @@ the InfiniBand probe runs for real on this machine's shell.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 
 import pytest
@@ -16,7 +17,8 @@ import pytest
 from areal_kit.cli import main
 from areal_kit.cluster.options import Cluster, SetupOptions
 from areal_kit.cluster.parallel import HostState
-from areal_kit.cluster.ray_cluster import docker_run_args, probe_infiniband
+from areal_kit import hardware
+from areal_kit.cluster.ray_cluster import docker_run_args, host_env, probe_infiniband
 from areal_kit.config.cluster_spec import load_cluster_spec
 from areal_kit.errors import UserError
 
@@ -101,6 +103,32 @@ def test_containers_never_try_the_hub_and_cache_compiles_on_storage(tmp_path):
     assert env["TRANSFORMERS_OFFLINE"] == "1"
     # the training's own cache folder under fileroot, on the shared storage every node mounts
     assert env["VLLM_CACHE_ROOT"] == "/mnt/nas/ray/experiments/cache/vllm"
+
+
+def test_host_runtime_gets_the_same_environment_as_the_containers(tmp_path):
+    """--runtime host starts Ray with a command prefix instead of `docker run -e`: the hub off, the
+    cache on storage and the spec's NCCL settings must reach those Ray processes all the same."""
+    c = cluster(tmp_path, runtime="host")
+    prefix = dict(w.split("=", 1) for w in shlex.split(host_env(c, c.hosts[1])) if "=" in w)
+    assert prefix == env_of(docker_run_args(c, c.hosts[1]))
+    assert prefix["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert prefix["HF_HUB_OFFLINE"] == "1"
+
+
+def test_gpu_workers_started_outside_setup_never_try_the_hub(monkeypatch, tmp_path):
+    """`areal-kit train` or `eval` on a GPU machine set up by hand: their Ray workers get the
+    offline settings and vLLM's cache folder too (on CPU as well, beside the CPU settings)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.setenv("AREAL_DEVICE", "cuda")
+    gpu = hardware.worker_env()
+    assert gpu["HF_HUB_OFFLINE"] == "1"
+    assert gpu["VLLM_CACHE_ROOT"] == str(tmp_path / "areal-kit" / "vllm")
+    assert "DS_ACCELERATOR" not in gpu, "a GPU worker must not be told to use DeepSpeed's CPU accelerator"
+    monkeypatch.setenv("AREAL_DEVICE", "cpu")
+    cpu = hardware.worker_env()
+    assert cpu["DS_ACCELERATOR"] == "cpu"
+    assert {k: cpu[k] for k in gpu} == gpu
 
 
 def test_other_options_change_the_container_digest(tmp_path):

@@ -24,7 +24,7 @@ from areal_kit.rl.workers.watchdog import Watchdog
 
 
 def worker_env(cfg, cache_root: str) -> dict[str, str]:
-    env = hardware.cpu_env(cache_root) if hardware.detect().is_cpu else {}
+    env = hardware.worker_env(cache_root)
     env.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
     env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
     env["PYTHONHASHSEED"] = str(cfg.seed)
