@@ -14,10 +14,10 @@ import subprocess
 
 import pytest
 
+from areal_kit import hardware
 from areal_kit.cli import main
 from areal_kit.cluster.options import Cluster, SetupOptions
 from areal_kit.cluster.parallel import HostState
-from areal_kit import hardware
 from areal_kit.cluster.ray_cluster import docker_run_args, host_env, probe_infiniband
 from areal_kit.config.cluster_spec import load_cluster_spec
 from areal_kit.errors import UserError
