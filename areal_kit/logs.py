@@ -122,15 +122,13 @@ class RunLogger:
             except ImportError:  # tensorboard is optional at run time
                 self.tb = None
         self.wandb = None
-        if wandb_project:
-            import wandb  # the key comes from WANDB_API_KEY; never logged
+        self.wandb_project, self.run_name = wandb_project, run_name
 
-            self.wandb = wandb.init(project=wandb_project, name=run_name, dir=paths.log_dir)
-
-    def resume_at(self, global_step: int) -> None:
+    def resume_at(self, global_step: int, wandb_id: str = "") -> str:
         """The run goes on after global_step (0: from the start): steps after it will be logged
         again, so their metrics.jsonl rows go (rewritten atomically) and tensorboard drops their
-        events, leaving every step once however often the run resumed."""
+        events, leaving every step once however often the run resumed. wandb continues the run
+        wandb_id (a recover checkpoint keeps it) or starts one; returns its id ("" without wandb)."""
         self.metrics.close()
         keep_steps_through(self.paths.metrics_file, global_step)
         keep_steps_through(self.paths.samples_file, global_step)
@@ -139,6 +137,14 @@ class RunLogger:
             log_dir = self.tb.log_dir
             self.tb.close()
             self.tb = type(self.tb)(log_dir, purge_step=global_step + 1)
+        if self.wandb_project and self.wandb is None:
+            import wandb  # the key comes from WANDB_API_KEY; never logged
+
+            # resume="allow": the same run goes on after a resume (wandb itself skips steps it
+            # already has, so a step redone after a kill is not logged twice).
+            self.wandb = wandb.init(project=self.wandb_project, name=self.run_name, dir=self.paths.log_dir,
+                                    id=wandb_id or None, resume="allow")
+        return self.wandb.id if self.wandb is not None else ""
 
     def info(self, msg: str) -> None:
         self.log.info(msg)

@@ -291,6 +291,9 @@ class ExpCtrl:
         "Watchdog: the bound of the first hang_warmup calls of each kind (compilation, caches), and "
         "the timeout of the trainers' collectives.")
     hang_warmup: int = opt(3, "Watchdog: calls of a kind before its median sets the bound.")
+    hang_ceiling_s: float = opt(0.0,
+        "Watchdog: no call after the warm-up may run longer than this, whatever the median of its "
+        "kind (0 = no ceiling: generations that grow with the answers keep a fair bound).")
     on_sigterm: str = opt("checkpoint",
         "SIGTERM (a scheduler's stop, `kill`) during training. checkpoint: finish the "
         "step, write its recover checkpoint, stop (a second SIGTERM stops at once); give it the grace "
@@ -303,7 +306,7 @@ class ExpCtrl:
         for name in ("total_train_steps", "save_freq_epochs", "save_freq_steps", "save_freq_secs",
                      "keep_last_n", "ckpt_freq_epochs", "ckpt_freq_steps", "ckpt_freq_secs", "eval_every",
                      "eval_max_new_tokens", "stop_after_failed_reward_steps", "dump_samples_every",
-                     "dump_samples_groups", "hang_factor", "hang_warmup"):
+                     "dump_samples_groups", "hang_factor", "hang_warmup", "hang_ceiling_s"):
             check_positive(f"exp_ctrl.{name}", getattr(self, name), allow_zero=True)
         for name in ("hang_floor_s", "hang_first_s"):
             check_positive(f"exp_ctrl.{name}", getattr(self, name))

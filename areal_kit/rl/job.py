@@ -32,6 +32,7 @@ class RunState:
     last_save_time: float = 0.0
     last_ckpt_time: float = 0.0
     recover_path: str = ""  # the recover checkpoint this state was read from (checkpoint/recover.py)
+    wandb_id: str = ""  # the wandb run the metrics go to: a resumed run continues it
 
 
 @dataclass

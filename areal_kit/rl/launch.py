@@ -29,7 +29,7 @@ from areal_kit.errors import RunFailed, UserError, describe
 from areal_kit.interrupts import Interrupted, interruption, raise_on_sigterm, sigterm_interrupts
 from areal_kit.rl.checkpoint import recover
 from areal_kit.rl.controller import Controller
-from areal_kit.rl.job import prepare
+from areal_kit.rl.job import RunState, prepare
 from areal_kit.rl.workers.watchdog import WorkerHang
 
 
@@ -155,13 +155,15 @@ class SigtermStop:
 def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool) -> int:
     """One launch: start the workers (restored from the recover checkpoint if any), train to the end."""
     state = recover.resume_state(job, log, fresh)
-    log.resume_at(state.global_step if state is not None else 0)
+    resumed = state is not None
+    state = state or RunState()
+    state.wandb_id = log.resume_at(state.global_step, state.wandb_id)
     ctrl = Controller(job, log, state, progress, stop_request=lambda: sigterm.pending)
     try:
         ctrl.start_ray()
         sigterm.install()
         ctrl.start()
-        if state is not None:
+        if resumed:
             ctrl.restore()
         sigterm.armed = True
         try:

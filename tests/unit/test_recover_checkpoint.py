@@ -216,3 +216,38 @@ def test_every_seconds_counts_from_the_last_time():
     assert not every.due(5, seconds_since=599.0)
     assert every.due(5, seconds_since=600.0)
     assert not Every().due(4, 0, True, 10_000.0), "a schedule with every field 0 is never due"
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
+    """wandb (offline, as without a network) keeps one run across a kill and a resume: the run id
+    is written into the recover checkpoint and the resumed logger continues that run."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    job = make_job(tmp_path, "wandb_project=areal-test", "tensorboard=false")
+    first = logs.RunLogger(job.paths, tensorboard=False, wandb_project="areal-test", run_name="tiny/run0",
+                           console=False)
+    state = RunState(global_step=2, version=2, wandb_id=first.resume_at(0))
+    for g in (1, 2, 3):  # step 3 is lost with the kill below
+        first.step(g, {"task_reward": 0.1 * g})
+    dump(_with_state(job, state))
+    first.close()
+
+    resumed = recover.resume_state(make_job(tmp_path, "wandb_project=areal-test", "tensorboard=false"), Log(),
+                                   fresh=False)
+    assert resumed.wandb_id == state.wandb_id != ""
+    again = logs.RunLogger(job.paths, tensorboard=False, wandb_project="areal-test", run_name="tiny/run0",
+                           console=False)
+    assert again.resume_at(resumed.global_step, resumed.wandb_id) == state.wandb_id
+    again.step(3, {"task_reward": 0.3})
+    again.close()
+    runs = sorted(p.name for p in Path(job.paths.log_dir, "wandb").glob("offline-run-*"))
+    assert len(runs) == 2, runs
+    assert all(name.endswith(state.wandb_id) for name in runs), runs
+
+
+def _with_state(job, state: RunState) -> Ctrl:
+    c = Ctrl(job, state.global_step)
+    c.state = state
+    return c

@@ -35,6 +35,17 @@ def test_the_median_follows_the_recent_calls():
     assert d.bound("generate") == 300
 
 
+def test_a_ceiling_caps_the_bound_after_the_warm_up_only():
+    d = dog(hang_warmup=1, hang_ceiling_s=120)
+    assert d.bound("generate") == 900  # the first calls keep hang_first_s
+    d.record("generate", 30.0)
+    assert d.bound("generate") == 120  # 10 x 30 s, capped
+    assert dog(hang_warmup=1).bound("generate") == 900
+    d = dog(hang_warmup=1)
+    d.record("generate", 30.0)
+    assert d.bound("generate") == 300  # no ceiling by default
+
+
 def test_off():
     assert dog(hang_factor=0).bound("train_step") is None
 

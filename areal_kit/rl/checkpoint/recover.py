@@ -175,7 +175,8 @@ def resume_state(job, log, fresh: bool):
     rng.load(os.path.join(ck.path, DRIVER_RNG))
     s = ck.state
     state = RunState(global_step=g, version=s["version"], loader=s["loader"], timer=s["timer"],
-                     last_save_time=0.0, last_ckpt_time=time.time(), recover_path=ck.path)
+                     last_save_time=0.0, last_ckpt_time=time.time(), recover_path=ck.path,
+                     wandb_id=s.get("wandb_id", ""))
     loader = s["loader"]
     log.info(f"Will recover from: {ck.path} (global step {g}, epoch {loader['epoch'] + 1} step "
              f"{loader['position']}, written {_ago(s.get('time'))}); resuming at global step "
@@ -271,6 +272,7 @@ def _state_record(job, state, timer_state: dict) -> dict:
         "metrics": {"last_row": last_metrics_row(job.paths.metrics_file, g)},
         "total_steps": job.total_steps, "signature": signature(job),
         "experiment": f"{cfg.experiment_name}/{cfg.trial_name}",
+        "wandb_id": state.wandb_id,
     }
 
 

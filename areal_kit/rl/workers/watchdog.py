@@ -3,7 +3,8 @@
 The loop waits on its workers through `Watchdog.wait(call, refs)`. The watchdog keeps how long
 each kind of call took ("train_step", "generate", "weight sync", ...). The first calls of a
 kind (compilation, caches) get `exp_ctrl.hang_first_s`; after them a call may take
-`exp_ctrl.hang_factor` times the median of its kind, and never less than `exp_ctrl.hang_floor_s`.
+`exp_ctrl.hang_factor` times the median of its kind, never less than `exp_ctrl.hang_floor_s` nor
+more than `exp_ctrl.hang_ceiling_s` (when set).
 A call past its bound is a hang: every worker writes its Python stacks (faulthandler, armed at
 start on SIGUSR1, so a thread stuck in C code dumps too) into `<log dir>/stacks/`, and
 `WorkerHang` names the worker, the call and how long it ran. The launcher stops the workers and
@@ -62,6 +63,7 @@ class Watchdog:
         self.floor_s = float(exp_ctrl.hang_floor_s)
         self.first_s = float(exp_ctrl.hang_first_s)
         self.warmup = int(exp_ctrl.hang_warmup)
+        self.ceiling_s = float(exp_ctrl.hang_ceiling_s) or float("inf")
         self.stacks_dir = stacks_dir
         self.took: dict[str, list[float]] = defaultdict(list)
         self._names: dict[str, str] = {}  # object ref -> worker, for the calls being waited on
@@ -75,7 +77,7 @@ class Watchdog:
         took = self.took[call]
         if len(took) < self.warmup:
             return self.first_s
-        return max(self.floor_s, self.factor * statistics.median(took[-HISTORY:]))
+        return min(self.ceiling_s, max(self.floor_s, self.factor * statistics.median(took[-HISTORY:])))
 
     def record(self, call: str, seconds: float) -> None:
         self.took[call].append(seconds)
