@@ -12,6 +12,7 @@ import ray.exceptions as rex
 from areal_kit.errors import RunFailed, UserError
 from areal_kit.interrupts import Interrupted
 from areal_kit.rl import launch as L
+from areal_kit.rl.job import RunState
 
 
 class Log:
@@ -27,8 +28,9 @@ class Log:
     def warning(self, m):
         self.warnings.append(m)
 
-    def resume_at(self, global_step):
+    def resume_at(self, global_step, wandb_id=""):
         self.resumed_at = global_step
+        return wandb_id
 
     def close(self):
         pass
@@ -198,7 +200,7 @@ def fake_run(monkeypatch, tmp_path):
 
     def resume_state(job, log, fresh):
         fresh_flags.append(fresh)
-        return SimpleNamespace(global_step=0)
+        return RunState()  # what a checkpoint of step 0 would give
 
     monkeypatch.setattr(L, "prepare", lambda cfg: job)
     monkeypatch.setattr(L, "Controller", FakeController)
