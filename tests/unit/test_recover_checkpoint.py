@@ -129,17 +129,37 @@ def test_a_failed_write_is_one_line_and_keeps_the_previous(tmp_path):
 
 def test_mismatch_names_every_difference_and_how_to_proceed(tmp_path):
     dump(Ctrl(make_job(tmp_path), 2))
-    job = make_job(tmp_path, "ppo.group_size=4", "dataset.train_bs_n_seqs=16", "n_nodes=2",
+    job = make_job(tmp_path, "ppo.group_size=4", "dataset.train_bs_n_seqs=16", "actor.zero_stage=2", "n_nodes=2",
                    "allocation_mode=vllm.d3p1m1+d1p1m1")
     with pytest.raises(UserError) as e:
         recover.resume_state(job, Log(), fresh=False)
     msg = str(e.value)
     assert "\n" not in msg
-    for part in ("ppo.group_size was 8, now 4", "dataset.train_bs_n_seqs was 32, now 16", "n_nodes was 1, now 2",
-                 "allocation_mode was 'vllm.d1p1m1+d1p1m1', now 'vllm.d3p1m1+d1p1m1'", "--fresh",
-                 "ppo.group_size=8", "dataset.train_bs_n_seqs=32", "n_nodes=1", "allocation_mode=vllm.d1p1m1+d1p1m1"):
+    for part in ("ppo.group_size was 8, now 4", "dataset.train_bs_n_seqs was 32, now 16", "actor.zero_stage was 0, now 2",
+                 "--fresh", "ppo.group_size=8", "dataset.train_bs_n_seqs=32", "actor.zero_stage=0"):
         assert part in msg, part
     assert "lr" not in msg  # settings that may change on resume are not differences
+    assert "allocation_mode" not in msg, "a layout change is not a difference"
+    assert "n_nodes" not in msg
+
+
+def test_a_layout_change_resumes_and_says_so(tmp_path):
+    """Fewer or more trainer ranks and engines (a node lost, or added): the checkpoint resumes, and
+    the log names both layouts; the trainers' side (the universal format) is tested on real ranks
+    in tests/integration/test_elastic_resume.py."""
+    dump(Ctrl(make_job(tmp_path, "n_gpus_per_node=5", "allocation_mode=vllm.d2p1m1+d3p1m1"), 2))
+    log = Log()
+    state = recover.resume_state(make_job(tmp_path, "n_gpus_per_node=2"), log, fresh=False)
+    assert state.global_step == 2
+    [line] = [m for m in log.lines if m.startswith("Resuming on")]
+    assert line == ("Resuming on 1 trainer rank and 1 rollout engine (vllm.d1p1m1+d1p1m1), written by 3 trainer "
+                    "ranks and 2 rollout engines (vllm.d2p1m1+d3p1m1): the batch and the optimizer state carry over.")
+    same = tmp_path / "same"
+    same.mkdir()
+    dump(Ctrl(make_job(same), 2))
+    log = Log()
+    recover.resume_state(make_job(same), log, fresh=False)
+    assert not [m for m in log.lines if m.startswith("Resuming on")], "the same layout says nothing"
 
 
 def test_a_different_model_is_a_mismatch(tmp_path):

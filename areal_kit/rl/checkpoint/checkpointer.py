@@ -63,7 +63,9 @@ class Checkpointer:
         read from; the engines start from the base model, so they get its weights before sampling."""
         t0 = time.time()
         path = self.state.recover_path
-        version = recover.restore(path, self.trainers)
-        weights.push(version, wait_engines=True)
-        self.log.info(f"Restored trainer state (model, optimizer, LR scheduler, RNG) from {path}/engine and synced "
-                      f"weight version {version} to the rollout engines in {time.time() - t0:.1f}s.")
+        got = recover.restore(path, self.trainers)
+        weights.push(got["version"], wait_engines=True)
+        how = (f" (written by {got['ranks_written']} ranks: DeepSpeed's universal format, loaded in "
+               f"{got['load_time']:.1f}s)" if got["universal"] else "")
+        self.log.info(f"Restored trainer state (model, optimizer, LR scheduler, RNG) from {path}/engine{how} and "
+                      f"synced weight version {got['version']} to the rollout engines in {time.time() - t0:.1f}s.")

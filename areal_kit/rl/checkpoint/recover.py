@@ -31,6 +31,7 @@ import time
 
 from ray.exceptions import RayTaskError
 
+from areal_kit.config.alloc import parse_allocation
 from areal_kit.durable import fsync_dir, fsync_tree, write_json
 from areal_kit.errors import UserError
 from areal_kit.rl.checkpoint import rng
@@ -52,15 +53,16 @@ DRIVER_RNG = "rng_driver.pt"
 
 # ------------------------------------------------------------------ signature
 # What must be equal for a checkpoint to continue this run, with the override that sets it
-# (None: not a single setting). Learning rate, steps, save frequency may change on resume.
+# (None: not a single setting). Learning rate, steps, save frequency may change on resume, and so
+# may the layout (nodes, GPUs, allocation_mode: how many trainer ranks and engines): the batch
+# and the math stay those of the checkpoint, and the trainers load it in DeepSpeed's universal
+# format when their number changed. The ZeRO stage must stay (DeepSpeed's universal checkpoint
+# does not turn ZeRO-3 shards into a ZeRO-2 model state).
 SIGNATURE_KEYS = {
     "actor.path": "actor.path",
     "model": None,
     "dataset.train_bs_n_seqs": "dataset.train_bs_n_seqs",
     "ppo.group_size": "ppo.group_size",
-    "n_nodes": "n_nodes",
-    "n_gpus_per_node": "n_gpus_per_node",
-    "allocation_mode": "allocation_mode",
     "actor.zero_stage": "actor.zero_stage",
     "seed": "seed",
     "dataset.type": "dataset.type",
@@ -181,6 +183,8 @@ def resume_state(job, log, fresh: bool):
     log.info(f"Will recover from: {ck.path} (global step {g}, epoch {loader['epoch'] + 1} step "
              f"{loader['position']}, written {_ago(s.get('time'))}); resuming at global step "
              f"{g + 1} of {job.total_steps}.")
+    if attempt == 0:
+        _log_layout_change(ck, job, log)
     return state
 
 
@@ -213,8 +217,9 @@ def _ago(t) -> str:
 
 
 # ------------------------------------------------------------------ start: workers
-def restore(path: str, trainers) -> int:
-    """Load the checkpoint into every trainer rank; the weight version it holds."""
+def restore(path: str, trainers) -> dict:
+    """Load the checkpoint into every trainer rank: the weight version it holds, how many ranks
+    wrote it, whether it went through DeepSpeed's universal format, and the load time."""
     engine = os.path.join(path, "engine")
     try:
         return trainers.load_recover(engine)
@@ -258,6 +263,23 @@ def write(job, state, timer_state: dict, trainers, log) -> str:
     log.info("Dumped recover info to file.")
     log.info(f"Recover checkpoint {final}: global step {g}, {size / 1e6:.1f} MB in {time.time() - t0:.2f}s.")
     return final
+
+
+def _log_layout_change(ck: Checkpoint, job, log) -> None:
+    """One line when the run resumes on another layout than the one that wrote the checkpoint."""
+    was, now = ck.state["signature"].get("allocation_mode"), job.cfg.allocation_mode
+    if was is None or was == now:
+        return
+    a, b = parse_allocation(was), parse_allocation(now)
+
+    def plural(n: int, what: str) -> str:
+        return f"{n} {what}{'' if n == 1 else 's'}"
+
+    log.info(f"Resuming on {plural(b.train_gpus, 'trainer rank')} and {plural(b.gen.dp, 'rollout engine')} "
+             f"({now}), written by {plural(a.train_gpus, 'trainer rank')} and {plural(a.gen.dp, 'rollout engine')} "
+             f"({was}): the batch and the optimizer state carry over"
+             + ("; the trainers load it in DeepSpeed's universal format." if a.train_gpus != b.train_gpus
+                and job.cfg.actor.zero_stage > 0 else "."))
 
 
 def _state_record(job, state, timer_state: dict) -> dict:

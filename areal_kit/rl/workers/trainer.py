@@ -13,6 +13,8 @@ import math
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -343,16 +345,33 @@ class TrainerWorker(WeightSender, StackDumps):
         fsync_tree(path)
         return {"rank": self.rank, "save_time": time.time() - t0}
 
-    def load_recover(self, path: str) -> int:
-        """Inverse of save_recover (every rank); returns the weight version it holds."""
-        self.outbox.wait_sent()
-        loaded, client = self.engine.load_checkpoint(path, tag="deepspeed", load_optimizer_states=True,
+    def load_recover(self, path: str) -> dict:
+        """Inverse of save_recover (every rank); returns the weight version it holds and, when the
+        checkpoint came from another number of ranks, the seconds its conversion took (rank 0's).
+
+        A checkpoint written by another number of ranks (a node lost, or added) loads through
+        DeepSpeed's universal format: rank 0 converts the ZeRO shards once (kept beside them for a
+        later resume), and every rank takes its own slice of the merged state. ZeRO-0 keeps whole
+        states, which load on any number of ranks as they are."""
+        self.outbox.before_collectives()  # the conversion's barrier is a collective of the training world
+        tag, t0 = "deepspeed", time.time()
+        written = ranks_written(path)
+        if written != self.world and self.cfg.actor.zero_stage > 0:
+            tag = universal_tag(path, self.rank)
+            dist.barrier()
+            # Read at load time: the engine was built before anyone knew the checkpoint's layout.
+            self.engine._config.load_universal_checkpoint = True
+        loaded, client = self.engine.load_checkpoint(path, tag=tag, load_optimizer_states=True,
                                                      load_lr_scheduler_states=True)
+        self.engine._config.load_universal_checkpoint = False
         if loaded is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint 'deepspeed' in {path}")
+            raise FileNotFoundError(f"no DeepSpeed checkpoint '{tag}' in {path}")
         self.version = int((client or {}).get("version", 0))
-        rng.load(os.path.join(path, f"rng_rank{self.rank}.pt"))
-        return self.version
+        own = os.path.join(path, f"rng_rank{self.rank}.pt")
+        if os.path.exists(own):  # a rank the writing run did not have keeps its seeded RNG
+            rng.load(own)
+        return {"version": self.version, "ranks_written": written, "universal": tag != "deepspeed",
+                "load_time": time.time() - t0}
 
     def logprobs(self, prompts: list[list[int]], answers: list[list[int]]) -> list[list[float]]:
         """Answer logprobs under the current weights (tests compare them with vLLM's)."""
@@ -368,6 +387,34 @@ class TrainerWorker(WeightSender, StackDumps):
         (padded with zeros, so the ranks' sums add up to the model's)."""
         return float(sum(getattr(p, "ds_tensor", p).detach().double().sum().item()
                          for p in self.engine.module.parameters()))
+
+
+def ranks_written(path: str) -> int:
+    """How many trainer ranks wrote the recover checkpoint at path (each saves its RNG state)."""
+    return len([f for f in os.listdir(path) if f.startswith("rng_rank") and f.endswith(".pt")])
+
+
+def universal_tag(path: str, rank: int) -> str:
+    """The checkpoint's DeepSpeed state in the universal format (any number of ranks loads it):
+    converted by rank 0 with DeepSpeed's own ds_to_universal, into a temporary folder then renamed,
+    so a conversion cut short is redone, never half-read. Returns the tag to load."""
+    tag = "deepspeed_universal"
+    out = os.path.join(path, tag)
+    if rank != 0 or os.path.isdir(out):
+        return tag
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    # inject_missing_state: the version record Megatron-style clients write; a plain engine has none.
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+           os.path.join(path, "deepspeed"), "--output_folder", tmp, "--num_extract_workers", "1",
+           "--num_merge_workers", "1", "--inject_missing_state"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+        raise RuntimeError(f"converting {path} to DeepSpeed's universal checkpoint failed: {last}")
+    fsync_tree(tmp)
+    os.replace(tmp, out)
+    return tag
 
 
 def gathered_state(module, keep: bool, group_bytes: int = 512 << 20) -> dict[str, torch.Tensor]:
