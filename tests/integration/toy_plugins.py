@@ -8,6 +8,7 @@ a dict with an extra number otherwise.
 broken: a reward plug-in that always raises, so a run cannot learn.
 stuck_once: single-turn, except that once per run (a marker file) the episode after
 AREAL_TEST_HANG_AFTER episodes blocks its engine for an hour, as a call stuck in C code would.
+stuck_once_reward: a reward plug-in whose first call never returns (once per run, a marker file).
 """
 
 import os
@@ -54,3 +55,12 @@ async def stuck_once(engine, row):
         Path(marker).touch()
         time.sleep(3600)  # noqa: ASYNC251 - the point: the engine's event loop blocks, generate never returns
     return await single_turn(engine, row)
+
+
+def stuck_once_reward(prompt, completion, sample):
+    """A reward that never returns, once per run (the marker AREAL_TEST_REWARD_MARKER); 0 otherwise."""
+    marker = os.environ.get("AREAL_TEST_REWARD_MARKER")
+    if marker and not os.path.exists(marker):
+        Path(marker).touch()
+        time.sleep(3600)
+    return 0.0

@@ -189,6 +189,7 @@ class TrainerWorker(WeightSender, StackDumps):
     # ---------------------------------------------------------------- train
     def train_step(self, samples: list[dict]) -> dict:
         t0 = time.time()
+        _test_stall(self.rank, self.version + 1)
         p = self.cfg.ppo
         shard = self._shard(samples)
         mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
@@ -387,6 +388,19 @@ class TrainerWorker(WeightSender, StackDumps):
         (padded with zeros, so the ranks' sums add up to the model's)."""
         return float(sum(getattr(p, "ds_tensor", p).detach().double().sum().item()
                          for p in self.engine.module.parameters()))
+
+
+def _test_stall(rank: int, step: int) -> None:
+    """AREAL_TEST_STALL=rank:step:marker makes that trainer rank stop before that step's first
+    collective, once (the marker file), as a rank stuck outside the collective would: its peers
+    wait inside it. The hang tests use it."""
+    spec = os.environ.get("AREAL_TEST_STALL", "")
+    if not spec:
+        return
+    r, g, marker = spec.split(":", 2)
+    if (int(r), int(g)) == (rank, step) and not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(3600)
 
 
 def ranks_written(path: str) -> int:
