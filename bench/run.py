@@ -37,6 +37,7 @@ MODULES = {
     "peer": "bench.peer",
     "packing": "bench.packing",
     "learning": "bench.learning",
+    "faults": "bench.faults",
 }
 
 

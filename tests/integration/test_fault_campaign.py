@@ -1,0 +1,31 @@
+"""The fault campaign of bench/faults.py in CI, one fault of each kind: a tiny run whose driver is
+SIGKILLed and SIGTERMed, whose trainer and engine processes are SIGKILLed and whose engine is
+stopped (SIGSTOP: a hang), each at a random moment, finishes with every step once in
+metrics.jsonl, every fault resumed from, and no checkpoint that failed to load.
+
+    .venv/bin/python -m pytest tests/integration/test_fault_campaign.py -v
+"""
+
+import os
+import sys
+
+import pytest
+
+from bench.faults import KINDS, campaign
+
+pytestmark = pytest.mark.integration
+
+
+def test_one_run_survives_one_fault_of_each_kind(tmp_path):
+    if not os.path.exists(os.path.join(os.path.dirname(sys.executable), "areal-kit")):
+        pytest.skip("areal-kit is not installed in this interpreter's environment")
+    t = campaign(list(KINDS), seed=3, root=str(tmp_path))
+    assert t["exit_code"] == 0, t["log"]
+    assert t["resumed"] == len(KINDS)
+    assert t["steps_lost"] == 0
+    assert t["steps_twice_in_metrics"] == 0
+    assert t["failed_resumes"] == 0
+    # Two re-runs of the command (SIGKILL, SIGTERM) and three relaunches inside one: every fault
+    # but the SIGTERM (which checkpoints the step under way) resumed from a checkpoint.
+    assert t["launches"] == 3
+    assert t["resumes_from_checkpoint"] == len(KINDS)
