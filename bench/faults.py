@@ -187,10 +187,10 @@ def run() -> Result:
               "no resume failed": t["failed_resumes"] == 0, "the run finished": t["exit_code"] == 0}
     figures = {k: v for k, v in t.items() if k not in ("kinds", "log")}
     rows = [[k, per_kind[k]] for k in KINDS] + [["all", t["faults"]]]
-    notes = [f"One run of {t['steps']} steps hit {t['faults']} times: {t['resumed']} resumed, {t['steps_lost']} steps "
-             f"lost, {t['steps_redone']} steps redone (the work since the last checkpoint), {t['failed_resumes']} "
-             f"resumes that failed to load a checkpoint, {t['launches']} launches of the command, "
-             f"{t['resumes_from_checkpoint']} resumes in all, {t['wall_s']:.0f} s.",
+    notes = [(f"One run of {t['steps']} steps hit {t['faults']} times: {t['resumed']} resumed, {t['steps_lost']} steps "
+              f"lost, {t['steps_redone']} steps redone (the work since the last checkpoint), {t['failed_resumes']} "
+              f"resumes that failed to load a checkpoint, {t['launches']} launches of the command, "
+              f"{t['resumes_from_checkpoint']} resumes in all, {t['wall_s']:.0f} s."),
              "Order of the faults: " + ", ".join(kinds) + "."]
     return Result("faults", "fault campaign: one tiny run hit at random moments", figures, checks=checks,
                   columns=["fault", "times"], rows=rows, notes=notes)

@@ -78,4 +78,4 @@ def test_merge_keeps_other_entries_and_errors_keep_previous(tmp_path, capsys):
 def test_unknown_name_and_registry():
     with pytest.raises(SystemExit, match="unknown benchmark"):
         run_all({"demo": _demo()}, ["nope"])
-    assert list(bench_run.MODULES) == ["rollout", "weight_sync", "pipeline", "peer", "packing", "learning"]
+    assert list(bench_run.MODULES) == ["rollout", "weight_sync", "pipeline", "peer", "packing", "learning", "faults"]
