@@ -40,7 +40,8 @@ def _exe() -> str:
     return os.path.join(os.path.dirname(sys.executable), "areal-kit")
 
 
-def _session_pids(sid: int) -> list[int]:
+def session_pids(sid: int) -> list[int]:
+    """Every process of the session sid (a driver started in its own session, and what it started)."""
     pids = []
     for d in os.listdir("/proc"):
         if d.isdigit() and int(d) != sid:
@@ -53,16 +54,16 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
 
 
-def _kill_session(sid: int) -> None:
+def kill_session(sid: int) -> None:
     """Whatever a killed driver left behind (Ray's processes outlive a SIGKILLed driver)."""
-    for pid in _session_pids(sid):
+    for pid in session_pids(sid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -113,7 +114,7 @@ class Run:
 
     def worker_pid(self, prefix: str) -> int:
         for _ in range(100):
-            pids = [p for p in _session_pids(self.proc.pid) if _cmdline(p).startswith(prefix)]
+            pids = [p for p in session_pids(self.proc.pid) if cmdline(p).startswith(prefix)]
             if pids:
                 return pids[0]
             time.sleep(0.1)
@@ -123,21 +124,21 @@ class Run:
         if kind == "driver-sigkill":
             self.proc.kill()
             self.proc.wait()
-            _kill_session(self.proc.pid)
+            kill_session(self.proc.pid)
             self.start()
         elif kind == "driver-sigterm":
             self.proc.send_signal(signal.SIGTERM)
             code = self.proc.wait(timeout=600)
             if code != 143:
                 raise RuntimeError(f"SIGTERM ended the driver with {code}, expected 143")
-            _kill_session(self.proc.pid)
+            kill_session(self.proc.pid)
             self.start()
         else:
             os.kill(self.worker_pid(WORKER[kind]), signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
 
     def finish(self, timeout: float = 900) -> int:
         code = self.proc.wait(timeout=timeout)
-        _kill_session(self.proc.pid)
+        kill_session(self.proc.pid)
         return code
 
 
@@ -161,7 +162,7 @@ def campaign(kinds: list[str], seed: int = 0, root: str | None = None) -> dict:
         code = run.finish()
     except BaseException:
         run.proc.kill()
-        _kill_session(run.proc.pid)
+        kill_session(run.proc.pid)
         raise
     from areal_kit import logs
 

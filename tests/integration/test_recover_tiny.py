@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from areal_kit import logs as L
+from bench.faults import cmdline, kill_session, session_pids
 
 EXE = os.path.join(os.path.dirname(sys.executable), "areal-kit")
 # k=0: the determinism promised is that of synchronous runs (with k>0 a resumed run
@@ -75,35 +76,9 @@ def wait_for(path, proc, limit=900):
         time.sleep(0.5)
 
 
-def session_pids(sid):
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[3]) == sid and int(d) != sid:  # field 6: session id
-                    pids.append(int(d))
-            except (OSError, IndexError, ValueError):
-                continue
-    return pids
-
-
-def cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def reap(proc):
-    """Processes of this run left behind (Ray agents outlive a SIGKILLed driver), by pid."""
-    for pid in session_pids(proc.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """Processes of this run left behind (Ray agents outlive a SIGKILLed driver)."""
+    kill_session(proc.pid)
 
 
 def rows(p):
