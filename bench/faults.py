@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from areal_kit import logs
 from bench.report import Result
 
 KINDS = ("driver-sigkill", "driver-sigterm", "trainer-sigkill", "engine-sigkill", "hang")
@@ -79,8 +80,6 @@ class Run:
                      f"exp_ctrl.total_train_steps={steps}", "exp_ctrl.ckpt_freq_steps=1", "exp_ctrl.ckpt_freq_secs=0",
                      "ppo.max_head_offpolicyness=0", "recover_retries=100", "exp_ctrl.hang_factor=5",
                      "exp_ctrl.hang_floor_s=15", "exp_ctrl.hang_warmup=2", *extra]
-        from areal_kit import logs
-
         self.paths = logs.run_paths(root, "tiny", "faults", "faults")
         self.proc: subprocess.Popen | None = None
         self.launches = 0
@@ -151,10 +150,8 @@ def campaign(kinds: list[str], seed: int = 0, root: str | None = None) -> dict:
     run.start()
     resumed, t0 = 0, time.time()
     try:
-        seen = 0
         for kind in kinds:
-            seen = len(run.steps_logged())
-            run.wait_for_step(seen + rng.randint(1, 2) - 1)  # the run is past its resume, training
+            run.wait_for_step(len(run.steps_logged()) + rng.randint(0, 1))  # past its resume, training
             time.sleep(rng.uniform(0.0, 0.6))  # somewhere inside the next step or checkpoint
             run.hit(kind)
             run.wait_for_step(len(run.steps_logged()))  # it goes on: a new step after the fault
@@ -164,8 +161,6 @@ def campaign(kinds: list[str], seed: int = 0, root: str | None = None) -> dict:
         run.proc.kill()
         kill_session(run.proc.pid)
         raise
-    from areal_kit import logs
-
     executed = run.steps_logged()
     metrics = [r["global_step"] for r in logs.read_metrics(run.paths.metrics_file)]
     text = Path(run.paths.log_file).read_text(errors="replace")

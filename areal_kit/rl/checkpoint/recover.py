@@ -277,9 +277,7 @@ def _log_layout_change(ck: Checkpoint, job, log) -> None:
 
     log.info(f"Resuming on {plural(b.train_gpus, 'trainer rank')} and {plural(b.gen.dp, 'rollout engine')} "
              f"({now}), written by {plural(a.train_gpus, 'trainer rank')} and {plural(a.gen.dp, 'rollout engine')} "
-             f"({was}): the batch and the optimizer state carry over"
-             + ("; the trainers load it in DeepSpeed's universal format." if a.train_gpus != b.train_gpus
-                and job.cfg.actor.zero_stage > 0 else "."))
+             f"({was}): the batch and the optimizer state carry over.")
 
 
 def _state_record(job, state, timer_state: dict) -> dict:

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 
 from areal_kit import hardware
 from areal_kit.data.tokenizer import copy_tokenizer_files
-from areal_kit.durable import fsync_tree
+from areal_kit.durable import fsync_dir, fsync_tree
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.algo.packing import Packed, min_bins, pack, partition
@@ -347,13 +347,14 @@ class TrainerWorker(WeightSender, StackDumps):
         return {"rank": self.rank, "save_time": time.time() - t0}
 
     def load_recover(self, path: str) -> dict:
-        """Inverse of save_recover (every rank); returns the weight version it holds and, when the
-        checkpoint came from another number of ranks, the seconds its conversion took (rank 0's).
+        """Inverse of save_recover (every rank); returns the weight version it holds, how many ranks
+        wrote the checkpoint, whether it was loaded in the universal format, and the load's seconds.
 
         A checkpoint written by another number of ranks (a node lost, or added) loads through
         DeepSpeed's universal format: rank 0 converts the ZeRO shards once (kept beside them for a
         later resume), and every rank takes its own slice of the merged state. ZeRO-0 keeps whole
         states, which load on any number of ranks as they are."""
+        self.outbox.wait_sent()  # the load overwrites the weights a send may still be reading
         self.outbox.before_collectives()  # the conversion's barrier is a collective of the training world
         tag, t0 = "deepspeed", time.time()
         written = ranks_written(path)
@@ -428,6 +429,7 @@ def universal_tag(path: str, rank: int) -> str:
         raise RuntimeError(f"converting {path} to DeepSpeed's universal checkpoint failed: {last}")
     fsync_tree(tmp)
     os.replace(tmp, out)
+    fsync_dir(path)
     return tag
 
 
