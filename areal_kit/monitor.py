@@ -7,7 +7,7 @@ the persistent saves; it never talks to Ray.
     areal-kit logs tiny/run0                      # EXP/TRIAL under ./areal_runs (or --fileroot)
     areal-kit logs areal_runs/logs/root/tiny/run0 --follow
     areal-kit logs tiny/run0 --plot               # task_reward curve in the terminal (plotext)
-    areal-kit plot tiny/run0 -o curves.png        # task_reward, response length, KL, entropy
+    areal-kit plot tiny/run0 -o curves.png        # task_reward, response length, KL, entropy (+ eval, sources)
 """
 
 from __future__ import annotations
@@ -364,7 +364,10 @@ def plot(
     smooth: int = typer.Option(1, "--smooth", min=1, help="Also draw a moving average over this many steps "
                                                           "(1 = raw values only)."),
 ) -> None:
-    """Plot task_reward, response length, KL and entropy per step to a PNG (matplotlib)."""
+    """Plot task_reward, response length, KL and entropy per step to a PNG (matplotlib).
+
+    The in-training eval (pass@1, avg@k, pass@k) and each dataset.mix source's task reward get
+    panels of their own when the run logged them."""
     files = resolve_run(run, fileroot, user)
     rows = step_rows(files.metrics_file)
     if not rows:
@@ -378,6 +381,20 @@ PANELS = (("task_reward", "task reward"), ("avg_seq_len", "response length (toke
           ("ppo_approx_kl", "approx. KL (ppo_approx_kl)"), ("entropy", "entropy (nats/token)"))
 
 
+def extra_panels(rows: list[dict]) -> list[tuple[str, str, list[str]]]:
+    """Panels of what this run logged besides PANELS: (title, y label, keys), one line per key.
+    Each dataset.mix source's task reward; the in-training eval (greedy pass@1, avg@k, pass@k)."""
+    keys = sorted({k for r in rows for k in r})
+    out = []
+    sources = [k for k in keys if k.startswith("task_reward/")]
+    if sources:
+        out.append(("task reward per source (dataset.mix)", "task reward", sources))
+    evals = [k for k in keys if k == "eval/pass@1" or k.startswith(("eval/avg@", "eval/pass@"))]
+    if evals:
+        out.append(("in-training eval (held-out split)", "accuracy", sorted(evals, key=len)))
+    return out
+
+
 def write_png(rows: list[dict], out: str, title: str = "", smooth: int = 1) -> None:
     import matplotlib
 
@@ -385,21 +402,33 @@ def write_png(rows: list[dict], out: str, title: str = "", smooth: int = 1) -> N
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
-    for ax, (key, label) in zip(axes.flat, PANELS):
-        pts = [(r["global_step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+    extra = extra_panels(rows)
+    n_rows = 2 + (len(extra) + 1) // 2
+    fig, axes = plt.subplots(n_rows, 2, figsize=(11, 3.5 * n_rows), sharex=True)
+    panels = [(label, [key], True) for key, label in PANELS] + [(t, keys, False) for t, _, keys in extra]
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (label, keys, single) in zip(axes.flat, panels):
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
-        if not pts:
-            ax.text(0.5, 0.5, f"{key} not logged", ha="center", va="center", transform=ax.transAxes)
-            continue
-        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        ax.plot(xs, ys, lw=1, alpha=0.5 if smooth > 1 else 1.0, marker="." if len(xs) < 50 else None)
-        if smooth > 1 and len(ys) >= smooth:
-            avg = [sum(ys[i - smooth + 1:i + 1]) / smooth for i in range(smooth - 1, len(ys))]
-            ax.plot(xs[smooth - 1:], avg, lw=2, label=f"mean of {smooth}")
-            ax.legend(fontsize=8)
-    for ax in axes[1]:
+        drawn = False
+        for key in keys:
+            pts = [(r["global_step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if not pts:
+                continue
+            drawn = True
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            name = None if single else key.split("/", 1)[1]
+            ax.plot(xs, ys, lw=1, alpha=0.5 if smooth > 1 and single else 1.0,
+                    marker="." if len(xs) < 50 else None, label=name)
+            if single and smooth > 1 and len(ys) >= smooth:
+                avg = [sum(ys[i - smooth + 1:i + 1]) / smooth for i in range(smooth - 1, len(ys))]
+                ax.plot(xs[smooth - 1:], avg, lw=2, label=f"mean of {smooth}")
+            if ax.get_legend_handles_labels()[1]:
+                ax.legend(fontsize=8)
+        if not drawn:
+            ax.text(0.5, 0.5, f"{keys[0]} not logged", ha="center", va="center", transform=ax.transAxes)
+    for ax in axes[-1]:
         ax.set_xlabel("global step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title)

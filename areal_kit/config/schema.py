@@ -132,6 +132,22 @@ class PPOConfig:
         "Truncated answers (no eos within max_new_tokens) get non_stop_penalty_value as their task "
         "reward instead of the verifier's (open-instruct's non-stop penalty).")
     non_stop_penalty_value: float = opt(0.0, "The task reward of a truncated answer when non_stop_penalty is on.")
+    dynamic_sampling: bool = opt(False,
+        "DAPO's dynamic sampling: drop the groups whose task rewards (the verifier's, before any "
+        "shaping) are all equal, and generate more prompts until the step holds "
+        "dataset.train_bs_n_seqs informative groups (the surplus of the last round is discarded). "
+        "Each step's extra rounds and dropped groups are in its metrics (dynamic/*).")
+    dynamic_sampling_max_rounds: int = opt(4,
+        "Extra generation rounds a step may take to fill its batch under dynamic_sampling; past them "
+        "it trains on the informative groups it has (logged once).")
+    overlong_buffer: int = opt(0,
+        "DAPO's overlong reward shaping: an answer longer than ppo.gen.max_new_tokens - "
+        "overlong_buffer tokens loses overlong_penalty_factor x (excess / overlong_buffer) of reward, "
+        "a linear ramp down to -overlong_penalty_factor at max_new_tokens (0 = off).")
+    overlong_penalty_factor: float = opt(1.0, "The overlong penalty of an answer of max_new_tokens tokens.")
+    overlong_filter: bool = opt(False,
+        "DAPO's overlong filtering: truncated answers (no eos within max_new_tokens) stay in their "
+        "group's baseline but are masked out of the loss.")
     workflow: str = opt("",
         'Rollout workflow of one prompt: "" = single-turn generate + verify, or a dotted path '
         "pkg.mod:obj / file.py:obj to an async function (engine, row) or a class with "
@@ -155,6 +171,14 @@ class PPOConfig:
         check(len(self.reward_fns) > 0, "ppo.reward_fns is empty; expected at least one reward, e.g. [math]")
         check(self.reward_timeout_s > 0, f"ppo.reward_timeout_s={self.reward_timeout_s} is not valid; expected > 0")
         check_positive("ppo.reward_workers", self.reward_workers)
+        check_positive("ppo.dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds, allow_zero=True)
+        check(not (self.dynamic_sampling and self.group_size < 2),
+              f"ppo.dynamic_sampling=true with ppo.group_size={self.group_size} is not valid: a group of "
+              "1 always has equal rewards; set ppo.group_size >= 2")
+        check(0 <= self.overlong_buffer < self.gen.max_new_tokens,
+              f"ppo.overlong_buffer={self.overlong_buffer} is not valid; expected 0 (off) up to "
+              f"ppo.gen.max_new_tokens - 1 ({self.gen.max_new_tokens - 1})")
+        check_positive("ppo.overlong_penalty_factor", self.overlong_penalty_factor, allow_zero=True)
         try:
             re.compile(self.format_pattern)
         except re.error as e:
@@ -229,6 +253,11 @@ class DatasetConfig:
     id2info_path: str = opt("", 'areal format: id2info.json ("" = next to path).')
     question_field: str = opt("question", "jsonl/hf: field holding the question.")
     answer_field: str = opt("answer", "jsonl/hf: field holding the reference answer.")
+    mix: list[dict] = opt([],
+        "Several training sources instead of path/type: [{path, type, weight, name}, ...] (other keys: "
+        "id2info_path, question_field, answer_field; unset ones come from dataset.*). Training takes "
+        "weight x a source's rows (0.5: a seeded half of them, 2: every row twice), shuffled together by seed; "
+        "rows keep their source's name, and each source's task reward is logged (task_reward/NAME).")
     train_bs_n_seqs: int = opt(1024,
         "Prompts per training step (the batch is train_bs_n_seqs x ppo.group_size sequences).")
     max_prompt_len: int = opt(2048, "Prompts longer than this (tokens) are dropped and counted, never truncated.")
@@ -244,12 +273,40 @@ class DatasetConfig:
 
     def __post_init__(self):
         check_choices(self, "dataset.")
-        check(self.type == "toy" or bool(self.path),
+        check(not (self.mix and self.path), f"dataset.path={self.path!r} and dataset.mix are both set; expected "
+              "one of them (put the path in the mix)")
+        self.mix = [_mix_source(i, m, self) for i, m in enumerate(self.mix)]
+        names = [m["name"] for m in self.mix]
+        check(len(set(names)) == len(names), f"dataset.mix names {names} are not unique; expected a distinct "
+              "name per source (give each a name:)")
+        check(self.type == "toy" or bool(self.path) or bool(self.mix),
               f"dataset.path is empty for dataset.type={self.type}; expected a file or folder")
         check_positive("dataset.train_bs_n_seqs", self.train_bs_n_seqs)
         check_positive("dataset.max_prompt_len", self.max_prompt_len)
         check_positive("dataset.toy_size", self.toy_size)
         check_positive("dataset.eval_size", self.eval_size, allow_zero=True)
+
+
+MIX_KEYS = ("path", "type", "weight", "name", "id2info_path", "question_field", "answer_field")
+
+
+def _mix_source(i: int, m, d: DatasetConfig) -> dict:
+    """One dataset.mix entry, checked, with what it leaves unset taken from dataset.*."""
+    where = f"dataset.mix[{i}]"
+    check(isinstance(m, dict), f"{where}={m!r} is not valid; expected {{path, type, weight, name}}")
+    extra = sorted(set(m) - set(MIX_KEYS))
+    check(not extra, f"{where} has unknown key(s) {', '.join(extra)}; expected some of {', '.join(MIX_KEYS)}")
+    out = {k: m.get(k, getattr(d, k, None)) for k in MIX_KEYS if k not in ("weight", "name")}
+    types = next(f for f in dataclasses.fields(DatasetConfig) if f.name == "type").metadata["choices"]
+    check_choice(f"{where}.type", out["type"], types)
+    check(out["type"] == "toy" or bool(out["path"]), f"{where} has no path for type {out['type']}; expected a file "
+          "or folder")
+    w = m.get("weight", 1.0)
+    check(isinstance(w, (int, float)) and w > 0, f"{where}.weight={w!r} is not valid; expected a number > 0")
+    stem = os.path.splitext(os.path.basename(str(out["path"]).rstrip("/")))[0]
+    name = str(m.get("name") or stem or out["type"])
+    check(bool(re.fullmatch(r"[\w.-]+", name)), f"{where}.name={name!r} is not valid; expected letters, digits, _ . -")
+    return {**out, "weight": float(w), "name": name}
 
 
 @dataclass
@@ -273,6 +330,10 @@ class ExpCtrl:
         "In-training evaluation on the held-out split every N steps (0 = off): greedy, pass@1 by the "
         "grader of `areal-kit eval`; the split is dataset.eval_path or dataset.eval_size.")
     eval_max_new_tokens: int = opt(0, "Answer budget of the in-training eval (0 = ppo.gen.max_new_tokens).")
+    eval_n_samples: int = opt(0,
+        "In-training eval: also sample this many answers per question (ppo.gen's temperature and "
+        "top_p) and report avg@k (mean accuracy of the samples) and the unbiased pass@k beside greedy "
+        "pass@1: less noise on a small eval set (0 = greedy only).")
     dump_samples_every: int = opt(10,
         "Every N steps, write the prompts, answers, rewards and advantages of dump_samples_groups "
         "groups to samples.jsonl in the log folder (`areal-kit logs RUN --samples`; 0 = off).")
@@ -305,7 +366,7 @@ class ExpCtrl:
             check_positive(f"exp_ctrl.{name}", getattr(self, name))
         for name in ("total_train_steps", "save_freq_epochs", "save_freq_steps", "save_freq_secs",
                      "keep_last_n", "ckpt_freq_epochs", "ckpt_freq_steps", "ckpt_freq_secs", "eval_every",
-                     "eval_max_new_tokens", "stop_after_failed_reward_steps", "dump_samples_every",
+                     "eval_max_new_tokens", "eval_n_samples", "stop_after_failed_reward_steps", "dump_samples_every",
                      "dump_samples_groups", "hang_factor", "hang_warmup", "hang_ceiling_s"):
             check_positive(f"exp_ctrl.{name}", getattr(self, name), allow_zero=True)
         for name in ("hang_floor_s", "hang_first_s"):

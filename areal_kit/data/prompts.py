@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from areal_kit.data import sources
 from areal_kit.data.toy_task import toy_rows
@@ -17,12 +18,43 @@ from areal_kit.errors import UserError
 
 
 def load_rows(cfg) -> list[dict]:
-    """Rows of cfg.dataset (TrainConfig), before tokenization."""
+    """Rows of cfg.dataset (TrainConfig), before tokenization; with dataset.mix, every source's
+    rows, each tagged with its source's name (`source`, and the id's prefix) and not yet weighed
+    (see mix_rows)."""
     d = cfg.dataset
-    if d.type == "toy":
-        return toy_rows(d.toy_size, seed=cfg.seed)
+    if not d.mix:
+        return _rows_of(d, cfg.seed)
+    out = []
+    for m in d.mix:
+        src = SimpleNamespace(**{**vars(d), **m})
+        out += [{**r, "id": f"{m['name']}/{r['id']}", "source": m["name"]} for r in _rows_of(src, cfg.seed)]
+    return out
 
-    return sources.load(d)
+
+def _rows_of(d, seed: int) -> list[dict]:
+    return toy_rows(d.toy_size, seed=seed) if d.type == "toy" else sources.load(d)
+
+
+def mix_rows(rows: list[dict], mix: list[dict], seed: int) -> list[dict]:
+    """The training rows of a dataset.mix: weight x each source's rows (a seeded subset for the
+    fraction, every row again per whole unit; a copy gets the id suffix #2, #3, ...). The
+    PromptLoader shuffles them together, so the mix is a pure function of (rows, mix, seed) and a
+    recover checkpoint's loader position resumes it exactly."""
+    if not mix:
+        return rows
+    out = []
+    for m in mix:
+        own = [r for r in rows if r.get("source") == m["name"]]
+        whole, frac = divmod(m["weight"], 1.0)
+        rng = random.Random(f"{seed}/{m['name']}")  # a str seed hashes stably (sha512), unlike hash()
+        part = sorted(rng.sample(range(len(own)), round(frac * len(own))))
+        for copy in range(int(whole)):
+            out += [r if copy == 0 else {**r, "id": f"{r['id']}#{copy + 1}"} for r in own]
+        out += [own[i] if not whole else {**own[i], "id": f"{own[i]['id']}#{int(whole) + 1}"} for i in part]
+        if not own or (not whole and not part):
+            raise UserError(f"dataset.mix source {m['name']!r} gives no training rows (weight {m['weight']:g} of "
+                            f"{len(own)}); expected a larger weight or more rows")
+    return out
 
 
 def tokenize_rows(rows: list[dict], tokenizer, max_prompt_len: int, apply_chat_template: bool = False,

@@ -3,7 +3,9 @@
 One driver process owns the data order, the step counters and the logs; Ray actors do the work
 (workers/). With ppo.max_head_offpolicyness = k, generation of the next k batches is already
 queued on the engines while the trainer trains, and a batch is only trained on while its weights
-are at most k versions old (k = 0: strictly on-policy).
+are at most k versions old (k = 0: strictly on-policy). Under ppo.dynamic_sampling a step takes
+further batches from the same queue until it holds a batch's worth of informative groups; a step
+taking more batches only makes the queued ones fresher, so the bound holds.
 
     from areal_kit.config.loader import load_config
     from areal_kit.rl.job import prepare
@@ -37,12 +39,29 @@ class CannotLearn(RuntimeError):
 
 @dataclass
 class Batch:
-    """One step's generation, queued on the engines."""
+    """One batch of prompts' generation, queued on the engines."""
 
     epoch: int
     epoch_step: int
     handles: list  # the engines' generate calls
     loads: list  # the weight loads queued before them: a failed load must never feed training
+
+
+@dataclass
+class Gathered:
+    """What one step trains on, and what it took to get it."""
+
+    batch: Batch  # the first batch taken (its epoch and step name the step)
+    outs: list[dict]  # the engines' replies, every round
+    loads: list[dict]
+    samples: list[dict]  # every sample generated for the step (its task_reward is the policy's accuracy)
+    train: list[dict]  # the samples to train on
+    stale: int
+    wait_time: float
+    gen_time: float
+    rounds: int = 0  # extra generation rounds (dynamic sampling)
+    dropped: int = 0  # groups dropped for equal task rewards (dynamic sampling)
+    kept: int = 0  # informative groups trained on (dynamic sampling)
 
 
 class Controller:
@@ -59,6 +78,7 @@ class Controller:
         self.checkpoints: Checkpointer | None = None
         self.validator: Validator | None = None
         self.sample_dumps = Every(steps=job.cfg.exp_ctrl.dump_samples_every)
+        self._short_logged = False  # a dynamic-sampling step that could not fill its batch was logged
         self._failure_kinds: set[str] = set()  # reward failure kinds already logged
         self._failed_steps = 0  # steps in a row in which every sample's reward failed
         self._first_failure = ""  # the first reward error of that streak
@@ -100,17 +120,14 @@ class Controller:
     # ------------------------------------------------------------ the loop
     def run(self) -> dict:
         cfg, job, st = self.cfg, self.job, self.state
-        self._dispatched = st.global_step
+        self._dispatched = st.batches
         queue: deque[Batch] = deque()
         last = {}
         while st.global_step < job.total_steps:
             t_step = time.time()
-            self._fill(queue)
-            batch = queue.popleft()
-            outs, loads, stale, wait_time = self._collect(batch)
-            samples = [s for o in outs for s in o["samples"]]
-            self._check_rewards(samples, outs)
-            shaped = B.shape_rewards(samples, cfg.ppo)
+            got = self._gather(queue)
+            self._check_rewards(got.samples, got.outs)
+            shaped = B.shape_rewards(got.train, cfg.ppo)
             t_train = time.time()
             stats = self.workers.trainers.train_step(shaped.pop("_train_samples"))
             train_time = time.time() - t_train
@@ -118,26 +135,65 @@ class Controller:
             st.version += 1
             sync_time = self.weights.push(st.version)
             st.global_step += 1
-            row = self._step_row(batch, samples, shaped, stats, outs, loads)
-            row.update(staleness=stale, wait_time=wait_time, train_time=train_time, sync_time=sync_time, e2e_time=time.time() - t_step)
+            row = self._step_row(got, shaped, stats)
+            row.update(train_time=train_time, sync_time=sync_time, e2e_time=time.time() - t_step)
             self.timer.add(row["e2e_time"])
             if self.validator.due(st.global_step):
                 row.update(self.validator.run(st.global_step))
-            self._log_step(batch.epoch, batch.epoch_step, row)
+            self._log_step(got.batch.epoch, got.batch.epoch_step, row)
             if self.sample_dumps.due(st.global_step):
-                self.log.samples(st.global_step, self._readable(samples))
+                self.log.samples(st.global_step, self._readable(got.train))
             last = row
             if not self._failed_steps:  # a checkpoint in a failing streak would be resumed into it
-                self.checkpoints.after_step(batch.epoch, batch.epoch_step)
+                self.checkpoints.after_step(got.batch.epoch, got.batch.epoch_step)
             self._stop_if_asked()
         self.weights.wait()
         self.checkpoints.final_save()
         return last
 
+    def _gather(self, queue: deque) -> Gathered:
+        """The step's samples: one batch, or under ppo.dynamic_sampling as many batches as it takes
+        (up to dynamic_sampling_max_rounds more) to hold train_bs_n_seqs informative groups."""
+        p, need = self.cfg.ppo, self.cfg.dataset.train_bs_n_seqs
+        got, keep = None, []
+        while True:
+            self._fill(queue)
+            batch = queue.popleft()
+            self.state.batches += 1
+            outs, loads, stale, wait_time = self._collect(batch)
+            samples = [s for o in outs for s in o["samples"]]
+            gen_time = max(o["gen_time"] for o in outs)
+            if got is None:
+                got = Gathered(batch, outs, loads, samples, samples, stale, wait_time, gen_time)
+            else:
+                got.outs, got.loads, got.samples = got.outs + outs, got.loads + loads, got.samples + samples
+                got.stale, got.rounds = max(got.stale, stale), got.rounds + 1
+                got.wait_time, got.gen_time = got.wait_time + wait_time, got.gen_time + gen_time
+            if not p.dynamic_sampling:
+                return got
+            groups, dropped = B.informative_groups(samples)
+            keep, got.dropped = keep + groups, got.dropped + dropped
+            if len(keep) >= need or got.rounds >= p.dynamic_sampling_max_rounds:
+                break
+        got.kept = min(len(keep), need)
+        if keep:
+            # Fresh group numbers: the same prompt may come twice (an epoch boundary between rounds).
+            got.train = [{**s, "group": i} for i, g in enumerate(keep[:need]) for s in g]
+        if len(keep) < need and not self._short_logged:
+            self._short_logged = True
+            self.log.warning(f"Dynamic sampling: global step {self.state.global_step + 1} has {len(keep)} of {need} "
+                             f"informative groups after {got.rounds} extra round(s) "
+                             "(ppo.dynamic_sampling_max_rounds); it trains on "
+                             f"{'them' if keep else 'its first batch'}. "
+                             "Further short steps are counted in dynamic/kept_groups, not logged.")
+        return got
+
     def _fill(self, queue: deque) -> None:
-        """Queue generations up to k batches ahead of training (k = ppo.max_head_offpolicyness)."""
+        """Queue generations up to k batches ahead of training (k = ppo.max_head_offpolicyness),
+        never more than the steps left to train can take (a step takes at least one)."""
         k = self.cfg.ppo.max_head_offpolicyness
-        while len(queue) <= k and self._dispatched < self.job.total_steps:
+        left = self.job.total_steps - self.state.global_step
+        while len(queue) <= k and len(queue) < left:
             epoch, epoch_step, rows = self.job.loader.next_batch()
             rows = [{**r, "seed": B.sample_seed(self.cfg.seed, self._dispatched, i)} for i, r in enumerate(rows)]
             self._dispatched += 1
@@ -176,15 +232,18 @@ class Controller:
             raise CannotLearn(f"the loss is {loss} at global step {self.state.global_step + 1}; the last recover "
                               "checkpoint is from before it (a lower actor.lr, or a check of the rewards, may help)")
 
-    def _step_row(self, batch: Batch, samples: list[dict], shaped: dict, stats: dict, outs: list[dict],
-                  loads: list[dict]) -> dict:
-        st = self.state
-        row = B.step_stats(samples, shaped, stats)
-        row.update(gen_time=max(o["gen_time"] for o in outs), reward_time=max(o["reward_time"] for o in outs),
-                   load_time=max((x.get("load_time", 0.0) for x in loads), default=0.0),
+    def _step_row(self, got: Gathered, shaped: dict, stats: dict) -> dict:
+        st, outs = self.state, got.outs
+        row = B.step_stats(got.samples, shaped, stats)
+        row.update(gen_time=got.gen_time, reward_time=max(o["reward_time"] for o in outs),
+                   load_time=max((x.get("load_time", 0.0) for x in got.loads), default=0.0),
                    send_wait_time=stats.get("send_wait_time", 0.0),
-                   epoch=batch.epoch + 1, epoch_step=batch.epoch_step + 1, version=st.version,
-                   ref_logp_time=stats.get("ref_logp_time", 0.0), prox_logp_time=stats.get("prox_logp_time", 0.0))
+                   epoch=got.batch.epoch + 1, epoch_step=got.batch.epoch_step + 1, version=st.version,
+                   ref_logp_time=stats.get("ref_logp_time", 0.0), prox_logp_time=stats.get("prox_logp_time", 0.0),
+                   staleness=got.stale, wait_time=got.wait_time)
+        if self.cfg.ppo.dynamic_sampling:
+            row.update({"dynamic/rounds": got.rounds, "dynamic/dropped_groups": got.dropped,
+                        "dynamic/kept_groups": got.kept})
         row.update(self._plugin_stats(outs))
         return row
 
@@ -220,8 +279,10 @@ class Controller:
         rpc.update({k: row[k] for k in ("perc_zero_adv", "entropy", "grad_norm", "staleness") if k in row})
         self.log.info(logs.rpc_line(_round(rpc)))
         eta = self.timer.eta(job.total_steps - st.global_step)
-        self.log.info(logs.epoch_line(epoch + 1, job.n_epochs, epoch_step + 1, job.loader.steps_per_epoch,
-                                      st.global_step, row["n_tokens"], row["e2e_time"], self.timer.total, eta))
+        # Dynamic sampling reads prompts faster than steps go: it may read on past the last epoch.
+        self.log.info(logs.epoch_line(epoch + 1, max(job.n_epochs, epoch + 1), epoch_step + 1,
+                                      job.loader.steps_per_epoch, st.global_step, row["n_tokens"], row["e2e_time"],
+                                      self.timer.total, eta))
         self.log.step(st.global_step, row)
         if self.progress is not None:
             self.progress(st.global_step, job.total_steps, row)

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from areal_kit import logs
-from areal_kit.data.prompts import PromptLoader, load_rows, tokenize_rows
+from areal_kit.data.prompts import PromptLoader, load_rows, mix_rows, tokenize_rows
 from areal_kit.data.sources import split_eval
 from areal_kit.data.tiny_model import TinySpec, build
 from areal_kit.data.tokenizer import load_tokenizer
@@ -27,6 +27,7 @@ class RunState:
 
     global_step: int = 0  # steps finished
     version: int = 0  # weight updates applied (= global_step after each sync)
+    batches: int = 0  # prompt batches the finished steps took (> global_step under ppo.dynamic_sampling)
     loader: dict = field(default_factory=dict)
     timer: dict = field(default_factory=dict)
     last_save_time: float = 0.0
@@ -73,6 +74,7 @@ def prepare(cfg) -> Job:
     reward_specs(cfg.ppo)
     load_workflow(cfg.ppo.workflow)
     rows, eval_rows = split_eval(rows, cfg.dataset, cfg.seed)
+    rows = mix_rows(rows, cfg.dataset.mix, cfg.seed)
     B.check_rows(rows + eval_rows, cfg.ppo.reward_fns)
     tok = load_tokenizer(model_path)  # refuses, in one line, a tokenizer that cannot read itself
     d = cfg.dataset

@@ -57,7 +57,7 @@ class Ctrl:
 
     def __init__(self, job, step, trainers=None):
         self.job, self.log = job, Log()
-        self.state = RunState(global_step=step, version=step)
+        self.state = RunState(global_step=step, version=step, batches=step)
         self.timer = logs.StepTimer({"times": [1.0] * step, "total": float(step)})
         self.trainers = trainers or FakeTrainers()
 
@@ -248,7 +248,7 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     job = make_job(tmp_path, "wandb_project=areal-test", "tensorboard=false")
     first = logs.RunLogger(job.paths, tensorboard=False, wandb_project="areal-test", run_name="tiny/run0",
                            console=False)
-    state = RunState(global_step=2, version=2, wandb_id=first.resume_at(0))
+    state = RunState(global_step=2, version=2, batches=2, wandb_id=first.resume_at(0))
     for g in (1, 2, 3):  # step 3 is lost with the kill below
         first.step(g, {"task_reward": 0.1 * g})
     dump(_with_state(job, state))

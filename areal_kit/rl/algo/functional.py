@@ -136,7 +136,7 @@ def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.
 
 
 # How the per-token loss becomes one number (ppo.loss_agg). With w_t the loss mask, L_s the
-# answer length of sequence s, N the sequences and T_max = ppo.gen.max_new_tokens:
+# answer length of sequence s, N the sequences with any w_t > 0 and T_max = ppo.gen.max_new_tokens:
 #   token-mean               sum_t w_t l_t / sum_t w_t            every token of the batch counts once
 #                                                                 (DAPO; long answers weigh more)
 #   seq-mean-token-mean      1/N sum_s (sum_t w_t l_t / L_s)      every answer counts once (GRPO paper)
@@ -157,8 +157,11 @@ def agg_weights(masks: list[torch.Tensor], mode: str, max_new_tokens: int) -> li
 
 def agg_denominator(weights: list[torch.Tensor], mode: str) -> float:
     """What the weighted sum of a (global) batch is divided by: its token count or its sequences.
-    Summed over ranks by the caller, so it is the global batch's."""
-    return float(sum(w.sum() for w in weights)) if mode == "token-mean" else float(len(weights))
+    Summed over ranks by the caller, so it is the global batch's. A sequence the loss mask leaves
+    out entirely (ppo.overlong_filter's truncated answers) is not one of the sequences averaged."""
+    if mode == "token-mean":
+        return float(sum(w.sum() for w in weights))
+    return float(sum(1 for w in weights if bool(w.any())))
 
 
 def aggregate(loss_tok: list[torch.Tensor], masks: list[torch.Tensor], mode: str,

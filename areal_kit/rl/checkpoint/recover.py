@@ -69,6 +69,7 @@ SIGNATURE_KEYS = {
     "dataset.path": "dataset.path",
     "dataset.shuffle": "dataset.shuffle",
     "dataset prompts": None,
+    "dataset.mix": None,
 }
 
 
@@ -92,6 +93,9 @@ def signature(job) -> dict:
         "allocation_mode": cfg.allocation_mode, "actor.zero_stage": cfg.actor.zero_stage, "seed": cfg.seed,
         "dataset.type": cfg.dataset.type, "dataset.path": cfg.dataset.path,
         "dataset.shuffle": cfg.dataset.shuffle, "dataset prompts": len(job.loader.rows),
+        # Absent without a mix, so checkpoints written before dataset.mix existed still match.
+        **({"dataset.mix": ", ".join(f"{m['name']}={m['path']} x{m['weight']:g}" for m in cfg.dataset.mix)}
+           if cfg.dataset.mix else {}),
     }
 
 
@@ -161,7 +165,8 @@ def resume_state(job, log, fresh: bool):
                         f"reads {FORMAT}; re-run with --fresh to start over")
     diffs = differences(ck.state["signature"], signature(job))
     g = ck.global_step
-    expected = job.loader.state_at(g)
+    batches = ck.state.get("batches", g)  # prompt batches taken: more than g under dynamic sampling
+    expected = job.loader.state_at(batches)
     if not diffs and expected["used_ids"] != ck.state["loader"]["used_ids"]:
         diffs = [("dataset order", "the checkpoint's prompts", "different prompts at the same position")]
     if diffs:
@@ -173,10 +178,10 @@ def resume_state(job, log, fresh: bool):
                             f"(recover checkpoint {ck.path}, model saved in {done}); raise "
                             "exp_ctrl.total_train_steps or total_train_epochs to continue it, or use --fresh "
                             "to start over")
-    job.loader.seek(g)
+    job.loader.seek(batches)
     rng.load(os.path.join(ck.path, DRIVER_RNG))
     s = ck.state
-    state = RunState(global_step=g, version=s["version"], loader=s["loader"], timer=s["timer"],
+    state = RunState(global_step=g, version=s["version"], batches=batches, loader=s["loader"], timer=s["timer"],
                      last_save_time=0.0, last_ckpt_time=time.time(), recover_path=ck.path,
                      wandb_id=s.get("wandb_id", ""))
     loader = s["loader"]
@@ -281,14 +286,14 @@ def _log_layout_change(ck: Checkpoint, job, log) -> None:
 
 
 def _state_record(job, state, timer_state: dict) -> dict:
-    cfg, g = job.cfg, state.global_step
+    cfg, g, b = job.cfg, state.global_step, state.batches
     # The loader may be ahead of training (max_head_offpolicyness > 0 queues batches): record the
-    # position of the trained step; the order is a pure function of (seed, epoch).
+    # position after the batches the trained steps took; the order is a pure function of (seed, epoch).
     return {
-        "format": FORMAT, "time": time.time(), "global_step": g, "version": state.version,
-        "loader": job.loader.state_at(g), "timer": timer_state,
-        # Sampling seeds are batch.sample_seed(seed, step index, prompt index): the step index is the state.
-        "sampling": {"seed": cfg.seed, "next_step_index": g},
+        "format": FORMAT, "time": time.time(), "global_step": g, "version": state.version, "batches": b,
+        "loader": job.loader.state_at(b), "timer": timer_state,
+        # Sampling seeds are batch.sample_seed(seed, batch index, prompt index): the batch index is the state.
+        "sampling": {"seed": cfg.seed, "next_step_index": b},
         "metrics": {"last_row": last_metrics_row(job.paths.metrics_file, g)},
         "total_steps": job.total_steps, "signature": signature(job),
         "experiment": f"{cfg.experiment_name}/{cfg.trial_name}",

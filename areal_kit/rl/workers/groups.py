@@ -99,9 +99,9 @@ class EngineGroup:
         refs = [self.actors[i].generate.remote(chunk) for i, chunk in parts]
         return self.watchdog.label(refs, [self.names[i] for i, _ in parts])
 
-    def evaluate(self, rows: list[dict], max_new_tokens: int) -> list[dict]:
+    def evaluate(self, rows: list[dict], max_new_tokens: int, n_samples: int = 0) -> list[dict]:
         parts = self._split(rows)
-        refs = [self.actors[i].evaluate.remote(chunk, max_new_tokens) for i, chunk in parts]
+        refs = [self.actors[i].evaluate.remote(chunk, max_new_tokens, n_samples) for i, chunk in parts]
         got = self.watchdog.wait("evaluate", self.watchdog.label(refs, [self.names[i] for i, _ in parts]))
         return [r for part in got for r in part]
 

@@ -85,6 +85,8 @@ class RolloutWorker(WeightReceiver, StackDumps):
             for t in group:
                 s = {"id": row["id"], "group": gi, "prompt_ids": row["prompt_ids"], "output_ids": list(t.output_ids),
                      "logprobs": [float(x) for x in t.logprobs], "no_eos": bool(t.no_eos), "version": version}
+                if "source" in row:  # dataset.mix: the step's task reward per source
+                    s["source"] = row["source"]
                 if t.loss_mask is not None:
                     s["loss_mask"] = [int(bool(x)) for x in t.loss_mask]
                 if t.reward is not None:
@@ -104,7 +106,7 @@ class RolloutWorker(WeightReceiver, StackDumps):
         todo, items = [], []
         for s, text in zip(samples, texts):
             if text is None:
-                text = self.tokenizer.decode(s["output_ids"], skip_special_tokens=True)
+                text = self._text(s["output_ids"])
             if p.format_reward:
                 s["format_reward"] = p.format_reward if re.search(p.format_pattern, text, re.DOTALL) else 0.0
             if "task_reward" not in s:
@@ -119,18 +121,28 @@ class RolloutWorker(WeightReceiver, StackDumps):
                 sums[k] = sums.get(k, 0.0) + v
         return {f"reward/{k}": v / len(todo) for k, v in sums.items()}
 
-    def evaluate(self, rows: list[dict], max_new_tokens: int) -> list[dict]:
-        """Greedy answers of rows, graded pass@1 like `areal-kit eval` (in-training eval)."""
-
-        outs = self.llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in rows],
-                                 self._params(None, 1, max_new_tokens, 0.0), use_tqdm=False)
+    def evaluate(self, rows: list[dict], max_new_tokens: int, n_samples: int = 0) -> list[dict]:
+        """In-training eval of rows, graded like `areal-kit eval`: the greedy answer of each
+        (correct, n_tokens, no_eos) and, with n_samples, how many of n_samples answers sampled at
+        ppo.gen's temperature (seeded by row["seed"]) are correct (n_correct)."""
+        prompts = [{"prompt_token_ids": r["prompt_ids"]} for r in rows]
+        params = [self._params(None, 1, max_new_tokens, 0.0)] * len(rows)
+        if n_samples:
+            prompts += prompts
+            params += [self._params(r["seed"], n_samples, max_new_tokens) for r in rows]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
         res = []
-        for row, out in zip(rows, outs):
-            o = out.outputs[0]
-            text = self.tokenizer.decode(list(o.token_ids), skip_special_tokens=True)
-            res.append({"id": row["id"], "correct": grade_row(text, row), "n_tokens": len(o.token_ids),
-                        "no_eos": o.finish_reason == "length"})
+        for i, row in enumerate(rows):
+            o = outs[i].outputs[0]
+            res.append({"id": row["id"], "correct": grade_row(self._text(o.token_ids), row),
+                        "n_tokens": len(o.token_ids), "no_eos": o.finish_reason == "length"})
+            if n_samples:
+                sampled = outs[len(rows) + i].outputs
+                res[-1]["n_correct"] = sum(grade_row(self._text(x.token_ids), row) for x in sampled)
         return res
+
+    def _text(self, token_ids) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """Logprob of every token after the first of each sequence (engine vs trainer checks)."""
