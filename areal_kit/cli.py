@@ -47,6 +47,7 @@ def _register() -> None:
     app.command("setup")(cluster_cmd.setup)
     app.command("train", context_settings={"allow_extra_args": False})(rl_cmd.train)
     app.command("eval")(eval_cmd.eval_)
+    app.command("filter")(eval_cmd.filter_)
     app.command("grade")(eval_cmd.grade)
     app.command("status")(cluster_cmd.status)
     app.command("down")(cluster_cmd.down)

@@ -83,6 +83,9 @@ class GenConfig:
 class PPOConfig:
     group_size: int = opt(8, "Answers sampled per prompt.")
     eps_clip: float = opt(0.2, "PPO clip range of the probability ratio.")
+    eps_clip_high: float = opt(0.0,
+        "Upper clip range when it differs from eps_clip: DAPO's clip-higher (0.28 with eps_clip 0.2) "
+        "lets unlikely tokens with a positive advantage grow, against entropy collapse (0 = eps_clip).")
     kl_ctl: float = opt(0.0, "KL coefficient to the frozen reference model (0 = no reference model is loaded).")
     kl_estimator: str = opt("k1",
         "KL estimator: k1 (log-ratio), k2 (squared log-ratio / 2), k3 (Schulman's unbiased, >= 0).",
@@ -160,6 +163,9 @@ class PPOConfig:
               f"ppo.group_size={self.group_size} with ppo.group_adv_norm=true (GRPO) is not valid: "
               "a group of 1 has no baseline; set ppo.group_size >= 2 or ppo.group_adv_norm=false")
         check(0 < self.eps_clip < 1, f"ppo.eps_clip={self.eps_clip} is not valid; expected 0 < eps_clip < 1")
+        check(self.eps_clip_high == 0 or self.eps_clip <= self.eps_clip_high < 1,
+              f"ppo.eps_clip_high={self.eps_clip_high} is not valid; expected 0 (= eps_clip) or eps_clip "
+              f"({self.eps_clip}) up to 1")
         check_positive("ppo.kl_ctl", self.kl_ctl, allow_zero=True)
         check_choices(self, "ppo.")
         check_positive("ppo.ppo_n_minibatches", self.ppo_n_minibatches)

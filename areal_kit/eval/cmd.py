@@ -1,7 +1,9 @@
-"""CLI commands `areal-kit eval` (evaluate checkpoints) and `areal-kit grade` (check answers).
+"""CLI commands `areal-kit eval` (evaluate checkpoints), `areal-kit filter` (keep training prompts by
+pass rate) and `areal-kit grade` (check answers).
 
     areal-kit eval --model_path CKPT --output_path OUT --data_names math_500,aime24,amc23
     areal-kit eval --model_path RUN/checkpoints/root/tiny/run0/actor --output_path OUT   # each, compared
+    areal-kit filter --model_path CKPT --dataset train.jsonl --num_samples 8 --keep 0.1-0.9 --output_path OUT
     areal-kit grade '\\frac{1}{2}' 0.5
     areal-kit grade --file pairs.jsonl        # rows {"pred": ..., "ref": ..., "expected": true}
 
@@ -85,6 +87,54 @@ def eval_(
         compare.write(out, cmp)
         console.print(compare.rich_table(cmp))
         console.print(f"wrote {out}/compare.json, compare.md, compare.csv", markup=False)
+
+
+def filter_(
+    model_path: str = typer.Option(..., "--model_path", "--model-path",
+                                   help="Hugging Face model folder whose pass rates decide (a checkpoint)."),
+    dataset: str = typer.Option(..., "--dataset",
+                                help="Training dataset to filter: a jsonl file (--type jsonl, areal) or a "
+                                     "datasets folder (--type hf), read as training reads dataset.path."),
+    type_: str = typer.Option("jsonl", "--type", help="Dataset format: jsonl | areal | hf (as dataset.type)."),
+    question_field: str = typer.Option("question", "--question_field", "--question-field",
+                                       help="jsonl/hf: field holding the question."),
+    answer_field: str = typer.Option("answer", "--answer_field", "--answer-field",
+                                     help="jsonl/hf: field holding the reference answer."),
+    id2info_path: str = typer.Option("", "--id2info_path", "--id2info-path",
+                                     help="areal: id2info.json (default: beside the dataset)."),
+    output_path: str = typer.Option("filter_out", "--output_path", "--output-path",
+                                    help="Folder for samples.jsonl, rates.jsonl and filtered.jsonl; a re-run "
+                                         "with the same folder resumes."),
+    num_samples: int = typer.Option(8, "--num_samples", "--num-samples",
+                                    help="Sampled completions per prompt; pass rate = correct / num_samples."),
+    keep: str = typer.Option("0.1-0.9", "--keep",
+                             help="Pass rates kept, LO-HI, ends included (0.1-0.9 drops prompts solved by "
+                                  "fewer than 10% or more than 90% of the samples)."),
+    max_gen_tokens: int = typer.Option(16384, "--max_gen_tokens", "--max-gen-tokens",
+                                       help="Maximum generated tokens per sample (as ppo.gen.max_new_tokens)."),
+    temperature: float = typer.Option(0.6, "--temperature", help="Sampling temperature (as ppo.gen.temperature)."),
+    top_p: float = typer.Option(1.0, "--top_p", "--top-p", help="Top-p of the samples (as ppo.gen.top_p)."),
+    seed: int = typer.Option(0, "--seed", help="Base seed; each sample's seed derives from it."),
+    apply_chat_template: bool = typer.Option(False, "--apply_chat_template", "--apply-chat-template",
+                                             help="Apply the tokenizer's chat template to prompts "
+                                                  "(as dataset.apply_chat_template)."),
+    max_prompt_len: int = typer.Option(2048, "--max_prompt_len", "--max-prompt-len",
+                                       help="Prompts longer than this (tokens) are not sampled nor kept, as "
+                                            "training drops them (dataset.max_prompt_len)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel GPUs per vLLM engine."),
+    num_engines: int = typer.Option(0, "--num_engines", "--num-engines",
+                                    help="Data-parallel vLLM engines (0: GPUs // tp; 1 on CPU)."),
+) -> None:
+    """Sample every training prompt, record its pass rate, and keep the prompts within a range."""
+    from areal_kit.eval.filter import FilterConfig, parse_keep, run
+
+    cfg = FilterConfig(model_path=model_path, dataset=dataset, output_path=output_path, type=type_,
+                       question_field=question_field, answer_field=answer_field, id2info_path=id2info_path,
+                       num_samples=num_samples, keep=parse_keep(keep), max_gen_tokens=max_gen_tokens,
+                       temperature=temperature, top_p=top_p, seed=seed, apply_chat_template=apply_chat_template,
+                       max_prompt_len=max_prompt_len, tp=tp, num_engines=num_engines)
+    with stops_say_so():  # the records graded so far are on disk: a re-run resumes after them
+        run(cfg, make_console())
 
 
 def _read_pairs(path: Path) -> list[dict]:

@@ -8,7 +8,9 @@ Outputs under output_path:
   results.md, results.csv    the table
 
 A re-run skips every sample already in samples.jsonl, so an interrupted evaluation resumes
-where it stopped and a finished one only rebuilds the table (no engine start).
+where it stopped and a finished one only rebuilds the table (no engine start). The pieces that
+make it so (check_identity, load_records, append_records, generate) also serve `areal-kit
+filter` (eval/filter.py).
 
     areal-kit eval --model_path CKPT --output_path OUT --data_names math_500,aime24
 """
@@ -76,13 +78,7 @@ class EvalConfig:
             if not ok:
                 raise UserError(msg)
         evdata.template_for(self.prompt_type)
-        mp = Path(self.model_path)
-        if not mp.is_dir():
-            raise UserError(f"model path {self.model_path} not found; expected a Hugging Face "
-                            "model folder (config.json, weights, tokenizer)")
-        if not (mp / "config.json").exists():
-            raise UserError(f"model path {self.model_path} has no config.json; expected a "
-                            "Hugging Face model folder (a checkpoint saved by areal-kit train is one)")
+        check_model_path(self.model_path)
 
     def identity(self) -> dict:
         """The settings a stored sample depends on; must match to reuse earlier records."""
@@ -91,14 +87,27 @@ class EvalConfig:
                 "top_p": self.top_p, "seed": self.seed}
 
 
+def check_model_path(model_path: str) -> None:
+    """UserError unless model_path is a Hugging Face model folder (eval's and filter's check)."""
+    mp = Path(model_path)
+    if not mp.is_dir():
+        raise UserError(f"model path {model_path} not found; expected a Hugging Face "
+                        "model folder (config.json, weights, tokenizer)")
+    if not (mp / "config.json").exists():
+        raise UserError(f"model path {model_path} has no config.json; expected a "
+                        "Hugging Face model folder (a checkpoint saved by areal-kit train is one)")
+
+
 def sample_seed(seed: int, key: str) -> int:
     """A per-sample seed that depends only on the run seed and the sample's key."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:4], "little") & 0x7FFFFFFF
 
 
-def _check_identity(out: Path, cfg: EvalConfig) -> None:
+def check_identity(out: Path, ident: dict) -> None:
+    """Refuse (UserError) an output folder whose run_config.json holds other settings; a new
+    folder is made and the settings written. Shared by eval and filter: a sample stored there
+    is reused only when everything it depends on is the same."""
     path = out / "run_config.json"
-    ident = cfg.identity()
     if path.exists():
         old = json.loads(path.read_text())
         diff = [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in ident.items() if old.get(k) != v]
@@ -127,7 +136,8 @@ def load_records(path: Path) -> dict[str, dict]:
     return records
 
 
-def _append(path: Path, records: list[dict]) -> None:
+def append_records(path: Path, records: list[dict]) -> None:
+    """Append records to a jsonl file, on disk (fsynced) when this returns."""
     durable.append_lines(path, [json.dumps(r, ensure_ascii=False) + "\n" for r in records])
 
 
@@ -159,7 +169,7 @@ def run(cfg: EvalConfig, console=None) -> dict:
     out = Path(cfg.output_path)
     questions = {n: evdata.load_questions(cfg.data_dir, n, cfg.prompt_type, cfg.max_questions)
                  for n in cfg.data_names}
-    _check_identity(out, cfg)
+    check_identity(out, cfg.identity())
     done = {}
     for n in cfg.data_names:
         (out / n).mkdir(parents=True, exist_ok=True)
@@ -175,7 +185,7 @@ def run(cfg: EvalConfig, console=None) -> dict:
         except Exception as e:  # an engine that fails to start or dies: one line, the traceback kept
             if (stop := interruption(e)) is not None:
                 raise stop from None
-            raise _failed(e, out, sum(map(len, done.values())) - (n_total - len(todo))) from e
+            raise failed("eval", e, out, sum(map(len, done.values())) - (n_total - len(todo))) from e
     agg = report.aggregate(cfg, questions, done)
     report.write(out, agg)
     (out / "error.log").unlink(missing_ok=True)  # an earlier failure's, now resumed past
@@ -184,13 +194,13 @@ def run(cfg: EvalConfig, console=None) -> dict:
     return agg
 
 
-def _failed(e: Exception, out: Path, n_new: int) -> RunFailed:
-    """The error for a failed generation, its traceback written to OUT/error.log."""
+def failed(what: str, e: Exception, out: Path, n_new: int) -> RunFailed:
+    """The error for a failed generation of command `what`, its traceback written to OUT/error.log."""
 
     log = out / "error.log"
     log.write_text("".join(traceback.format_exception(e)), encoding="utf-8")
     kept = f"; the {n_new} sample(s) graded before it are kept, a re-run resumes after them" if n_new else ""
-    return RunFailed(f"eval failed: {describe(e)} (traceback in {log}{kept})")
+    return RunFailed(f"{what} failed: {describe(e)} (traceback in {log}{kept})")
 
 
 def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None:
@@ -199,24 +209,41 @@ def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None
     for q, _ in todo:
         if q.prompt not in ids:
             ids[q.prompt] = tuple(tok(q.prompt)["input_ids"])
+    by_key = {key: (q, mode, idx) for q, (key, mode, idx) in todo}
+
+    def record(key: str, text: str, n_tokens: int, finish: str) -> dict:
+        q, mode, idx = by_key[key]
+        return _record(q, key, mode, idx, text, n_tokens, finish, cfg.grade_timeout_s)
+
+    prompts = [(key, ids[q.prompt], mode == "greedy") for q, (key, mode, idx) in todo]
+    generate(cfg, tok, prompts, record, lambda recs: _store(recs, out, done), console)
+
+
+def generate(cfg, tok, prompts: list[tuple[str, tuple[int, ...], bool]], make_record, store, console) -> None:
+    """Generate each (key, prompt_ids, greedy) prompt on cfg's engines and record it: chunk by
+    chunk, the completions decoded with `tok` become make_record(key, text, n_tokens,
+    finish_reason) and go to store(records) before the next chunk starts, so a failure or a
+    stop loses at most the chunk in flight. Shared by eval and filter; cfg needs model_path,
+    max_gen_tokens, temperature, top_p, seed, tp, num_engines and chunk_size.
+
+    A sampled prompt's seed is sample_seed(cfg.seed, key), so a resumed run makes the samples an
+    uninterrupted one would have. A prompt with no room for one generated token within the
+    model's positions is recorded as an empty completion (finish_reason prompt_too_long)."""
     cap = _model_max_len(cfg.model_path)
-    max_len = max(len(v) for v in ids.values()) + cfg.max_gen_tokens
+    max_len = max(len(p) for _, p, _ in prompts) + cfg.max_gen_tokens
     max_len = min(max_len, cap) if cap else max_len
-    requests, too_long, by_key = [], [], {}
-    for q, (key, mode, idx) in todo:
-        p = ids[q.prompt]
-        by_key[key] = (q, mode, idx)
+    requests, too_long = [], []
+    for key, p, greedy in prompts:
         if len(p) >= max_len:  # no room for one generated token: recorded as unanswered
-            too_long.append(_record(q, key, mode, idx, "", 0, "prompt_too_long", cfg.grade_timeout_s))
+            too_long.append(make_record(key, "", 0, "prompt_too_long"))
             continue
-        greedy = mode == "greedy"
-        requests.append(GenRequest(key, p, 0.0 if greedy else cfg.temperature, cfg.top_p,
+        requests.append(GenRequest(key, tuple(p), 0.0 if greedy else cfg.temperature, cfg.top_p,
                                    min(cfg.max_gen_tokens, max_len - len(p)),
                                    None if greedy else sample_seed(cfg.seed, key)))
     if too_long:
         console.print(f"[yellow]{len(too_long)} samples have prompts longer than the model's "
                       f"{max_len} positions: recorded as wrong (finish_reason prompt_too_long)")
-        _store(too_long, out, done)
+        store(too_long)
     if not requests:
         return
     t0 = time.time()
@@ -233,12 +260,10 @@ def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None
                 results = engines.generate(requests[i:i + step])
                 recs = []
                 for r in results:
-                    q, mode, idx = by_key[r.key]
                     text = tok.decode(r.token_ids, skip_special_tokens=True)
-                    recs.append(_record(q, r.key, mode, idx, text, len(r.token_ids), r.finish_reason,
-                                        cfg.grade_timeout_s))
+                    recs.append(make_record(r.key, text, len(r.token_ids), r.finish_reason))
                     n_tokens += len(r.token_ids)
-                _store(recs, out, done)
+                store(recs)
                 prog.advance(task, len(results))
     finally:
         engines.close()
@@ -252,7 +277,7 @@ def _store(recs: list[dict], out: Path, done: dict) -> None:
     for r in recs:
         by_ds.setdefault(r["dataset"], []).append(r)
     for name, rs in by_ds.items():
-        _append(out / name / "samples.jsonl", rs)
+        append_records(out / name / "samples.jsonl", rs)
         done[name].update({r["key"]: r for r in rs})
 
 

@@ -23,16 +23,21 @@ def dataset_size(cfg) -> tuple[int | None, str]:
     Counted before tokenization: prompts over max_prompt_len are dropped when the run starts.
     """
     d = cfg.dataset
-    if d.type != "toy" and not os.path.exists(d.path):
-        return None, f"{d.path} not found here (it is read on the cluster)"
+    for src in d.mix or [d]:
+        src = src if isinstance(src, dict) else {"type": d.type, "path": d.path}
+        if src["type"] != "toy" and not os.path.exists(src["path"]):
+            return None, f"{src['path']} not found here (it is read on the cluster)"
     try:
-        from areal_kit.data.prompts import load_rows
+        from areal_kit.data.prompts import load_rows, mix_rows
         from areal_kit.data.sources import split_eval
 
         rows, ev = split_eval(load_rows(cfg), d, cfg.seed)
+        rows = mix_rows(rows, d.mix, cfg.seed)
     except Exception as e:  # noqa: BLE001 - the plan reports, the run fails
-        return None, f"{d.path}: {str(e).splitlines()[0]}"
+        return None, f"{d.path or 'dataset.mix'}: {str(e).splitlines()[0]}"
     note = "built-in toy task" if d.type == "toy" else d.path
+    if d.mix:
+        note = "mix of " + ", ".join(f"{m['name']} x{m['weight']:g}" for m in d.mix)
     if ev:
         note += f"; eval split {len(ev)} prompts" + ("" if d.eval_path else " held out")
     return len(rows), note
@@ -61,6 +66,27 @@ def device_lines(cfg, plat) -> list[str]:
         return lines + [f"placement: not on the configured {cfg.n_nodes} node(s): {e}"]
 
 
+def recipe_lines(cfg) -> list[str]:
+    """The recipe options that change what a step trains on, and the in-training eval, when on."""
+    p, x = cfg.ppo, cfg.exp_ctrl
+    parts = []
+    if p.dynamic_sampling:
+        parts.append(f"dynamic sampling (groups with equal task rewards dropped, up to "
+                     f"{p.dynamic_sampling_max_rounds} extra generation rounds a step)")
+    if p.eps_clip_high:
+        parts.append(f"clip-higher {p.eps_clip}/{p.eps_clip_high}")
+    if p.overlong_buffer:
+        parts.append(f"overlong penalty over the last {p.overlong_buffer} tokens (down to -{p.overlong_penalty_factor:g})")
+    if p.overlong_filter:
+        parts.append("truncated answers out of the loss")
+    lines = [f"recipe: {', '.join(parts)}; loss {p.loss_agg}"] if parts else []
+    if x.eval_every:
+        k = x.eval_n_samples
+        lines.append(f"eval: every {x.eval_every} steps on the eval split: greedy pass@1"
+                     + (f", avg@{k} and pass@{k} of {k} samples" if k else ""))
+    return lines
+
+
 def plan_lines(cfg, plat=None) -> list[str]:
     plat = plat or hardware.detect()
     a = parse_allocation(cfg.allocation_mode)
@@ -87,6 +113,7 @@ def plan_lines(cfg, plat=None) -> list[str]:
         f"off-policyness: {p.max_head_offpolicyness}" + (" (synchronous, on-policy)" if p.max_head_offpolicyness == 0
                                                         else f" (decoupled loss: {p.use_decoupled_loss})"),
         weight_sync_line(cfg, a.gen.dp * a.gen.tp),
+        *recipe_lines(cfg),
     ]
     if n is not None:
         spe = n // d.train_bs_n_seqs

@@ -63,7 +63,7 @@ GOOD_SPEC = {"cluster_type": "local", "cluster_name": "c", "fileroot": "/tmp/fr"
 # (argv, substring of the one error line). {tmp} is replaced by the test's tmp_path.
 BAD_INPUTS = [
     # unknown presets
-    (["train", "nosuch"], "unknown preset 'nosuch'; expected one of 1.5B_n1, 1.5B_n16, 1.5B_n4, 7B_n16, 7B_n4, tiny"),
+    (["train", "nosuch"], "unknown preset 'nosuch'; expected one of 1.5B_n1, 1.5B_n16, 1.5B_n1_dapo, 1.5B_n4, 7B_n16, 7B_n4, tiny, tiny_dapo or a path"),
     (["train", "1.5B_n8", "--dry-run"], "unknown preset '1.5B_n8'"),
     (["train", "{tmp}/missing.yaml"], "unknown preset"),
     # bad overrides
@@ -182,7 +182,7 @@ def test_no_arguments_shows_help(capsys):
     assert "setup" in out + err
 
 
-@pytest.mark.parametrize("sub", ["setup", "train", "eval", "status", "down", "logs", "plot"])
+@pytest.mark.parametrize("sub", ["setup", "train", "eval", "filter", "status", "down", "logs", "plot"])
 def test_every_subcommand_has_help(sub, capsys):
     code, out, err = run([sub, "--help"], capsys)
     assert code == 0, err
@@ -315,7 +315,7 @@ def test_every_command_summary_is_one_line():
     from areal_kit.cli import app
 
     group = typer.main.get_command(app)
-    assert set(group.commands) >= {"setup", "train", "eval", "down", "logs", "plot"}
+    assert set(group.commands) >= {"setup", "train", "eval", "filter", "down", "logs", "plot"}
     for name, command in group.commands.items():
         summary = command.help.strip().split("\n\n")[0]
         assert "\n" not in summary, f"{name}: {summary!r}"

@@ -27,8 +27,24 @@ def _cwd(tmp_path, monkeypatch):
     monkeypatch.setenv("AREAL_USER", "tester")
 
 
-def test_the_six_presets_exist():
-    assert sorted(preset_names()) == sorted(["tiny", *GPU_PRESETS])
+def test_the_presets_exist():
+    assert sorted(preset_names()) == sorted(["tiny", *GPU_PRESETS, *DAPO_PRESETS])
+
+
+DAPO_PRESETS = ["tiny_dapo", "1.5B_n1_dapo"]
+
+
+@pytest.mark.parametrize("name", DAPO_PRESETS)
+def test_dapo_variants_turn_the_recipe_on_over_their_base(name):
+    cfg, base = load_config(name), load_config(name.removesuffix("_dapo"))
+    p = cfg.ppo
+    assert p.dynamic_sampling and p.dynamic_sampling_max_rounds >= 1
+    assert (p.eps_clip, p.eps_clip_high) == (0.2, 0.28)
+    assert 0 < p.overlong_buffer < p.gen.max_new_tokens
+    assert p.group_adv_norm and p.loss_agg == "token-mean"
+    assert cfg.exp_ctrl.eval_every and cfg.exp_ctrl.eval_n_samples >= 8 and cfg.dataset.eval_size
+    assert (cfg.allocation_mode, cfg.actor.path) == (base.allocation_mode, base.actor.path)
+    assert cfg.experiment_name != base.experiment_name  # its runs never resume the base's checkpoints
 
 
 @pytest.mark.parametrize("name", ["tiny", *GPU_PRESETS])

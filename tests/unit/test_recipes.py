@@ -192,3 +192,20 @@ def test_plot_adds_the_eval_and_per_source_panels(tmp_path):
     write_png(rows_, str(out))
     assert out.stat().st_size > 10_000
     assert extra_panels([{"global_step": 1, "task_reward": 0.0}]) == []
+
+
+# ------------------------------------------------------------------ clip-higher
+def test_clip_higher_lets_a_positive_advantage_ratio_grow_past_eps_clip():
+    old = torch.zeros(3)
+    logp = torch.log(torch.tensor([1.25, 1.35, 0.7]))  # ratios
+    adv = torch.tensor([1.0, 1.0, -1.0])
+    sym, _ = Fn.ppo_loss(logp, old, adv, 0.2)
+    high, st = Fn.ppo_loss(logp, old, adv, 0.2, eps_clip_high=0.28)
+    assert sym.tolist() == pytest.approx([-1.2, -1.2, 0.8])  # both clipped at 1.2; 0.7 -> 0.8 below
+    assert high.tolist() == pytest.approx([-1.25, -1.28, 0.8])  # 1.25 inside the wider range, 1.35 at 1.28
+    assert st["clip"].tolist() == [0.0, 1.0, 1.0]
+
+
+def test_clip_high_below_eps_clip_is_one_line():
+    with pytest.raises(ConfigError, match=r"ppo.eps_clip_high=0.1 is not valid; expected 0 \(= eps_clip\)"):
+        PPOConfig(eps_clip_high=0.1)

@@ -75,15 +75,18 @@ def masked_normalize(x: torch.Tensor, eps: float = 1e-5, stats: tuple[float, flo
 
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, eps_clip: float,
-             behav_logp: torch.Tensor | None = None, behav_cap: float | None = None):
+             behav_logp: torch.Tensor | None = None, behav_cap: float | None = None,
+             eps_clip_high: float | None = None):
     """Clipped PPO surrogate per token (not reduced) and its statistics.
 
     old_logp is the proximal policy (the ratio's denominator). With decoupled PPO, behav_logp is
     the policy that generated the tokens: each token is weighted by exp(old - behav), and tokens
     whose weight exceeds behav_cap are dropped (weight 0), as AReaL's decoupled objective does.
+    eps_clip_high (DAPO's clip-higher) is the upper clip range when it differs from eps_clip: a
+    rare token with a positive advantage may then grow further, which keeps entropy from collapsing.
     """
     ratio = torch.exp(logp - old_logp)
-    clipped = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip)
+    clipped = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + (eps_clip if eps_clip_high is None else eps_clip_high))
     loss = -torch.min(ratio * advantages, clipped * advantages)
     clip_mask = (ratio * advantages) > (clipped * advantages)
     weight = torch.ones_like(loss)

@@ -270,7 +270,7 @@ class TrainerWorker(WeightSender, StackDumps):
                 old = logp.detach() if prox is None else cat(prox)
                 loss_tok, st = Fn.ppo_loss(logp, old, cat(adv), p.eps_clip,
                                            behav_logp=cat(behav) if p.use_decoupled_loss else None,
-                                           behav_cap=p.behav_imp_weight_cap)
+                                           behav_cap=p.behav_imp_weight_cap, eps_clip_high=p.eps_clip_high or None)
                 agg = torch.cat([aw[i] for i in rows]).to(self.device)
                 loss = (loss_tok * agg).sum()
                 if ref_lp is not None and p.kl_mode == "loss":

@@ -1,0 +1,282 @@
+"""Difficulty filtering: every training prompt's pass rate, and the prompts within a range.
+
+Each prompt of a training dataset is sampled num_samples times by the eval engine
+(eval/engine.py), each completion graded by the grader of in-training validation
+(rl/validation.grade_row), and the prompts whose pass rate n_correct / num_samples lies within
+--keep LO-HI (inclusive) are written out: dropping the ones the model always or never solves,
+which teach a GRPO-style policy nothing, as AReaL did for its boba data. Prompts are read and
+tokenized the way training reads them (data/sources.load, data/prompts.tokenize_rows); a prompt
+longer than --max_prompt_len, which training would drop, is not sampled and never kept.
+
+Outputs under output_path:
+  run_config.json   the settings a sample depends on (model, dataset and its content, chat
+                    template, sampling, seed, max tokens); a re-run with other ones is refused
+  samples.jsonl     one graded record a sample, appended chunk by chunk (fsynced)
+  rates.jsonl       every prompt: id, pass_rate, n_correct, n_samples, kept
+  filtered.jsonl    the kept rows as the dataset holds them, plus pass_rate, n_correct, n_samples
+  id2info.json      areal input with an id2info.json: the kept rows' entries of it
+
+filtered.jsonl is read back by training with the input's format: --type areal stays areal (its
+prompt/query_id rows, with the id2info.json beside it, or with their solutions inline when the
+input had them inline), jsonl and hf become dataset.type=jsonl with the same question and
+answer fields.
+
+Resumable like `areal-kit eval`: a re-run skips every sample in samples.jsonl, so an interrupted
+run resumes and a finished one only rewrites the outputs (no engine start): a new --keep or
+--max_prompt_len costs no generation. Sample i of a prompt has its own seed, so it is the same
+whatever --num_samples is: more samples adds the missing ones, fewer uses the first ones.
+
+    areal-kit filter --model_path CKPT --dataset boba.jsonl --type areal --num_samples 8 \\
+        --keep 0.1-0.9 --output_path boba_filtered
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from areal_kit import durable
+from areal_kit.config.schema import DatasetConfig
+from areal_kit.console import make_console
+from areal_kit.data import sources
+from areal_kit.data.prompts import tokenize_rows
+from areal_kit.data.tokenizer import load_tokenizer
+from areal_kit.errors import UserError
+from areal_kit.eval.evaluation import append_records, check_identity, check_model_path, failed, generate, load_records
+from areal_kit.interrupts import interruption
+from areal_kit.reward import extract_answer
+from areal_kit.rl.validation import grade_row, references
+
+TYPES = ("areal", "jsonl", "hf")
+_RANGE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*-\s*(\d+(?:\.\d*)?|\.\d+)\s*")
+# Upper edges of the summary's histogram bins of pass rates strictly between 0 and 1.
+_BINS = (0.25, 0.5, 0.75, 1.0)
+
+
+def parse_keep(text: str) -> tuple[float, float]:
+    """'0.1-0.9' -> (0.1, 0.9): an inclusive range of pass rates, 0 <= LO <= HI <= 1."""
+    m = _RANGE.fullmatch(text)
+    expect = "expected LO-HI with 0 <= LO <= HI <= 1, e.g. --keep 0.1-0.9"
+    if not m:
+        raise UserError(f"--keep {text!r} is not a range; {expect}")
+    lo, hi = float(m[1]), float(m[2])
+    if hi > 1:
+        raise UserError(f"--keep {text!r}: pass rates are at most 1; {expect}")
+    if lo > hi:
+        raise UserError(f"--keep {text!r}: LO {lo:g} is above HI {hi:g}; {expect}")
+    return lo, hi
+
+
+def kept(rate: float | None, keep: tuple[float, float]) -> bool:
+    """The selection rule: a sampled prompt whose pass rate is within keep, ends included."""
+    return rate is not None and keep[0] <= rate <= keep[1]
+
+
+@dataclass
+class FilterConfig:
+    """Everything one `areal-kit filter` run needs."""
+
+    model_path: str  # Hugging Face model folder whose pass rates decide
+    dataset: str  # training dataset: a jsonl file (jsonl, areal) or a datasets folder (hf)
+    output_path: str  # folder for records, rates and the filtered dataset
+    type: str = "jsonl"  # areal | jsonl | hf, as dataset.type of training
+    question_field: str = "question"  # jsonl/hf
+    answer_field: str = "answer"  # jsonl/hf
+    id2info_path: str = ""  # areal: "" = id2info.json beside the dataset
+    num_samples: int = 8  # sampled completions per prompt
+    keep: tuple[float, float] = (0.1, 0.9)  # pass rates kept, ends included
+    max_gen_tokens: int = 16384  # generation budget per sample
+    temperature: float = 0.6
+    top_p: float = 1.0
+    seed: int = 0  # base of the per-sample sampling seeds
+    apply_chat_template: bool = False  # as dataset.apply_chat_template
+    max_prompt_len: int = 2048  # as dataset.max_prompt_len: longer prompts are skipped
+    tp: int = 1  # tensor-parallel GPUs per engine
+    num_engines: int = 0  # data-parallel engines (0: GPUs // tp, 1 on the CPU)
+    chunk_size: int = 256  # requests per engine between two record flushes
+
+    def __post_init__(self):
+        if self.type not in TYPES:
+            raise UserError(f"--type {self.type!r} is not a dataset file format; expected one of {', '.join(TYPES)} "
+                            "(the toy task is generated, there is nothing to filter)")
+        checks = [
+            (self.num_samples >= 1, f"num_samples must be >= 1, got {self.num_samples}"),
+            (self.max_gen_tokens >= 1, f"max_gen_tokens must be >= 1, got {self.max_gen_tokens}"),
+            (self.temperature > 0, f"temperature must be > 0 for sampled completions, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.max_prompt_len >= 1, f"max_prompt_len must be >= 1, got {self.max_prompt_len}"),
+            (self.tp >= 1 and self.num_engines >= 0, "tp must be >= 1 and num_engines >= 0"),
+            (self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise UserError(msg)
+        check_model_path(self.model_path)
+        _check_output_apart(self)
+
+    def dataset_config(self) -> DatasetConfig:
+        return DatasetConfig(path=self.dataset, type=self.type, id2info_path=self.id2info_path,
+                             question_field=self.question_field, answer_field=self.answer_field)
+
+    def id2info_file(self) -> Path:
+        """Where training reads this areal dataset's id2info.json from."""
+        return Path(self.id2info_path or os.path.join(os.path.dirname(os.path.abspath(self.dataset)), "id2info.json"))
+
+    def identity(self, digest: str) -> dict:
+        """The settings a stored sample depends on; num_samples and keep are not among them (a
+        sample's seed depends on its index, not on how many there are)."""
+        return {"command": "filter", "model_path": str(Path(self.model_path).resolve()),
+                "dataset": str(Path(self.dataset).resolve()), "type": self.type, "dataset_sha256": digest,
+                "apply_chat_template": self.apply_chat_template, "max_gen_tokens": self.max_gen_tokens,
+                "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+
+
+def _check_output_apart(cfg: FilterConfig) -> None:
+    # filtered.jsonl and id2info.json written into the dataset's own folder would replace its files,
+    # and anywhere inside a datasets folder they would be read as more of its data files.
+    out = Path(cfg.output_path).resolve()
+    data = Path(cfg.dataset).resolve()
+    homes = [data.parent] + ([cfg.id2info_file().resolve().parent] if cfg.type == "areal" else [])
+    if out in homes or (cfg.type == "hf" and (out == data or data in out.parents)):
+        raise UserError(f"--output_path {cfg.output_path} is the dataset's folder; expected another folder "
+                        "(filter writes filtered.jsonl and id2info.json there)")
+
+
+def sample_keys(row_id: str, num_samples: int) -> list[str]:
+    return [f"{row_id}/s{i}" for i in range(num_samples)]
+
+
+def digest(rows: list[dict]) -> str:
+    """A fingerprint of what the samples depend on in the dataset: ids, questions, references."""
+    blob = json.dumps([[r["id"], r["prompt"], references(r)] for r in rows], ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def prompt_rates(rows: list[dict], sampled: set[str], done: dict[str, dict], num_samples: int,
+                 keep: tuple[float, float]) -> list[dict]:
+    """One rates row per dataset row, in order: the pass rate over its first num_samples
+    records, and whether keep keeps it; a row not sampled (too long) has pass_rate None."""
+    out = []
+    for r in rows:
+        if r["id"] not in sampled:
+            out.append({"id": r["id"], "pass_rate": None, "n_correct": 0, "n_samples": 0, "kept": False,
+                        "skipped": "prompt_too_long"})
+            continue
+        recs = [done[k] for k in sample_keys(r["id"], num_samples)]
+        n_correct = sum(bool(x["correct"]) for x in recs)
+        rate = n_correct / num_samples
+        out.append({"id": r["id"], "pass_rate": rate, "n_correct": n_correct, "n_samples": num_samples,
+                    "kept": kept(rate, keep)})
+    return out
+
+
+def summary(rates: list[dict], keep: tuple[float, float], max_prompt_len: int) -> str:
+    """One line: how many were kept, the mean rate and a histogram of the rates."""
+    got = [r["pass_rate"] for r in rates if r["pass_rate"] is not None]
+    n_kept = sum(r["kept"] for r in rates)
+    hist = [("0", sum(x == 0 for x in got))]
+    lo = 0.0
+    for hi in _BINS:
+        hist.append((f"{'(' if lo == 0 else '['}{lo:g},{hi:g})", sum(lo < x < hi or (x == lo and lo > 0) for x in got)))
+        lo = hi
+    hist.append(("1", sum(x == 1 for x in got)))
+    mean = f"{sum(got) / len(got):.3f}" if got else "-"
+    line = (f"filter: kept {n_kept} of {len(rates)} prompts (pass rate in [{keep[0]:g}, {keep[1]:g}]); "
+            f"mean pass rate {mean}; rates {' '.join(f'{b}:{n}' for b, n in hist)}")
+    skipped = len(rates) - len(got)
+    if skipped:
+        line += f"; {skipped} longer than max_prompt_len={max_prompt_len} not sampled"
+    return line
+
+
+def _raw_rows(cfg: FilterConfig) -> list[dict]:
+    """The dataset's rows as stored (sources.load adds id/prompt/answer/solutions), for writing back."""
+    raw = sources.read_hf(cfg.dataset) if cfg.type == "hf" else sources.read_jsonl(cfg.dataset)
+    return [{k: v for k, v in r.items() if k != "_line"} for r in raw]
+
+
+def _tokenizer(model_path: str):
+    try:
+        return load_tokenizer(model_path)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - transformers raises many types for a folder without a tokenizer
+        raise UserError(f"cannot load the tokenizer of {model_path} ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200] if str(e) else ''}); expected a model folder with its "
+                        "tokenizer files (tokenizer.json, tokenizer_config.json)") from None
+
+
+def _write_outputs(cfg: FilterConfig, out: Path, raw: list[dict], rates: list[dict]) -> None:
+    # Each file is replaced whole (a temporary file renamed over it): never half-written.
+    durable.replace_lines(out / "rates.jsonl", [json.dumps(r, ensure_ascii=False) + "\n" for r in rates])
+    keep_rows = [{**row, **{k: rate[k] for k in ("pass_rate", "n_correct", "n_samples")}}
+                 for row, rate in zip(raw, rates) if rate["kept"]]
+    if cfg.type == "areal" and cfg.id2info_file().exists():
+        # load_areal looks up the bare id of an "<id>@idx:<n>" query_id when the full one is absent.
+        info = sources.read_id2info(str(cfg.id2info_file()))
+        sub = {}
+        for row in keep_rows:
+            qid = str(row["query_id"])
+            key = qid if qid in info else qid.split("@idx:")[0]
+            sub[key] = info[key]
+        durable.replace_lines(out / "id2info.json", [json.dumps(sub, ensure_ascii=False) + "\n"])
+    durable.replace_lines(out / "filtered.jsonl",
+                          [json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in keep_rows])
+
+
+def run(cfg: FilterConfig, console=None) -> dict:
+    """Sample, grade, and write the rates and the filtered dataset; returns {"rates", "summary"}."""
+    console = console or make_console()
+    out = Path(cfg.output_path)
+    # Every input is read and checked before the output folder is touched.
+    rows = sources.load(cfg.dataset_config())
+    raw = _raw_rows(cfg)
+    if len(raw) != len(rows):  # load keeps every row in order; anything else would misalign the write-back
+        raise UserError(f"{cfg.dataset}: {len(raw)} stored rows but {len(rows)} loaded; expected one row each")
+    tok = _tokenizer(cfg.model_path)
+    if cfg.apply_chat_template and not getattr(tok, "chat_template", None):
+        raise UserError(f"--apply_chat_template: the tokenizer of {cfg.model_path} has no chat template; expected "
+                        "a model with one (tokenizer_config.json: chat_template), or no --apply_chat_template")
+    tokenized, _ = tokenize_rows(rows, tok, cfg.max_prompt_len, cfg.apply_chat_template, cfg.question_field)
+    sampled = {r["id"] for r in tokenized}
+    check_identity(out, cfg.identity(digest(rows)))
+    path = out / "samples.jsonl"
+    done = load_records(path)
+    n_before = len(done)
+    todo = [(k, r, i) for r in tokenized for i, k in enumerate(sample_keys(r["id"], cfg.num_samples))
+            if k not in done]
+    n_total = len(tokenized) * cfg.num_samples
+    console.print(f"filter: {n_total} samples over {len(tokenized)} prompts, {n_total - len(todo)} already done, "
+                  f"{len(todo)} to generate")
+    if todo:
+        by_key = {k: (r, i) for k, r, i in todo}
+
+        def record(key: str, text: str, n_tokens: int, finish: str) -> dict:
+            row, i = by_key[key]
+            return {"key": key, "id": row["id"], "sample": i, "completion": text,
+                    "extracted": extract_answer(text), "correct": grade_row(text, row), "tokens": n_tokens,
+                    "finish_reason": finish}
+
+        def store(recs: list[dict]) -> None:
+            append_records(path, recs)
+            done.update({r["key"]: r for r in recs})
+
+        try:
+            generate(cfg, tok, [(k, tuple(r["prompt_ids"]), False) for k, r, _ in todo], record, store, console)
+        except Exception as e:  # an engine that fails to start or dies: one line, the traceback kept
+            if (stop := interruption(e)) is not None:
+                raise stop from None
+            raise failed("filter", e, out, len(done) - n_before) from e
+    rates = prompt_rates(rows, sampled, done, cfg.num_samples, cfg.keep)
+    _write_outputs(cfg, out, raw, rates)
+    (out / "error.log").unlink(missing_ok=True)  # an earlier failure's, now resumed past
+    line = summary(rates, cfg.keep, cfg.max_prompt_len)
+    console.print(line, markup=False)
+    fmt = "areal" if cfg.type == "areal" else "jsonl"
+    console.print(f"wrote {out}/filtered.jsonl (train with dataset.type={fmt}), rates.jsonl, samples.jsonl",
+                  markup=False)
+    return {"rates": rates, "summary": line}
