@@ -19,8 +19,8 @@ from areal_kit.errors import UserError
 
 
 def train(
-    preset: str = typer.Argument(..., help="Preset name in train_scripts/ (tiny, 1.5B_n1, 1.5B_n4, 1.5B_n16, "
-                                           "7B_n4, 7B_n16) or a path to a YAML file."),
+    preset: str = typer.Argument(..., help="Preset name in train_scripts/ (tiny, 1.5B_n1, 1.5B_n4, 1.5B_n16, 7B_n4, "
+                                           "7B_n16, tiny_dapo, 1.5B_n1_dapo) or a path to a YAML file."),
     overrides: list[str] = typer.Argument(None, help="Config overrides key=value, e.g. actor.lr=2e-6 "
                                                      "ppo.gen.max_new_tokens=8192."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate everything checkable without GPUs and "

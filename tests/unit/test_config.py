@@ -325,4 +325,5 @@ def test_all_keys_are_dotted_leaves():
     assert "ref_inf.mb_spec.max_tokens_per_mb" in keys
     assert "ppo" not in keys
     assert "ppo.gen" not in keys
-    assert loader.preset_names() == sorted(["tiny", "1.5B_n1", "1.5B_n4", "1.5B_n16", "7B_n4", "7B_n16"])
+    assert loader.preset_names() == sorted(["tiny", "tiny_dapo", "1.5B_n1", "1.5B_n1_dapo", "1.5B_n4", "1.5B_n16", "7B_n4",
+                                            "7B_n16"])
