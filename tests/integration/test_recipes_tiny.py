@@ -109,3 +109,8 @@ def test_tiny_dapo_on_a_mix_resumes_at_the_exact_prompt(tmp_path, monkeypatch):
         assert 0.0 <= r[f"eval/avg@{K}"] <= r[f"eval/pass@{K}"] <= 1.0
         assert 0.0 <= r["eval/pass@1"] <= 1.0
     assert "Eval at global step 4: pass@1 " in log and f", avg@{K} " in log and f", pass@{K} " in log
+    # areal-kit plot draws them (their panels are unit-tested; here: the command on the run's own files).
+    png = tmp_path / "curve.png"
+    plot = subprocess.run([EXE, "plot", "tiny_dapo/mix", "--fileroot", str(tmp_path), "--user", "ci", "-o", str(png)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert plot.returncode == 0 and png.read_bytes()[:4] == b"\x89PNG", plot.stdout + plot.stderr
