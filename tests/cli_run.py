@@ -1,5 +1,8 @@
 """Run the CLI in-process for tests: `dry_run(argv, capsys)` -> what it printed, after checking it
-exited 0 with no traceback."""
+exited 0 with no traceback; `run_cli(argv, capsys)` -> (exit code, stdout, stderr) of a command that
+exits; `assert_one_line_error(code, err, *needles)` -> the bad-input contract (exit 2, one line)."""
+
+import pytest
 
 from areal_kit.cli import main
 
@@ -14,3 +17,20 @@ def dry_run(argv, capsys) -> str:
     assert code == 0, out.err
     assert "Traceback" not in out.out + out.err
     return out.out
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def assert_one_line_error(code, err, *needles) -> None:
+    """Exit code 2 and one line `error: ...` holding every needle."""
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    for n in needles:
+        assert n in lines[0], lines[0]

@@ -12,17 +12,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cli_run import assert_one_line_error, run_cli
 
 from areal_kit.cli import main
 from areal_kit.eval import report
 from areal_kit.eval.data import EVAL_DIR, Question, sample_keys
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 def ok_cli(args, capsys):
@@ -41,15 +35,6 @@ def fake_model(tmp_path):
     d.mkdir()
     (d / "config.json").write_text("{}")
     return d
-
-
-def assert_one_line_error(code, err, *needles):
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: "), err
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_unknown_data_name_lists_known(capsys, fake_model, tmp_path):

@@ -10,6 +10,7 @@ The generation through the real vLLM engine is in tests/integration/test_filter_
 import json
 
 import pytest
+from cli_run import assert_one_line_error, run_cli
 
 from areal_kit.cli import main
 from areal_kit.config.schema import DatasetConfig
@@ -21,22 +22,6 @@ pytestmark = pytest.mark.unit
 ROWS = [{"id": f"q{i}", "question": f"{i} + 1 =", "answer": str(i + 1)} for i in range(5)]
 # Correct samples of q0..q4 out of 4: rates 0, 0.25, 0.5, 0.75, 1.
 N_CORRECT = [0, 1, 2, 3, 4]
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
-def assert_one_line_error(code, err, *needles):
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: "), err
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def write_jsonl(path, rows):
