@@ -29,14 +29,6 @@ def ok_cli(args, capsys):
     return code, out.out, out.err
 
 
-@pytest.fixture
-def fake_model(tmp_path):
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "config.json").write_text("{}")
-    return d
-
-
 def test_unknown_data_name_lists_known(capsys, fake_model, tmp_path):
     code, _, err = run_cli(["eval", "--model_path", str(fake_model), "--output_path",
                             str(tmp_path / "o"), "--data_names", "math_500,mathh"], capsys)

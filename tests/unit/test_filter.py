@@ -81,14 +81,6 @@ def test_records_to_rates_use_the_first_num_samples_and_mark_skipped_prompts():
     assert line.endswith("; 1 longer than max_prompt_len=2048 not sampled")
 
 
-@pytest.fixture
-def fake_model(tmp_path):
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "config.json").write_text("{}")
-    return d
-
-
 @pytest.mark.parametrize("extra,needles", [
     (["--type", "toy"], ["--type 'toy'", "areal, jsonl, hf"]),
     (["--num_samples", "0"], ["num_samples must be >= 1"]),
