@@ -1,4 +1,4 @@
-"""The `areal-kit` command line: setup, train, eval, grade, status, down, logs, plot.
+"""The `areal-kit` command line: setup, train, eval, grade, status, down, doctor, logs, plot.
 
 Each subcommand lives next to the code it drives (cluster/cmd.py, rl/cmd.py, eval/cmd.py,
 monitor.py); this module only assembles them and turns bad input into one line and exit 2.
@@ -51,6 +51,7 @@ def _register() -> None:
     app.command("grade")(eval_cmd.grade)
     app.command("status")(cluster_cmd.status)
     app.command("down")(cluster_cmd.down)
+    app.command("doctor")(cluster_cmd.doctor)
     app.command("logs")(monitor.logs)
     app.command("plot")(monitor.plot)
 

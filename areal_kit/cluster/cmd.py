@@ -141,6 +141,12 @@ def setup(
     min_disk_gb: float = _O(20.0, "--min-disk-gb", help="Free space required on --storage, in GB."),
     log_dir: str = _O(None, "--log-dir", help="Per-host log files (default ~/.areal-kit/logs/NAME/TIME)."),
     dry_run: bool = _O(False, "--dry-run", help="Print every command per host; run nothing."),
+    skip_doctor: bool = _O(False, "--skip-doctor", help="Skip doctor's fast checks at the end (host limits, "
+                           "shared storage, versions, Ray), which otherwise keep a failed cluster from training."),
+    min_shm_gb: float = _O(1.0, "--min-shm-gb", min=0, help="/dev/shm each host (container) must have, in GB "
+                           "(doctor's check)."),
+    min_nofile: int = _O(65536, "--min-nofile", min=0, help="Open-file hard limit each host (container) must "
+                         "allow (doctor's check)."),
 ) -> int:
     """Provision bare hosts over SSH into a Ray cluster (containers or host), optionally start training."""
     from areal_kit.cluster import data as data_step
@@ -166,8 +172,13 @@ def setup(
     plan = [Step("connect", steps.connect), Step("preflight", steps.preflight),
             Step("storage", steps.storage, head_first=True), Step("install", steps.install),
             Step("image", steps.image), Step("data", data_step.data, head_only=True),
-            Step("ray", ray_cluster.ray, head_first=True), Step("ray_ready", ray_cluster.ray_ready, head_only=True),
-            Step("train", ray_cluster.train, head_only=True)]
+            Step("ray", ray_cluster.ray, head_first=True), Step("ray_ready", ray_cluster.ray_ready, head_only=True)]
+    if not skip_doctor and not dry_run:
+        from areal_kit.cluster.doctor import Limits
+
+        plan += doctor_steps(Limits(min_shm_gb=min_shm_gb, min_nofile=min_nofile, min_disk_gb=min_disk_gb),
+                             network=False)
+    plan.append(Step("train", ray_cluster.train, head_only=True))
     console = make_console()
     try:
         if dry_run:
@@ -181,6 +192,7 @@ def setup(
         console.print(f"setup {spec.cluster_name}: {len(spec.hosts)} hosts, runtime {runtime}, "
                       f"logs in {opts.log_dir}")
         ok = run_steps(cluster, plan, console)
+        _print_findings(cluster, console)
         save_state(opts)
     finally:
         _close(cluster)
@@ -201,12 +213,9 @@ def _saved_or_given(name, hosts, hostnames, inventory, username, ssh_port, key, 
     return opts
 
 
-def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime,
-            python, known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, dry_run, grace: float = 0.0) -> int:
-    from rich.table import Table
-
-    from areal_kit.cluster import ray_cluster, steps
-    from areal_kit.cluster.parallel import Step, make_console, print_dry_run, run_steps
+def _reach(name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime, python, known_hosts,
+           host_key_policy, ssh_wait, ssh_config, gateway, dry_run):
+    """The cluster that status, down and doctor act on: the saved one, or the hosts given."""
     from areal_kit.cluster.remote import ConnectOptions
 
     opts = _saved_or_given(name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime, python)
@@ -218,7 +227,18 @@ def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, p
     copts = ConnectOptions(known_hosts=known_hosts, host_key_policy=host_key_policy, wait=ssh_wait,
                            ssh_config=opts.ssh_config, gateway=opts.gateway)
     secrets = {"RAY_AUTH_TOKEN": _ray_token(opts.spec.cluster_name)} if opts.ray_auth_mode == "token" else {}
-    cluster = _build(opts, copts, secrets)
+    return opts, _build(opts, copts, secrets)
+
+
+def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime,
+            python, known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, dry_run, grace: float = 0.0) -> int:
+    from rich.table import Table
+
+    from areal_kit.cluster import ray_cluster, steps
+    from areal_kit.cluster.parallel import Step, make_console, print_dry_run, run_steps
+
+    opts, cluster = _reach(name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime, python,
+                           known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, dry_run)
     console = make_console()
     try:
         if which == "down":
@@ -304,3 +324,72 @@ def down(
     """
     return _manage("down", name, hosts, hostnames, inventory, username, ssh_port, private_key_file,
                    runtime, python, known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, dry_run, grace)
+
+
+def doctor(
+    name: str = _NAME, hosts: list[str] = _HOSTS, hostnames: list[str] = _HOSTNAMES, inventory: str = _INVENTORY,
+    username: str = _USERNAME, ssh_port: int = _SSH_PORT, private_key_file: str = _KEY_FILE,
+    runtime: str = _RUNTIME, python: str = _PYTHON, known_hosts: str = _KNOWN_HOSTS,
+    host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT, ssh_config: str = _SSH_CONFIG,
+    gateway: str = _GATEWAY,
+    preset: str = _O(None, "--preset", help="Also check against this preset: Ray has its GPUs per node, its "
+                     "placement groups are reserved (and released)."),
+    min_shm_gb: float = _O(1.0, "--min-shm-gb", min=0, help="/dev/shm each host (container) must have, in GB."),
+    min_nofile: int = _O(65536, "--min-nofile", min=0, help="Open-file hard limit each host (container) must allow."),
+    min_disk_gb: float = _O(20.0, "--min-disk-gb", min=0, help="Free space required on the storage, in GB."),
+    net_mb: float = _O(16.0, "--net-mb", min=0.01, help="Megabytes each bandwidth measurement sends."),
+    as_json: bool = _O(False, "--json", help="Print the results as one JSON object (the live view goes to stderr)."),
+) -> int:
+    """Check the running cluster: every host's limits and versions, shared storage, Ray, the network.
+
+    Every failed check is one line: host, check, what was measured, what it should be, the fix.
+    Exit 0 only when all pass. The figures are saved for `areal-kit train PRESET --dry-run`.
+    """
+    import json as json_mod
+    import sys
+
+    from areal_kit.cluster import doctor as doc
+    from areal_kit.cluster import steps
+    from areal_kit.cluster.parallel import Step, make_console, run_steps
+    from areal_kit.console import make_console as shared_console
+
+    limits = doc.Limits(min_shm_gb=min_shm_gb, min_nofile=min_nofile, min_disk_gb=min_disk_gb, net_mb=net_mb,
+                        preset=preset)
+    if preset:
+        from areal_kit.config.loader import load_config
+
+        limits.gpus_per_node = load_config(preset, []).n_gpus_per_node
+    opts, cluster = _reach(name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime, python,
+                           known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, False)
+    console = shared_console(highlight=False, file=sys.stderr) if as_json else make_console()
+    try:
+        ok = run_steps(cluster, [Step("connect", steps.connect), *doctor_steps(limits, network=True)], console)
+    finally:
+        _close(cluster)
+    rep = doc.report(cluster)
+    rep["ok"] = ok
+    doc.save(cluster, rep)
+    if as_json:
+        print(json_mod.dumps(rep, indent=1))
+    else:
+        _print_findings(cluster, console)
+        console.print(f"doctor {opts.spec.cluster_name}: " + ("every check passed" if ok else "checks failed (the "
+                      "FAIL lines and the recap above)") + f"; figures in {doc.result_path(opts.spec.cluster_name)}",
+                      markup=False, soft_wrap=True)
+    return 0 if ok else 1
+
+
+def _print_findings(cluster, console) -> None:
+    for f in cluster.doctor.get("findings", []):
+        console.print(f"FAIL {f.line()}", markup=False, soft_wrap=True)
+
+
+def doctor_steps(limits, network: bool) -> list:
+    """doctor's checks as steps; setup runs the fast ones (network=False)."""
+    from areal_kit.cluster import doctor as doc
+    from areal_kit.cluster.parallel import Step
+
+    bound = lambda fn: functools.partial(fn, limits=limits)
+    plan = [Step("host", bound(doc.host_step), head_first=True), Step("agree", bound(doc.agree_step)),
+            Step("in-ray", bound(doc.ray_step), head_first=True)]
+    return plan + ([Step("network", bound(doc.network_step), head_first=True)] if network else [])

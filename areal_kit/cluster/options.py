@@ -180,6 +180,7 @@ class Cluster:
     # (the host that asked, the outcome), shared by the hosts' threads under stop_lock.
     training_stop: tuple | None = None
     stop_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    doctor: dict = field(default_factory=dict)  # what doctor's checks measured and found (cluster/doctor.py)
 
     @property
     def head(self):

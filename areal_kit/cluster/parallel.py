@@ -38,6 +38,7 @@ class Outcome:
     message: str = ""
     result: Result | None = None  # the failing command, for the recap
     seconds: float = 0.0
+    blocking: bool = True  # a failure that keeps the host out of later steps (doctor's checks are not)
 
 
 class StepFailed(Exception):
@@ -79,6 +80,11 @@ class HostState:
 
     @property
     def failed(self) -> bool:
+        """A step failed that the later ones need."""
+        return any(o.status == "failed" and o.blocking for o in self.outcomes.values())
+
+    @property
+    def any_failed(self) -> bool:
         return any(o.status == "failed" for o in self.outcomes.values())
 
 
@@ -180,7 +186,7 @@ def run_steps(cluster, steps: list[Step], console: Console | None = None) -> boo
                     skip_all([h for h in live if h is not head], step, "head only")
                     continue
                 rest = [h for h in live if h is not head]
-                if head.outcomes[step.name].status == "failed":
+                if head.outcomes[step.name].status == "failed" and head.outcomes[step.name].blocking:
                     skip_all(rest, step, f"head {head.name} failed this step")
                     continue
                 live = rest
@@ -189,7 +195,7 @@ def run_steps(cluster, steps: list[Step], console: Console | None = None) -> boo
                 live = [hosts[0]]
             list(pool.map(one, live, [step] * len(live)))
     recap(cluster, steps, console)
-    return not any(h.failed for h in hosts)
+    return not any(h.any_failed for h in hosts)
 
 
 def make_console() -> Console:

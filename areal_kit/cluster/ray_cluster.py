@@ -280,6 +280,11 @@ def train(c: Cluster, h: HostState) -> Outcome:
     o = c.opts
     if not o.train_param:
         return Outcome("skipped", "no --train_param")
+    checked = [x.name for x in c.hosts if any(x.outcomes.get(s, Outcome("ok")).status == "failed"
+                                              for s in ("host", "agree", "in-ray"))]
+    if checked:
+        raise StepFailed(f"doctor's checks failed on {', '.join(checked)} (see FAIL lines): training not started; "
+                         "fix them, or setup --skip-doctor")
     log = train_log_path(c)
     cmd = [o.python, "-m", "areal_kit.cli", "train", o.train_param, "ray_address=auto",
            f"fileroot={o.spec.fileroot}", *o.train_args]

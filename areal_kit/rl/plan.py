@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from areal_kit import hardware, logs, stack
+from areal_kit.cluster import doctor
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 from areal_kit.rl.algo import varlen
@@ -50,6 +51,20 @@ def weight_sync_line(cfg, n_workers: int) -> str:
     line = (f"weight sync: {cfg.weight_sync}: trainer rank 0 broadcasts to {n_workers} engine worker(s) in "
             f"{DEFAULT_BUCKET_BYTES >> 20} MB buckets, the first {first_bucket_bytes() >> 20} MB (NCCL on GPUs, gloo on CPU)")
     return line + ("; on CPU it writes engines on its node through shared memory" if cfg.weight_sync == "auto" else "")
+
+
+def model_bytes(path: str) -> int | None:
+    """The weights' bytes as saved (what a weight sync sends), when the model folder is here."""
+    if not os.path.isdir(path):
+        return None
+    files = [f for f in os.listdir(path) if f.endswith(".safetensors")]
+    return sum(os.path.getsize(os.path.join(path, f)) for f in files) or None
+
+
+def sync_estimate(cfg) -> list[str]:
+    """The weight sync's time a step from the bandwidth `areal-kit doctor` last measured, if it ran here."""
+    line = doctor.sync_estimate_line(model_bytes(cfg.actor.path), doctor.latest())
+    return [line] if line else []
 
 
 def device_lines(cfg, plat) -> list[str]:
@@ -113,6 +128,7 @@ def plan_lines(cfg, plat=None) -> list[str]:
         f"off-policyness: {p.max_head_offpolicyness}" + (" (synchronous, on-policy)" if p.max_head_offpolicyness == 0
                                                         else f" (decoupled loss: {p.use_decoupled_loss})"),
         weight_sync_line(cfg, a.gen.dp * a.gen.tp),
+        *sync_estimate(cfg),
         *recipe_lines(cfg),
     ]
     if n is not None:

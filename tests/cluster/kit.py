@@ -50,6 +50,7 @@ def setup_args(tb: Testbed, runtime: str) -> list[str]:
     venv, mounts = venv_mounts()
     args = ["--runtime", runtime, "--storage", str(tb.storage), "--python", f"{venv}/bin/python",
             "--num-cpus", "1", "--object-store-memory", "100m", "--no-dashboard", "--min-disk-gb", "1",
+            "--min-shm-gb", "0.25", "--min-nofile", "10000",  # this sandbox's dockerd allows 20000
             "--ray-wait", "120"]
     if runtime == "docker":
         args += ["--image", IMAGE_TAG, "--image-tar", str(tb.storage / "images" / "areal-kit-cpu.tar"),

@@ -1,0 +1,308 @@
+"""`areal-kit doctor`: the pre-flight check of a running cluster. It names the host and the check
+that failed, what was measured, what it should be, and the fix.
+
+    areal-kit doctor                       # the cluster set up last from this machine
+    areal-kit doctor --preset 1.5B_n4      # also: Ray has what the preset needs, its layout places
+    areal-kit doctor --json                # for programs; exit 0 only when every check passed
+
+Steps (run on every host in parallel with setup's live view and recap; a failed check does not
+stop a host's later checks, so one run finds every fault):
+  host     inside the runtime (cluster/probe.py): /dev/shm, open-file limit, free disk on storage and
+           Ray's temp dir, the storage holds the head's token (shared) and survives write, fsync,
+           rename; clock offset to this machine; Docker, Ray, torch, vLLM versions; GPUs
+  agree    each host against the others: versions, GPU count, model, memory, driver, CUDA; clock skew
+  ray      Ray counts the host alive, with the GPUs the preset needs
+  network  every ordered pair of nodes point to point and an all-reduce over all, on the run's own
+           backend (gloo on CPU, NCCL on GPUs) and weight-sync transport; a host whose best link is far
+           below the others' is slow; with --preset, its placement groups are reserved and released
+`areal-kit setup` runs host, agree and ray at its end and starts no training after a failed one
+(unless --skip-doctor). The figures are saved beside the cluster's state, where
+`areal-kit train PRESET --dry-run` finds the measured bandwidth for its weight-sync estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from areal_kit.cluster.options import Cluster, q, state_dir
+from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
+from areal_kit.cluster.ray_cluster import container_name, host_env, nodes_cmd, parse_nodes
+
+# A host's best link below this fraction of the median host's best is named slow.
+SLOW_FRACTION = 0.5
+MAX_CLOCK_SKEW_S = 1.0
+MIN_RAY_TMP_GB = 5.0
+
+
+@dataclass
+class Finding:
+    """One failed check: where, what, measured vs expected, and how to fix it."""
+
+    host: str
+    check: str
+    measured: str
+    expected: str
+    fix: str
+
+    def line(self) -> str:
+        return f"{self.host} {self.check}: {self.measured}, expected {self.expected}; fix: {self.fix}"
+
+
+@dataclass
+class Limits:
+    """What doctor holds the hosts to (the flags of `areal-kit doctor` and setup's own)."""
+
+    min_shm_gb: float = 1.0
+    min_nofile: int = 65536  # Ray's and vLLM's sockets, files and pipes at scale
+    min_disk_gb: float = 20.0
+    gpus_per_node: int = 0  # the preset's (0: whatever the hosts agree on); CPU clusters count slots, not GPUs
+    net_mb: float = 16.0
+    preset: str | None = None
+
+
+def _in_runtime(c: Cluster, h: HostState, args: list[str]) -> str:
+    """A command run where the training's workers run: the host's Ray container, or the host."""
+    cmd = [c.opts.python, "-m", "areal_kit.cluster.probe", *args]
+    if c.opts.runtime == "docker":
+        return q("docker", "exec", container_name(c, h), *cmd)
+    return f"{host_env(c, h)} {q(*cmd)}"
+
+
+def _probe(c: Cluster, h: HostState, args: list[str], timeout: float) -> dict:
+    res = h.remote.run(_in_runtime(c, h, args), sudo=c.opts.runtime == "docker", timeout=timeout)
+    for line in res.stdout.splitlines():
+        if line.startswith("PROBE "):
+            return json.loads(line[6:])
+    raise StepFailed(f"the probe did not run there (exit {res.rc})", res)
+
+
+def _need_gpus(c: Cluster, limits: Limits) -> int:
+    """GPUs each host must have: the preset's where the hosts have GPUs (on CPU nodes a preset's
+    GPUs are CPU slots, which the placement check covers)."""
+    return limits.gpus_per_node if any(f["gpus"] for f in c.doctor.get("hosts", {}).values()) else 0
+
+
+def _fail(c: Cluster, h: HostState, found: list[Finding], ok: str) -> Outcome:
+    """Record the host's findings; a failed outcome that does not stop its later checks."""
+    c.doctor.setdefault("findings", []).extend(found)
+    if found:
+        return Outcome("failed", " | ".join(f"{f.measured}, expected {f.expected}" for f in found),
+                       blocking=False)
+    return Outcome("ok", ok)
+
+
+# -- host -------------------------------------------------------------------------------------
+def host_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
+    """This host's facts, checked against the limits (the head first: it writes the storage token)."""
+    o = c.opts
+    args = ["host", "--storage", o.storage, *(["--write-token", c.token] if h.is_head else ["--read-token"])]
+    t0 = time.time()
+    clock = h.remote.run("date +%s.%N", check=True)
+    t1 = time.time()
+    try:
+        facts = _probe(c, h, args, timeout=120)
+    except StepFailed as e:
+        return _fail(c, h, [Finding(h.name, "runtime", f"{e} ({e.result.tail(1) if e.result else ''})",
+                                    f"the {o.runtime} runtime to answer", "areal-kit setup (it restarts what is down)")], "")
+    facts["clock_offset_s"] = float(clock.stdout.strip() or "nan") - (t0 + t1) / 2
+    facts["clock_uncertainty_s"] = (t1 - t0) / 2
+    if o.runtime == "docker":
+        v = h.remote.run(q("docker", "version", "--format", "{{.Server.Version}}"), sudo=True, check=True)
+        facts["versions"]["docker"] = v.stdout.strip() or "-"
+    c.doctor.setdefault("hosts", {})[h.name] = facts
+    found = []
+    f = lambda check, measured, expected, fix: found.append(Finding(h.name, check, measured, expected, fix))
+    shm_fix = (f"areal-kit setup --shm-size {max(16, limits.min_shm_gb):g}g (docker run --shm-size)" if o.runtime == "docker"
+               else "mount -o remount,size=16g /dev/shm (and in /etc/fstab)")
+    if facts["shm_gb"] < limits.min_shm_gb:
+        f("shm", f"/dev/shm is {facts['shm_gb']:.2g} GB", f">= {limits.min_shm_gb:g} GB", shm_fix)
+    if facts["nofile"] < limits.min_nofile:
+        f("nofile", f"open-file hard limit {facts['nofile']}", f">= {limits.min_nofile}",
+          "docker run --ulimit nofile=1048576:1048576 (daemon.json default-ulimits)" if o.runtime == "docker"
+          else "'* - nofile 1048576' in /etc/security/limits.conf, or LimitNOFILE= for the service")
+    if facts["storage_free_gb"] is not None and facts["storage_free_gb"] < limits.min_disk_gb:
+        f("disk", f"{facts['storage_free_gb']:.1f} GB free at {o.storage}", f">= {limits.min_disk_gb:g} GB",
+          "free space on the shared storage (old checkpoints, datasets)")
+    if facts["ray_tmp_free_gb"] < MIN_RAY_TMP_GB:
+        f("ray-tmp", f"{facts['ray_tmp_free_gb']:.1f} GB free for /tmp/ray", f">= {MIN_RAY_TMP_GB:g} GB",
+          "free space under /tmp, or start Ray with --temp-dir on a larger disk")
+    if facts["storage_io"]:
+        f("storage-io", f"write, fsync, rename at {o.storage}: {facts['storage_io']}", "all three to work",
+          f"mount {o.storage} read-write with a filesystem that supports fsync and rename (NFS, Lustre, CephFS)")
+    elif not h.is_head and facts["token"] != c.token:
+        f("shared-storage", f"{o.storage} does not hold the token the head wrote there",
+          f"the same filesystem as on {c.head.name}", f"mount the shared storage at {o.storage} on {h.name} "
+          "(areal-kit setup --nas-url server:/export), also inside the container (--mount)")
+    gpus = facts["gpus"]
+    return _fail(c, h, found, f"/dev/shm {facts['shm_gb']:.2g} GB, nofile {facts['nofile']}, "
+                              f"{facts['storage_free_gb']} GB free on storage, {len(gpus)} GPUs, "
+                              f"clock {facts['clock_offset_s']:+.3f}s")
+
+
+# -- agree ------------------------------------------------------------------------------------
+def _reference(c: Cluster, key) -> object:
+    """The value most hosts have (the head's on a tie)."""
+    values = [key(f) for f in c.doctor.get("hosts", {}).values()]
+    if not values:
+        return None
+    counts = Counter(json.dumps(v, sort_keys=True) for v in values)
+    top = max(counts.values())
+    head = c.doctor["hosts"].get(c.head.name)
+    if head is not None and counts[json.dumps(key(head), sort_keys=True)] == top:
+        return key(head)
+    return json.loads(counts.most_common(1)[0][0])
+
+
+def agree_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
+    facts = c.doctor.get("hosts", {}).get(h.name)
+    if facts is None:
+        return Outcome("skipped", "no facts from the host step")
+    found = []
+    for pkg in sorted(facts["versions"]):
+        want = _reference(c, lambda f, p=pkg: f["versions"].get(p))
+        if facts["versions"][pkg] != want:
+            found.append(Finding(h.name, "versions", f"{pkg} {facts['versions'][pkg]}", f"{pkg} {want} as on the others",
+                                 "one runtime image (or environment) on every host: areal-kit setup --image ..."))
+    gpu_want = _need_gpus(c, limits) or len(_reference(c, lambda f: f["gpus"]) or [])
+    if len(facts["gpus"]) != gpu_want:
+        found.append(Finding(h.name, "gpus", f"{len(facts['gpus'])} GPUs", f"{gpu_want}",
+                             "check nvidia-smi on the host (a GPU fallen off the bus needs a reset or a reboot)"))
+    for what, key in (("gpu-model", lambda f: sorted({(g["name"], g["memory_gb"]) for g in f["gpus"]})),
+                      ("driver", lambda f: sorted({g["driver"] for g in f["gpus"]})),
+                      ("cuda", lambda f: f["cuda"])):
+        want = _reference(c, key)
+        if key(facts) != want:
+            found.append(Finding(h.name, what, f"{key(facts)}", f"{want} as on the others",
+                                 "the same GPU driver and runtime image on every host"))
+    offsets = [f["clock_offset_s"] for f in c.doctor["hosts"].values()]
+    skew = facts["clock_offset_s"] - statistics.median(offsets)
+    if abs(skew) - facts["clock_uncertainty_s"] > MAX_CLOCK_SKEW_S:
+        found.append(Finding(h.name, "clock", f"{skew:+.2f}s from the other hosts' median",
+                             f"within {MAX_CLOCK_SKEW_S:g}s", "run chrony or systemd-timesyncd on every host"))
+    return _fail(c, h, found, f"versions, GPUs and clock agree ({skew:+.3f}s)")
+
+
+# -- ray --------------------------------------------------------------------------------------
+def ray_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
+    if h.is_head:
+        res = h.remote.run(nodes_cmd(c, [x.ip for x in c.hosts], _need_gpus(c, limits), 5),
+                           sudo=c.opts.runtime == "docker", timeout=120)
+        c.doctor["ray_nodes"] = parse_nodes(res)
+        if c.doctor["ray_nodes"] is None:
+            raise StepFailed("the Ray head does not answer; areal-kit setup starts it again", res)
+    alive = c.doctor.get("ray_nodes") or {}
+    found = []
+    if h.ip not in alive:
+        found.append(Finding(h.name, "ray", f"Ray does not count {h.ip} alive ({len(alive)} nodes are)",
+                             "every host a Ray node", "areal-kit setup (it restarts the missing Ray nodes)"))
+    elif alive[h.ip] < _need_gpus(c, limits):
+        found.append(Finding(h.name, "ray-gpus", f"Ray sees {alive[h.ip]:g} GPUs", f"{_need_gpus(c, limits)}",
+                             "areal-kit setup again (the container started without --gpus all?)"))
+    return _fail(c, h, found, f"alive in Ray with {alive.get(h.ip, 0):g} GPUs")
+
+
+# -- network ----------------------------------------------------------------------------------
+def host_bandwidth(links: dict[str, float]) -> dict[str, float]:
+    """Each host's best link, a link counting at its slower direction: a slow host is slow both ways
+    on every link (a rate limit on its egress shows on every link it is in), a fast host has at
+    least one fast link left."""
+    pairs: dict[frozenset, float] = {}
+    for k, v in links.items():
+        a, b = k.split(">")
+        pairs[frozenset((a, b))] = min(v, pairs.get(frozenset((a, b)), float("inf")))
+    best: dict[str, float] = {}
+    for pair, v in pairs.items():
+        for ip in pair:
+            best[ip] = max(v, best.get(ip, 0.0))
+    return best
+
+
+def slow_hosts(links: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """ip -> (its best link, the median host's) for hosts far below the others (3 hosts or more:
+    with 2, one link cannot tell which end is slow)."""
+    best = host_bandwidth(links)
+    if len(best) < 3:
+        return {}
+    med = statistics.median(best.values())
+    return {ip: (v, med) for ip, v in best.items() if v < SLOW_FRACTION * med}
+
+
+def network_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
+    if h.is_head:
+        args = ["net", "--address", f"{h.ip}:{c.opts.ray_port}", "--mb", f"{limits.net_mb:g}"]
+        c.doctor["network"] = _probe(c, h, args + (["--preset", limits.preset] if limits.preset else []),
+                                     timeout=900)
+    net = c.doctor.get("network") or {}
+    links = net.get("links_gbps", {})
+    mine = {k: v for k, v in links.items() if h.ip in k.split(">")}
+    found = []
+    if h.ip not in net.get("nodes", {}):
+        return Outcome("skipped", "not a Ray node (see the ray step)")
+    slow = slow_hosts(links).get(h.ip)
+    if slow:
+        found.append(Finding(h.name, "network", f"best link {slow[0]:.3g} GB/s", f">= {SLOW_FRACTION:g} x "
+                             f"{slow[1]:.3g} GB/s (the median host's best link)",
+                             "check the host's NIC (ethtool, link speed, errors), its cabling and switch port, and "
+                             "the interface NCCL/gloo use (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)"))
+    if h.is_head and net.get("placement"):
+        found.append(Finding(h.name, "placement", net["placement"], f"the {limits.preset} layout placed",
+                             "a layout that fits the cluster (allocation_mode, n_nodes) or more nodes"))
+    best = host_bandwidth(links).get(h.ip)
+    ok = (f"best link {best:.3g} GB/s over {net.get('backend')}" if best is not None else "one node: no link")
+    if h.is_head and "all_reduce_busbw_gbps" in net:
+        ok += f"; all-reduce {net['all_reduce_busbw_gbps']:.3g} GB/s bus bandwidth"
+    if h.is_head and limits.preset and not net.get("placement"):
+        ok += f"; the {limits.preset} layout places"
+    c.doctor.setdefault("host_links", {})[h.name] = mine
+    return _fail(c, h, found, ok)
+
+
+# -- results ----------------------------------------------------------------------------------
+def report(c: Cluster) -> dict:
+    findings = c.doctor.get("findings", [])
+    return {"cluster": c.opts.spec.cluster_name, "time": time.time(), "ok": not findings,
+            "findings": [asdict(f) for f in findings], "hosts": c.doctor.get("hosts", {}),
+            "ray_nodes": c.doctor.get("ray_nodes"), "network": c.doctor.get("network")}
+
+
+def result_path(cluster_name: str):
+    return state_dir() / "clusters" / f"{cluster_name}.doctor.json"
+
+
+def save(c: Cluster, rep: dict) -> None:
+    p = result_path(c.opts.spec.cluster_name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rep, indent=1))
+    tmp.replace(p)
+
+
+def latest() -> dict | None:
+    """The newest doctor result on this machine with network figures (for the dry run's estimate)."""
+    found = []
+    for p in (state_dir() / "clusters").glob("*.doctor.json"):
+        try:
+            rep = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if (rep.get("network") or {}).get("links_gbps"):
+            found.append(rep)
+    return max(found, key=lambda r: r.get("time", 0), default=None)
+
+
+def sync_estimate_line(model_bytes: int | None, rep: dict | None) -> str | None:
+    """The dry run's weight-sync time a step, from the bandwidth doctor measured."""
+    if rep is None:
+        return None
+    links = rep["network"]["links_gbps"]
+    slowest, med = min(links.values()), statistics.median(links.values())
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rep.get("time", 0)))
+    where = f"doctor of cluster {rep['cluster']} at {when}: links {slowest:.3g}-{max(links.values()):.3g} GB/s"
+    if not model_bytes:
+        return f"weight sync estimate: model size unknown here ({where})"
+    return (f"weight sync estimate: {model_bytes / 1e9:.3g} GB a step, {model_bytes / (med * 1e9):.3g}s at the median "
+            f"link, {model_bytes / (slowest * 1e9):.3g}s at the slowest ({where})")
