@@ -6,7 +6,10 @@ GPU and CPU run the same code; this module is the only place that branches on th
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
+import struct
 from dataclasses import dataclass
 
 
@@ -141,3 +144,32 @@ def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: i
         # on the actor's own devices are what we want.
         kw["distributed_executor_backend"] = "mp"
     return kw
+
+
+_SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
+
+
+def interface_of(ip: str) -> str | None:
+    """The network interface that holds `ip` on this machine (Linux), or None."""
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                addr = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))[20:24]
+            except OSError:  # no IPv4 address on it
+                continue
+        if socket.inet_ntoa(addr) == ip:
+            return name
+    return None
+
+
+def pin_gloo_interface(ip: str) -> str | None:
+    """Point gloo at the interface of this node's cluster address, unless GLOO_SOCKET_IFNAME is set.
+
+    Without it gloo binds to the address the hostname resolves to, which in a container or on a stock
+    /etc/hosts is 127.0.x.1: ranks on other hosts are then told to connect to loopback and the
+    group never forms ("connectFullMesh failed ... remote=[127.0.0.1]"). Returns the interface used."""
+    if not os.environ.get("GLOO_SOCKET_IFNAME"):
+        name = interface_of(ip)
+        if name:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+    return os.environ.get("GLOO_SOCKET_IFNAME")

@@ -338,6 +338,8 @@ def doctor(
     min_nofile: int = _O(65536, "--min-nofile", min=0, help="Open-file hard limit each host (container) must allow."),
     min_disk_gb: float = _O(20.0, "--min-disk-gb", min=0, help="Free space required on the storage, in GB."),
     net_mb: float = _O(16.0, "--net-mb", min=0.01, help="Megabytes each bandwidth measurement sends."),
+    rl_step: bool = _O(False, "--rl-step", help="Also one tiny RL step across the cluster (2 trainer ranks and an "
+                       "engine apart, a weight sync, engine logprobs against the trainers')."),
     as_json: bool = _O(False, "--json", help="Print the results as one JSON object (the live view goes to stderr)."),
 ) -> int:
     """Check the running cluster: every host's limits and versions, shared storage, Ray, the network.
@@ -354,7 +356,7 @@ def doctor(
     from areal_kit.console import make_console as shared_console
 
     limits = doc.Limits(min_shm_gb=min_shm_gb, min_nofile=min_nofile, min_disk_gb=min_disk_gb, net_mb=net_mb,
-                        preset=preset)
+                        preset=preset, rl_step=rl_step)
     if preset:
         from areal_kit.config.loader import load_config
 
@@ -392,4 +394,8 @@ def doctor_steps(limits, network: bool) -> list:
     bound = lambda fn: functools.partial(fn, limits=limits)
     plan = [Step("host", bound(doc.host_step), head_first=True), Step("agree", bound(doc.agree_step)),
             Step("in-ray", bound(doc.ray_step), head_first=True)]
-    return plan + ([Step("network", bound(doc.network_step), head_first=True)] if network else [])
+    if network:
+        plan.append(Step("network", bound(doc.network_step), head_first=True))
+    if network and limits.rl_step:
+        plan.append(Step("rl-step", bound(doc.rl_step_step), head_only=True))
+    return plan

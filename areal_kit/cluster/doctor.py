@@ -15,6 +15,9 @@ stop a host's later checks, so one run finds every fault):
   network  every ordered pair of nodes point to point and an all-reduce over all, on the run's own
            backend (gloo on CPU, NCCL on GPUs) and weight-sync transport; a host whose best link is far
            below the others' is slow; with --preset, its placement groups are reserved and released
+           and one of its vLLM engines generates
+  rl-step  (--rl-step) one tiny RL step across the cluster: 2 trainer ranks and an engine placed
+           apart, a weight sync, the engine's logprobs against the trainers'
 `areal-kit setup` runs host, agree and ray at its end and starts no training after a failed one
 (unless --skip-doctor). The figures are saved beside the cluster's state, where
 `areal-kit train PRESET --dry-run` finds the measured bandwidth for its weight-sync estimate.
@@ -62,6 +65,7 @@ class Limits:
     gpus_per_node: int = 0  # the preset's (0: whatever the hosts agree on); CPU clusters count slots, not GPUs
     net_mb: float = 16.0
     preset: str | None = None
+    rl_step: bool = False
 
 
 def _in_runtime(c: Cluster, h: HostState, args: list[str]) -> str:
@@ -233,7 +237,8 @@ def slow_hosts(links: dict[str, float]) -> dict[str, tuple[float, float]]:
 
 def network_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
     if h.is_head:
-        args = ["net", "--address", f"{h.ip}:{c.opts.ray_port}", "--mb", f"{limits.net_mb:g}"]
+        args = ["net", "--address", f"{h.ip}:{c.opts.ray_port}", "--mb", f"{limits.net_mb:g}",
+                "--fileroot", _fileroot(c)]
         c.doctor["network"] = _probe(c, h, args + (["--preset", limits.preset] if limits.preset else []),
                                      timeout=900)
     net = c.doctor.get("network") or {}
@@ -251,14 +256,46 @@ def network_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
     if h.is_head and net.get("placement"):
         found.append(Finding(h.name, "placement", net["placement"], f"the {limits.preset} layout placed",
                              "a layout that fits the cluster (allocation_mode, n_nodes) or more nodes"))
+    if h.is_head and net.get("engine"):
+        found.append(Finding(h.name, "engine", f"a {limits.preset} vLLM engine did not generate: {net['engine']}",
+                             "up to 8 tokens", "the runtime's vLLM and the model on the storage (areal-kit setup --data)"))
     best = host_bandwidth(links).get(h.ip)
     ok = (f"best link {best:.3g} GB/s over {net.get('backend')}" if best is not None else "one node: no link")
     if h.is_head and "all_reduce_busbw_gbps" in net:
         ok += f"; all-reduce {net['all_reduce_busbw_gbps']:.3g} GB/s bus bandwidth"
     if h.is_head and limits.preset and not net.get("placement"):
         ok += f"; the {limits.preset} layout places"
+    if h.is_head and "engine_tokens" in net:
+        ok += f"; its engine generated in {net['engine_s']:g}s"
     c.doctor.setdefault("host_links", {})[h.name] = mine
     return _fail(c, h, found, ok)
+
+
+def _fileroot(c: Cluster) -> str:
+    """Where doctor's engine and RL step keep their model and run: on the shared storage."""
+    return f"{c.opts.storage.rstrip('/')}/.areal-kit/doctor"
+
+
+# -- rl step ----------------------------------------------------------------------------------
+# Engine and trainer compute the same logprobs in fp32 (the tiny preset's dtype) up to rounding;
+# a weight sync that left the engine stale or garbled misses by far more.
+LOGPROB_GAP = 1e-3
+
+
+def rl_step_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
+    """One tiny RL step across the cluster (head only): it runs, syncs, and the engine agrees."""
+    got = c.doctor["rl_step"] = _probe(c, h, ["rlstep", "--fileroot", _fileroot(c)], timeout=1200)
+    found = []
+    if got["rl_step"]:
+        found.append(Finding(h.name, "rl-step", f"the tiny RL step failed: {got['rl_step']}", "one step to finish",
+                             f"read its log {got['log']}"))
+    elif got["logprob_gap"] > LOGPROB_GAP:
+        found.append(Finding(h.name, "rl-step", f"engine logprobs {got['logprob_gap']:.2g} from the trainer's after "
+                             "the weight sync", f"<= {LOGPROB_GAP:g}", "weight_sync=disk to tell a transport fault "
+                             f"from an engine one; the run's log {got['log']}"))
+    return _fail(c, h, found, f"1 step in {got.get('seconds', 0):g}s, trainers on {', '.join(got.get('trainer_ips', []))}, "
+                              f"engine on {', '.join(got.get('engine_ips', []))}, logprob gap "
+                              f"{got.get('logprob_gap', float('nan')):.1g}")
 
 
 # -- results ----------------------------------------------------------------------------------
@@ -266,7 +303,8 @@ def report(c: Cluster) -> dict:
     findings = c.doctor.get("findings", [])
     return {"cluster": c.opts.spec.cluster_name, "time": time.time(), "ok": not findings,
             "findings": [asdict(f) for f in findings], "hosts": c.doctor.get("hosts", {}),
-            "ray_nodes": c.doctor.get("ray_nodes"), "network": c.doctor.get("network")}
+            "ray_nodes": c.doctor.get("ray_nodes"), "network": c.doctor.get("network"),
+            "rl_step": c.doctor.get("rl_step")}
 
 
 def result_path(cluster_name: str):

@@ -2,14 +2,18 @@
 host, or the host's Python for the host runtime). Each command prints one JSON object.
 
     python -m areal_kit.cluster.probe host --storage /storage --ray-tmp /tmp/ray [--write-token T | --read-token]
-    python -m areal_kit.cluster.probe net --address HEAD:6379 --mb 16 [--preset tiny]
+    python -m areal_kit.cluster.probe net --address HEAD:6379 --mb 16 [--preset tiny --fileroot F]
+    python -m areal_kit.cluster.probe rlstep --fileroot /storage/.areal-kit/doctor
 
 `host`: this host's limits and versions, its accelerators, and whether the shared storage holds the
 head's token and survives the write, fsync, rename sequence the recover checkpoints rely on.
 `net` (a Ray driver on the head): one actor on every alive node joins a group over the run's own
 backend and transport (gloo on CPU, NCCL on GPUs: the weight sync's), then measures every ordered
 pair of nodes point to point and an all-reduce over all of them; with --preset it also reserves and
-releases the preset's placement groups.
+releases the preset's placement groups and starts one of its vLLM engines on the cluster, which
+generates a few tokens.
+`rlstep`: one tiny RL step end to end on the cluster (2 trainer ranks and an engine, each where
+spread_roles places them), its weight sync, then the engine's logprobs against the trainers'.
 """
 
 from __future__ import annotations
@@ -29,9 +33,14 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from areal_kit import hardware
+from areal_kit import hardware, logs
+from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
 from areal_kit.errors import UserError
+from areal_kit.eval.engine import GenRequest, RayEngines
+from areal_kit.rl import controller
+from areal_kit.rl.agreement import engine_vs_trainer
+from areal_kit.rl.job import prepare, resolve_model
 from areal_kit.rl.weight_sync.transport import init_group
 from areal_kit.rl.workers import groups, placement
 
@@ -124,7 +133,7 @@ def host(storage: str, ray_tmp: str, write_token: str | None, read_token: bool) 
     return facts
 
 
-def net(address: str, mb: float, preset: str | None) -> dict:
+def net(address: str, mb: float, preset: str | None, fileroot: str) -> dict:
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     nodes = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: n["NodeManagerAddress"])
     gpu = all(n["Resources"].get("GPU", 0) >= 1 for n in nodes)
@@ -152,7 +161,58 @@ def net(address: str, mb: float, preset: str | None) -> dict:
         out["all_reduce_busbw_gbps"] = round(2 * (n - 1) / n * nbytes / secs / 1e9, 4)
     if preset:
         out["placement"] = _place(preset)
+        out.update(_engine(preset, fileroot, gpu))
     return out
+
+
+def _engine(preset: str, fileroot: str, gpu: bool) -> dict:
+    """One of the preset's vLLM engines, on the cluster as training starts them, generates (up to 8 tokens)."""
+    t0 = time.time()
+    engines = None
+    try:
+        cfg = load_config(preset, [f"fileroot={fileroot}"])
+        model = resolve_model(cfg)  # tiny://: built on the shared storage, where the engine's node reads it
+        engines = RayEngines(model, 64, 1, tp=parse_allocation(cfg.allocation_mode).gen.tp, use_gpu=gpu)
+        got = engines.generate([GenRequest("doctor", (1, 2, 3), 1.0, 1.0, 8, 0)])[0]
+        return {"engine": "", "engine_tokens": len(got.token_ids), "engine_s": round(time.time() - t0, 1)}
+    except Exception as e:  # noqa: BLE001 - reported as the check's finding
+        return {"engine": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"}
+    finally:
+        if engines is not None:
+            engines.close()
+
+
+def rl_step(fileroot: str) -> dict:
+    """One tiny RL step across the cluster; the engine's logprobs against the trainers' after the sync."""
+    trial = time.strftime("doctor-%Y%m%d-%H%M%S")
+    cfg = load_config("tiny", [f"fileroot={fileroot}", f"trial_name={trial}", "tensorboard=false", "ray_address=auto",
+                               "spread_roles=true", "allocation_mode=vllm.d1p1m1+d2p1m1", "n_nodes=3",
+                               "n_gpus_per_node=1", "exp_ctrl.total_train_steps=1"])
+    t0 = time.time()
+    job = prepare(cfg)
+    log = logs.RunLogger(job.paths, tensorboard=False, console=False)
+    ctrl = controller.Controller(job, log)
+    try:
+        ctrl.start()
+        ctrl.run()
+        gap = engine_vs_trainer(ctrl.workers, job.loader.rows, ctrl.workers.engines.actors[0])
+        job_id = ray.get_runtime_context().get_job_id()
+        where: dict[str, list[str]] = {"trainer": [], "engine": []}
+        for a in ray._private.state.actors().values():
+            role = "trainer" if "Trainer" in (a.get("ActorClassName") or "") else \
+                "engine" if "Rollout" in (a.get("ActorClassName") or "") else None
+            if role and a.get("State") == "ALIVE" and a.get("JobID") == job_id:
+                where[role].append(a["Address"]["IPAddress"])
+        row = logs.read_metrics(job.paths.metrics_file)[-1]
+        return {"rl_step": "", "logprob_gap": gap, "trainer_ips": sorted(where["trainer"]),
+                "engine_ips": sorted(where["engine"]), "sync_time": row.get("sync_time"),
+                "seconds": round(time.time() - t0, 1), "log": job.paths.log_file, "gpu": not hardware.detect().is_cpu}
+    except Exception as e:  # noqa: BLE001 - reported as the check's finding
+        return {"rl_step": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}",
+                "log": job.paths.log_file}
+    finally:
+        ctrl.stop()
+        log.close()
 
 
 def _place(preset: str) -> str:
@@ -224,8 +284,16 @@ def main(argv: list[str] | None = None) -> None:
     n.add_argument("--address", required=True)
     n.add_argument("--mb", type=float, default=16)
     n.add_argument("--preset")
+    n.add_argument("--fileroot", default="/tmp/areal-kit-doctor")
+    r = sub.add_parser("rlstep")
+    r.add_argument("--fileroot", required=True)
     a = ap.parse_args(argv)
-    res = host(a.storage, a.ray_tmp, a.write_token, a.read_token) if a.what == "host" else net(a.address, a.mb, a.preset)
+    if a.what == "host":
+        res = host(a.storage, a.ray_tmp, a.write_token, a.read_token)
+    elif a.what == "net":
+        res = net(a.address, a.mb, a.preset, a.fileroot)
+    else:
+        res = rl_step(a.fileroot)
     print("PROBE " + json.dumps(res), flush=True)
     sys.exit(0)
 

@@ -1,5 +1,7 @@
 """`areal-kit doctor` on the 3-host testbed (SSH + Docker + Ray, gloo): every check passes on the
-healthy cluster; then faults injected for real are each named on the right host, and only there:
+healthy cluster, with --preset tiny (its placement groups, one of its vLLM engines generating) and
+--rl-step (2 trainer ranks and an engine on three hosts, a weight sync, engine logprobs equal to the
+trainers'); then faults injected for real are each named on the right host, and only there:
   - node3's link rate-limited with tc (tbf on its interface: this kernel has no netem),
   - node3's storage path not shared (a tmpfs mounted over it inside its container),
   - node2's /dev/shm shrunk (remounted inside its container),
@@ -50,7 +52,7 @@ def test_a_healthy_cluster_passes_and_faults_are_named_on_their_host(cluster, te
     ips = testbed.ips
     assert "] host: /dev/shm" in setup.stdout and "] in-ray: alive in Ray" in setup.stdout  # setup's fast checks
 
-    r, rep = doctor(kit, "--preset", "tiny")
+    r, rep = doctor(kit, "--preset", "tiny", "--rl-step")
     assert r.returncode == 0, r.stderr[-3000:]
     assert rep["ok"] and rep["findings"] == []
     assert set(rep["hosts"]) == set(ips)
@@ -58,6 +60,11 @@ def test_a_healthy_cluster_passes_and_faults_are_named_on_their_host(cluster, te
     assert net["backend"] == "gloo" and sorted(net["nodes"]) == sorted(ips)
     assert len(net["links_gbps"]) == 6 and all(v > 0 for v in net["links_gbps"].values())
     assert net["all_reduce_busbw_gbps"] > 0 and net["placement"] == ""
+    assert net["engine"] == "" and 1 <= net["engine_tokens"] <= 8
+    rl = rep["rl_step"]
+    assert rl["rl_step"] == "" and rl["logprob_gap"] < 1e-3, rl
+    assert len(set(rl["trainer_ips"])) == 2 and len(rl["engine_ips"]) == 1, rl
+    assert set(rl["trainer_ips"] + rl["engine_ips"]) == set(ips), "trainer ranks on two hosts, the engine on the third"
     healthy = min(net["links_gbps"].values())
 
     # The dry run's weight-sync estimate comes from these figures.

@@ -3,6 +3,7 @@
 from areal_kit import logs
 from areal_kit.config.loader import load_config
 from areal_kit.rl import controller as C
+from areal_kit.rl.agreement import engine_vs_trainer
 from areal_kit.rl.job import prepare
 
 
@@ -24,24 +25,5 @@ class Run:
         ray.shutdown()
 
 
-
-def _fixed_sequences(run, n=6):
-    """Prompts of the dataset with answers sampled by the engine: a real RL-shaped sequence."""
-    rows = run.job.loader.rows[:n]
-    return [r["prompt_ids"] for r in rows], [[5 + (i % 10), 1] for i in range(n)]
-
-
 def _engine_vs_trainer(run, engine):
-    import ray
-
-    prompts, answers = _fixed_sequences(run)
-    # Every rank runs the forward: ZeRO-3 gathers each layer's parameters from all of them.
-    trainer_lp = ray.get([t.logprobs.remote(prompts, answers) for t in run.ctrl.workers.trainers.actors])[0]
-    seqs = [p + a for p, a in zip(prompts, answers)]
-    engine_lp = ray.get(engine.prompt_logprobs.remote(seqs))
-    diffs = []
-    for p, t, e in zip(prompts, trainer_lp, engine_lp):
-        tail = e[len(p) - 1:]  # engine gives logprobs of tokens 1.., the answer starts at len(p)
-        assert len(tail) == len(t)
-        diffs += [abs(x - y) for x, y in zip(t, tail)]
-    return max(diffs)
+    return engine_vs_trainer(run.ctrl.workers, run.job.loader.rows, engine)

@@ -67,6 +67,7 @@ class TrainerWorker(WeightSender, StackDumps):
         self.device = plat.torch_device
         self.outbox.exclusive = plat.exclusive_weight_send
         _pin_to_cores(os.environ.get("AREAL_CPU_CORES", ""))
+        hardware.pin_gloo_interface(ray.util.get_node_ip_address())  # ranks on several hosts find each other
         # A collective that never completes (a rank stuck or gone) fails after the watchdog's
         # longest bound instead of waiting forever.
         deepspeed.init_distributed(dist_backend=plat.dist_backend,
