@@ -6,7 +6,7 @@ trainers'); then faults injected for real are each named on the right host, and 
   - node3's storage path not shared (a tmpfs mounted over it inside its container),
   - node2's /dev/shm shrunk (remounted inside its container),
   - node2's Ray worker down (its container stopped).
-`areal-kit setup` ran doctor's fast checks at its end; the dry run's weight-sync estimate reads the
+`areal-kit setup` runs doctor's fast checks at its end and starts no training after a failed one; the dry run's weight-sync estimate reads the
 figures doctor saved.
 """
 
@@ -80,6 +80,8 @@ def test_a_healthy_cluster_passes_and_faults_are_named_on_their_host(cluster, te
     in_container(testbed, 2, "mount -o remount,size=64m /dev/shm")
     try:
         r, rep = doctor(kit)
+        # setup runs the fast checks at its end and starts no training after a failed one
+        refused = kit.run("setup", *kit.args, "--train_param", "tiny")
     finally:
         testbed.ssh(3, "tc qdisc del dev eth0 root", check=False)
         in_container(testbed, 3, f"umount {testbed.storage}")
@@ -90,6 +92,10 @@ def test_a_healthy_cluster_passes_and_faults_are_named_on_their_host(cluster, te
     assert max(slow.values()) < healthy / 2, rep["network"]
     for f in rep["findings"]:
         assert f["measured"] and f["expected"] and f["fix"]
+    assert refused.returncode == 1
+    assert f"doctor's checks failed on {node2}, {node3} (see FAIL lines): training not started" in refused.stdout
+    assert f"FAIL {node2} shm: " in refused.stdout and f"FAIL {node3} shared-storage: " in refused.stdout
+    assert testbed.ssh(1, "docker exec areal-areal-head pgrep -af 'areal_kit[.]cli train' || true").stdout.strip() == ""
 
     testbed.ssh(2, f"docker stop {WORKER}")
     r, rep = doctor(kit)
