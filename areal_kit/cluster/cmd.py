@@ -86,6 +86,12 @@ def _close(cluster) -> None:
         h.remote.close()
 
 
+# doctor's thresholds: the same flags on setup (its fast checks) and on doctor.
+_MIN_SHM = _O(1.0, "--min-shm-gb", min=0, help="/dev/shm each host (container) must have, in GB (doctor's check).")
+_MIN_NOFILE = _O(65536, "--min-nofile", min=0, help="Open-file hard limit each host (container) must allow "
+                 "(doctor's check).")
+
+
 def setup(
     hosts: list[str] = typer.Argument(None, help="More hostnames, so the guide's `--hostnames h1 h2 h3` works.",
                                       show_default=False),
@@ -143,10 +149,8 @@ def setup(
     dry_run: bool = _O(False, "--dry-run", help="Print every command per host; run nothing."),
     skip_doctor: bool = _O(False, "--skip-doctor", help="Skip doctor's fast checks at the end (host limits, "
                            "shared storage, versions, Ray), which otherwise keep a failed cluster from training."),
-    min_shm_gb: float = _O(1.0, "--min-shm-gb", min=0, help="/dev/shm each host (container) must have, in GB "
-                           "(doctor's check)."),
-    min_nofile: int = _O(65536, "--min-nofile", min=0, help="Open-file hard limit each host (container) must "
-                         "allow (doctor's check)."),
+    min_shm_gb: float = _MIN_SHM,
+    min_nofile: int = _MIN_NOFILE,
 ) -> int:
     """Provision bare hosts over SSH into a Ray cluster (containers or host), optionally start training."""
     from areal_kit.cluster import data as data_step
@@ -333,9 +337,9 @@ def doctor(
     host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT, ssh_config: str = _SSH_CONFIG,
     gateway: str = _GATEWAY,
     preset: str = _O(None, "--preset", help="Also check against this preset: Ray has its GPUs per node, its "
-                     "placement groups are reserved (and released)."),
-    min_shm_gb: float = _O(1.0, "--min-shm-gb", min=0, help="/dev/shm each host (container) must have, in GB."),
-    min_nofile: int = _O(65536, "--min-nofile", min=0, help="Open-file hard limit each host (container) must allow."),
+                     "placement groups are reserved (and released), one of its vLLM engines generates."),
+    min_shm_gb: float = _MIN_SHM,
+    min_nofile: int = _MIN_NOFILE,
     min_disk_gb: float = _O(20.0, "--min-disk-gb", min=0, help="Free space required on the storage, in GB."),
     net_mb: float = _O(16.0, "--net-mb", min=0.01, help="Megabytes each bandwidth measurement sends."),
     rl_step: bool = _O(False, "--rl-step", help="Also one tiny RL step across the cluster (2 trainer ranks and an "
@@ -374,6 +378,17 @@ def doctor(
     if as_json:
         print(json_mod.dumps(rep, indent=1))
     else:
+        links = (rep.get("network") or {}).get("links_gbps")
+        if links:
+            from rich.table import Table
+
+            head, *rows = doc.link_rows(links)
+            t = Table(title=f"point-to-point bandwidth, GB/s ({rep['network']['backend']})")
+            for col in head:
+                t.add_column(col)
+            for row in rows:
+                t.add_row(*row)
+            console.print(t)
         _print_findings(cluster, console)
         console.print(f"doctor {opts.spec.cluster_name}: " + ("every check passed" if ok else "checks failed (the "
                       "FAIL lines and the recap above)") + f"; figures in {doc.result_path(opts.spec.cluster_name)}",
@@ -399,3 +414,4 @@ def doctor_steps(limits, network: bool) -> list:
     if network and limits.rl_step:
         plan.append(Step("rl-step", bound(doc.rl_step_step), head_only=True))
     return plan
+

@@ -260,7 +260,9 @@ def network_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
         found.append(Finding(h.name, "engine", f"a {limits.preset} vLLM engine did not generate: {net['engine']}",
                              "up to 8 tokens", "the runtime's vLLM and the model on the storage (areal-kit setup --data)"))
     best = host_bandwidth(links).get(h.ip)
-    ok = (f"best link {best:.3g} GB/s over {net.get('backend')}" if best is not None else "one node: no link")
+    iface = dict(zip(net.get("nodes", {}), net.get("interfaces", []))).get(h.ip, "")
+    ok = (f"best link {best:.3g} GB/s over {net.get('backend')} on {iface}" if best is not None
+          else "one node: no link")
     if h.is_head and "all_reduce_busbw_gbps" in net:
         ok += f"; all-reduce {net['all_reduce_busbw_gbps']:.3g} GB/s bus bandwidth"
     if h.is_head and limits.preset and not net.get("placement"):
@@ -299,6 +301,13 @@ def rl_step_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
 
 
 # -- results ----------------------------------------------------------------------------------
+def link_rows(links: dict[str, float]) -> list[list[str]]:
+    """The links as a matrix for people: a header row of destinations, then one row per source (GB/s)."""
+    ips = sorted({ip for k in links for ip in k.split(">")})
+    return [["from \\ to", *ips]] + [[s, *("-" if s == d else f"{links.get(f'{s}>{d}', float('nan')):.3g}" for d in ips)]
+                                    for s in ips]
+
+
 def report(c: Cluster) -> dict:
     findings = c.doctor.get("findings", [])
     return {"cluster": c.opts.spec.cluster_name, "time": time.time(), "ok": not findings,

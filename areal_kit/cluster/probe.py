@@ -146,7 +146,7 @@ def net(address: str, mb: float, preset: str | None, fileroot: str) -> dict:
         n["NodeID"], soft=False)).remote() for n in nodes]
     if len(peers) > 1:
         port = ray.get(peers[0].free_port.remote())
-        out["ifname"] = ray.get([p.join.remote(ips[0], port, r, len(peers), backend, ips[r])
+        out["interfaces"] = ray.get([p.join.remote(ips[0], port, r, len(peers), backend, ips[r])
                                  for r, p in enumerate(peers)])
         nbytes = int(mb * (1 << 20))
         links = {}
@@ -237,7 +237,9 @@ class _Peer:
     def join(self, host: str, port: int, rank: int, world: int, backend: str, ip: str) -> str:
         self.device = torch.device("cuda" if backend == "nccl" else "cpu")
         self.store, self.group = init_group(host, port, rank, world, backend, timeout_s=300, local_ip=ip)
-        return os.environ.get("NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME", "") or ip
+        if backend == "nccl":  # NCCL picks its own interface unless told
+            return os.environ.get("NCCL_SOCKET_IFNAME") or "NCCL's choice (NCCL_SOCKET_IFNAME unset)"
+        return f"{hardware.interface_of(ip) or '?'} ({ip})"  # gloo binds the node's cluster address
 
     def _buf(self, nbytes: int):
         return torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)

@@ -60,11 +60,15 @@ def test_a_healthy_cluster_passes_and_faults_are_named_on_their_host(cluster, te
     assert net["backend"] == "gloo" and sorted(net["nodes"]) == sorted(ips)
     assert len(net["links_gbps"]) == 6 and all(v > 0 for v in net["links_gbps"].values())
     assert net["all_reduce_busbw_gbps"] > 0 and net["placement"] == ""
+    assert net["interfaces"] == [f"eth0 ({ip})" for ip in sorted(ips)]  # gloo on each node's cluster address
     assert net["engine"] == "" and 1 <= net["engine_tokens"] <= 8
     rl = rep["rl_step"]
     assert rl["rl_step"] == "" and rl["logprob_gap"] < 1e-3, rl
     assert len(set(rl["trainer_ips"])) == 2 and len(rl["engine_ips"]) == 1, rl
     assert set(rl["trainer_ips"] + rl["engine_ips"]) == set(ips), "trainer ranks on two hosts, the engine on the third"
+    # weight_sync=auto falls back to the gloo broadcast: no shared memory across hosts.
+    with open(rl["log"]) as f:  # on the shared storage, the same path here
+        assert "weight sync auto: broadcast over gloo (an engine is on another node)" in f.read()
     healthy = min(net["links_gbps"].values())
 
     # The dry run's weight-sync estimate comes from these figures.
@@ -105,3 +109,4 @@ def test_a_healthy_cluster_passes_and_faults_are_named_on_their_host(cluster, te
                    "--net-mb", "1")
     fails = [ln for ln in text.stdout.splitlines() if ln.startswith("FAIL ")]
     assert len(fails) == 2 and all(ln.startswith(f"FAIL {node2} ") and "; fix: " in ln for ln in fails), text.stdout
+    assert "point-to-point bandwidth, GB/s (gloo)" in text.stdout

@@ -105,3 +105,10 @@ def test_the_dry_run_estimate_uses_the_measured_links(tmp_path, monkeypatch):
     assert line.startswith("weight sync estimate: 3 GB a step, 1.5s at the median link, 6s at the slowest "
                            "(doctor of cluster c1 at "), line
     assert "model size unknown" in doctor.sync_estimate_line(None, got)
+
+
+def test_the_link_matrix_reads_from_row_to_column():
+    rows = doctor.link_rows(links(C, fast=2.0, slow=0.5))
+    assert rows[0] == ["from \\ to", A, B, C]
+    assert rows[1] == [A, "-", "2", "2"]
+    assert rows[3] == [C, "0.5", "0.5", "-"]
