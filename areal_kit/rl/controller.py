@@ -227,10 +227,14 @@ class Controller:
                               "recover checkpoint is from before them")
 
     def _check_loss(self, stats: dict) -> None:
-        loss = stats.get("actor_loss")
-        if loss is not None and not math.isfinite(loss):
-            raise CannotLearn(f"the loss is {loss} at global step {self.state.global_step + 1}; the last recover "
-                              "checkpoint is from before it (a lower actor.lr, or a check of the rewards, may help)")
+        """A non-finite loss, or a non-finite gradient under a finite loss (the forward can stay finite
+        through the norms while the backward overflows): the optimizer step just taken wrote NaN
+        weights, so stop before the engines or a recover checkpoint take them."""
+        for what, key in (("loss", "actor_loss"), ("gradient norm", "grad_norm")):
+            v = stats.get(key)
+            if v is not None and not math.isfinite(v):
+                raise CannotLearn(f"the {what} is {v} at global step {self.state.global_step + 1}; the last recover "
+                                  "checkpoint is from before it (a lower actor.lr, or a check of the rewards, may help)")
 
     def _step_row(self, got: Gathered, shaped: dict, stats: dict) -> dict:
         st, outs = self.state, got.outs

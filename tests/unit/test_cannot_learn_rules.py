@@ -1,4 +1,4 @@
-"""The loop's stop rules for a run that cannot learn: a non-finite loss at once, rewards that all
+"""The loop's stop rules for a run that cannot learn: a non-finite loss or gradient at once, rewards that all
 fail after the configured number of steps in a row (a step with any reward scored resets it)."""
 
 from types import SimpleNamespace
@@ -25,6 +25,14 @@ def test_a_non_finite_loss_stops_the_run(loss):
     with pytest.raises(CannotLearn, match="at global step 7"):
         ctrl(3)._check_loss({"actor_loss": loss})
     ctrl(3)._check_loss({"actor_loss": 0.25})  # a finite loss goes on
+
+
+@pytest.mark.parametrize("norm", [float("nan"), float("inf")])
+def test_a_non_finite_gradient_under_a_finite_loss_stops_the_run(norm):
+    """The forward can stay finite while the backward overflows: that step's update is poisoned."""
+    with pytest.raises(CannotLearn, match="the gradient norm is .* at global step 7"):
+        ctrl(3)._check_loss({"actor_loss": 0.09, "grad_norm": norm})
+    ctrl(3)._check_loss({"actor_loss": 0.09, "grad_norm": 1.5})
 
 
 def test_failed_rewards_stop_after_the_limit_and_name_the_first_error():
