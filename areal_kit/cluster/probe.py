@@ -1,5 +1,5 @@
 """What `areal-kit doctor` measures inside the runtime the training uses (the Ray container of each
-host, or the host's Python for the host runtime). Each command prints one JSON object.
+host, or the host's Python for the host runtime). Each command prints one line, `PROBE <json>`.
 
     python -m areal_kit.cluster.probe host --storage /storage --ray-tmp /tmp/ray [--write-token T | --read-token]
     python -m areal_kit.cluster.probe net --address HEAD:6379 --mb 16 [--preset tiny --fileroot F]
