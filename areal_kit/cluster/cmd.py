@@ -372,8 +372,7 @@ def doctor(
         ok = run_steps(cluster, [Step("connect", steps.connect), *doctor_steps(limits, network=True)], console)
     finally:
         _close(cluster)
-    rep = doc.report(cluster)
-    rep["ok"] = ok
+    rep = doc.report(cluster, ok)
     doc.save(cluster, rep)
     if as_json:
         print(json_mod.dumps(rep, indent=1))

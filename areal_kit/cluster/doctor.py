@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from areal_kit.cluster.options import Cluster, q, state_dir
 from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
 from areal_kit.cluster.ray_cluster import container_name, host_env, nodes_cmd, parse_nodes
+from areal_kit.durable import replace_lines
 
 # A host's best link below this fraction of the median host's best is named slow.
 SLOW_FRACTION = 0.5
@@ -243,7 +244,6 @@ def network_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
                                      timeout=900)
     net = c.doctor.get("network") or {}
     links = net.get("links_gbps", {})
-    mine = {k: v for k, v in links.items() if h.ip in k.split(">")}
     found = []
     if h.ip not in net.get("nodes", {}):
         return Outcome("skipped", "not a Ray node (see the ray step)")
@@ -269,7 +269,6 @@ def network_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
         ok += f"; the {limits.preset} layout places"
     if h.is_head and "engine_tokens" in net:
         ok += f"; its engine generated in {net['engine_s']:g}s"
-    c.doctor.setdefault("host_links", {})[h.name] = mine
     return _fail(c, h, found, ok)
 
 
@@ -308,9 +307,11 @@ def link_rows(links: dict[str, float]) -> list[list[str]]:
                                     for s in ips]
 
 
-def report(c: Cluster) -> dict:
+def report(c: Cluster, ok: bool) -> dict:
+    """Everything doctor measured and found; ok: every step passed on every host (an unreachable
+    host fails without a finding)."""
     findings = c.doctor.get("findings", [])
-    return {"cluster": c.opts.spec.cluster_name, "time": time.time(), "ok": not findings,
+    return {"cluster": c.opts.spec.cluster_name, "time": time.time(), "ok": ok,
             "findings": [asdict(f) for f in findings], "hosts": c.doctor.get("hosts", {}),
             "ray_nodes": c.doctor.get("ray_nodes"), "network": c.doctor.get("network"),
             "rl_step": c.doctor.get("rl_step")}
@@ -323,9 +324,7 @@ def result_path(cluster_name: str):
 def save(c: Cluster, rep: dict) -> None:
     p = result_path(c.opts.spec.cluster_name)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rep, indent=1))
-    tmp.replace(p)
+    replace_lines(p, [json.dumps(rep, indent=1)])
 
 
 def latest() -> dict | None:

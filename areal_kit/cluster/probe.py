@@ -36,6 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from areal_kit import hardware, logs
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
+from areal_kit.durable import replace_lines
 from areal_kit.errors import UserError
 from areal_kit.eval.engine import GenRequest, RayEngines
 from areal_kit.rl import controller
@@ -70,33 +71,23 @@ def _gpus() -> list[dict]:
 
 
 def _storage_io(storage: str) -> str:
-    """'' when a file written, fsynced and renamed into place (its folder fsynced too) reads back the
-    same; else what failed."""
+    """'' when a file written the way the recover checkpoints write theirs (a temporary file, fsynced,
+    renamed into place, its folder fsynced: durable.replace_lines) reads back the same; else what failed."""
     d = os.path.join(storage, ".areal-kit")
-    tmp, final = os.path.join(d, f"doctor-{socket.gethostname()}-{os.getpid()}.tmp"), ""
+    path = os.path.join(d, f"doctor-{socket.gethostname()}-{os.getpid()}")
+    data = os.urandom(1 << 15).hex()
     try:
         os.makedirs(d, exist_ok=True)
-        final = tmp[:-4]
-        data = os.urandom(1 << 16)
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        with open(final, "rb") as f:
+        replace_lines(path, [data])
+        with open(path) as f:
             if f.read() != data:
                 return "the file read back differs from what was written"
         return ""
     except OSError as e:
         return f"{type(e).__name__}: {e}"
     finally:
-        for p in (tmp, final):
-            if p and os.path.exists(p):
+        for p in (f"{path}.tmp", path):
+            if os.path.exists(p):
                 os.remove(p)
 
 
@@ -116,12 +107,7 @@ def host(storage: str, ray_tmp: str, write_token: str | None, read_token: bool) 
         return facts
     facts["storage_io"] = _storage_io(storage)
     if write_token:
-        os.makedirs(os.path.dirname(token_path), exist_ok=True)
-        with open(token_path + ".tmp", "w") as f:
-            f.write(write_token)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(token_path + ".tmp", token_path)
+        replace_lines(token_path, [write_token])  # its folder exists: _storage_io made it
         facts["token"] = write_token
     elif read_token:
         try:
@@ -129,7 +115,6 @@ def host(storage: str, ray_tmp: str, write_token: str | None, read_token: bool) 
                 facts["token"] = f.read()
         except OSError:
             facts["token"] = None
-    facts["time"] = time.time()
     return facts
 
 
@@ -176,10 +161,17 @@ def _engine(preset: str, fileroot: str, gpu: bool) -> dict:
         got = engines.generate([GenRequest("doctor", (1, 2, 3), 1.0, 1.0, 8, 0)])[0]
         return {"engine": "", "engine_tokens": len(got.token_ids), "engine_s": round(time.time() - t0, 1)}
     except Exception as e:  # noqa: BLE001 - reported as the check's finding
-        return {"engine": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"}
+        return {"engine": _said(e)}
     finally:
         if engines is not None:
             engines.close()
+
+
+def _said(e: Exception) -> str:
+    """An exception in one line: its type and the last line of its message (a Ray task error's
+    message ends with the worker's own error)."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"
 
 
 def rl_step(fileroot: str) -> dict:
@@ -208,8 +200,7 @@ def rl_step(fileroot: str) -> dict:
                 "engine_ips": sorted(where["engine"]), "sync_time": row.get("sync_time"),
                 "seconds": round(time.time() - t0, 1), "log": job.paths.log_file, "gpu": not hardware.detect().is_cpu}
     except Exception as e:  # noqa: BLE001 - reported as the check's finding
-        return {"rl_step": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}",
-                "log": job.paths.log_file}
+        return {"rl_step": _said(e), "log": job.paths.log_file}
     finally:
         ctrl.stop()
         log.close()
