@@ -108,3 +108,27 @@ def test_function_level_imports_only_where_help_needs_them():
     # provisions a cluster (hardware.detect) without it.
     offenders = [o for o in offenders if not (o.startswith("areal_kit.hardware:") and o.endswith(" torch"))]
     assert not offenders, "imports inside functions of modules `--help` never loads: " + "; ".join(offenders)
+
+
+@pytest.mark.slow
+def test_every_import_of_ours_names_what_exists():
+    """`from areal_kit.m import x` anywhere in the tree (package, bench, tests) names a module
+    and a name that exist. Imports inside functions run only when the function does: a benchmark
+    importing a function that moved to another module fails only when someone runs it."""
+    import importlib
+
+    missing = []
+    files = [*PKG.rglob("*.py"), *(ROOT / "bench").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    for path in sorted(files):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("areal_kit"):
+                mod = importlib.import_module(node.module)
+                missing += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{a.name}" for a in node.names
+                            if not hasattr(mod, a.name) and not _is_module(f"{node.module}.{a.name}")]
+    assert not missing, "imports of names that do not exist: " + "; ".join(missing)
+
+
+def _is_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
