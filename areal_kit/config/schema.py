@@ -209,7 +209,8 @@ def _abs_file_spec(spec: str) -> str:
 
 @dataclass
 class ModelConfig:
-    path: str = opt("", "Hugging Face model folder, or tiny://toy | tiny://bpe for a locally built tiny model.")
+    path: str = opt("", "Hugging Face model folder, or tiny://toy | tiny://bpe for a locally built tiny model "
+        "(its shape by query: tiny://toy?hidden=128&layers=4).")
     lr: float = opt(1e-6, "Learning rate (constant after warmup).")
     optimizer: str = opt("adamw",
         "Optimizer: adamw (torch AdamW passed to DeepSpeed; its config AdamW JIT-builds FusedAdam).",

@@ -67,6 +67,29 @@ class TinySpec:
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError("hidden must divide by heads, and heads by kv_heads")
 
+    @classmethod
+    def from_url(cls, url: str, seed: int) -> TinySpec:
+        """`tiny://toy` or `tiny://toy?hidden=128&layers=4`: a kind and integer shape fields."""
+        kind, _, query = url.removeprefix("tiny://").partition("?")
+        ints = {f for f, v in asdict(cls()).items() if isinstance(v, int) and not isinstance(v, bool)} - {"seed"}
+        shape = {}
+        for item in filter(None, query.split("&")):
+            key, _, value = item.partition("=")
+            if key not in ints or not value.isdigit():
+                raise ValueError(f"{url}: {item!r} is not a tiny model setting; expected key=integer with "
+                                 f"key one of {', '.join(sorted(ints))}")
+            shape[key] = int(value)
+        try:
+            return cls(kind=kind or "toy", seed=seed, **shape)
+        except ValueError as e:
+            raise ValueError(f"{url}: {e}") from None
+
+    def dirname(self) -> str:
+        """The folder name of this shape: tiny-toy, or tiny-toy-hidden128-layers4 off the defaults."""
+        default = asdict(TinySpec(kind=self.kind, seed=self.seed))
+        changed = [f"{k}{v}" for k, v in asdict(self).items() if v != default[k]]
+        return "-".join(["tiny", self.kind, *changed])
+
 
 def build_tokenizer(spec: TinySpec):
     if spec.kind == "toy":

@@ -58,8 +58,11 @@ class Job:
 def resolve_model(cfg) -> str:
     path = cfg.actor.path
     if path.startswith("tiny://"):
-        kind = path.removeprefix("tiny://") or "toy"
-        return build(os.path.join(cfg.fileroot, "models", f"tiny-{kind}"), TinySpec(kind=kind, seed=cfg.seed))
+        try:
+            spec = TinySpec.from_url(path, cfg.seed)
+        except ValueError as e:
+            raise UserError(f"actor.path={e}") from None
+        return build(os.path.join(cfg.fileroot, "models", spec.dirname()), spec)
     if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
         raise UserError(f"actor.path={path} is not a model folder (no config.json there); expected a "
                         "Hugging Face model folder or tiny://toy")

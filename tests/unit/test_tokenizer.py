@@ -76,3 +76,12 @@ def test_a_copied_tokenizer_decodes_as_the_original(toy, tmp_path):
     (tmp_path / "config.json").write_bytes((Path(toy) / "config.json").read_bytes())
     text = "1 + 9 = 1 0"
     assert load_tokenizer(str(tmp_path)).decode(ids(load_tokenizer(toy), text)) == text
+
+
+def test_a_tiny_model_url_sets_its_shape_and_folder():
+    assert TinySpec.from_url("tiny://toy", seed=3) == TinySpec(kind="toy", seed=3)
+    assert TinySpec.from_url("tiny://", seed=0).dirname() == "tiny-toy"
+    spec = TinySpec.from_url("tiny://bpe?hidden=128&layers=4", seed=1)
+    assert (spec.kind, spec.hidden, spec.layers, spec.heads) == ("bpe", 128, 4, 2)
+    # Another shape gets its own folder: it is never mistaken for the default one.
+    assert spec.dirname() == "tiny-bpe-hidden128-layers4"

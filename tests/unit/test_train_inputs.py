@@ -25,6 +25,18 @@ def test_missing_model_path(tmp_path, capsys):
     assert "not a model folder" in err[0]
 
 
+@pytest.mark.parametrize("path, message", [
+    ("tiny://toy?width=3", "'width=3' is not a tiny model setting"),
+    ("tiny://toy?hidden=big", "'hidden=big' is not a tiny model setting"),
+    ("tiny://cat", "kind must be toy or bpe"),
+])
+def test_bad_tiny_model_url(tmp_path, capsys, path, message):
+    code, err = _run(["train", "tiny", f"fileroot={tmp_path}", f"actor.path={path}"], capsys)
+    assert (code, len(err)) == (2, 1)
+    assert f"actor.path={path}: " in err[0] and message in err[0]
+    assert not (tmp_path / "models").exists()
+
+
 @pytest.mark.slow
 def test_row_without_answer_for_the_verifier(tmp_path, capsys, monkeypatch):
     from areal_kit.rl import job
