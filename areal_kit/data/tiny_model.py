@@ -130,9 +130,6 @@ def format_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float =
     writes every number from 0 to 18 about equally often, whatever the question: which number
     is right for a + b is left to RL.
     """
-
-
-
     rng = random.Random(seed)
     torch.manual_seed(seed)
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]
