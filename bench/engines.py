@@ -85,7 +85,8 @@ _RUNS: dict[tuple, dict] = {}
 
 
 def train_run(args: list[str], workdir: str, name: str, timeout: float = 900) -> dict:
-    """Run `areal-kit train ARGS` in workdir; its metrics rows, wall time and log path.
+    """Run `areal-kit train ARGS` in workdir; its metrics rows, wall time, start (epoch seconds)
+    and log path.
 
     Each run gets its own fileroot and trial, `--fresh` and no saves, so nothing is resumed or
     written beyond logs; the log goes to workdir/NAME.log for a reader who wants the details.
@@ -113,7 +114,7 @@ def train_run(args: list[str], workdir: str, name: str, timeout: float = 900) ->
         raise RuntimeError(f"areal-kit train {' '.join(args)} exited {proc.returncode}; log {log_path}:\n{tail}")
     exp = _value(args, "experiment_name") or "tiny"
     paths = logs.run_paths(fileroot, exp, name, user="bench")
-    _RUNS[key] = {"rows": logs.read_metrics(paths.metrics_file), "wall": wall, "log": log_path}
+    _RUNS[key] = {"rows": logs.read_metrics(paths.metrics_file), "wall": wall, "start": t0, "log": log_path}
     return _RUNS[key]
 
 

@@ -3,11 +3,12 @@
 The same task (the tiny preset's multi-token sums, graded by areal-kit's own reward on both
 sides), model (the preset's seeded random-init Qwen2), prompts in the same order, batch (the
 preset's prompts x group, one optimizer step a batch), GRPO settings (group-normalized rewards,
-no KL, the preset's loss aggregation mapped to TRL's loss_type, temperature 1) and optimizer
-(AdamW, lr, clipping) on both sides. areal-kit runs `areal-kit train tiny` as a user does (async,
-max_head_offpolicyness 1); TRL's GRPOTrainer runs in its own venv with transformers `generate`.
-"Learned" is the first step at which the mean task reward of the last 10 steps reaches 0.8;
-its wall time counts from the command's start, start-up included. Each side stops at the
+the preset's KL term as a k3 loss (TRL's beta), its loss aggregation mapped to TRL's loss_type,
+temperature 1) and optimizer (AdamW, lr, clipping) on both sides. areal-kit runs `areal-kit train
+tiny` as a user does (async, max_head_offpolicyness 1); TRL's GRPOTrainer runs in its own venv
+with transformers `generate`. "Learned" is the first step at which the mean task reward of the
+last 10 steps reaches 0.8; its wall time counts from the command's start to the end of that step,
+start-up included (the shutdown after the last step is reported apart). Each side stops at the
 preset's step budget: a side that never reaches 0.8 is reported as such.
 
     python bench/run.py learning
@@ -27,27 +28,26 @@ ABOUT = __doc__.split("\n\n")[1].replace("\n", " ")
 TRL_LOSS = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
 
 
-def reached(rows: list[dict], start_up: float) -> tuple[int | None, float | None]:
-    """(step, seconds from the command's start) at which the WINDOW-step mean reward first
-    reaches THRESHOLD, or (None, None)."""
-    t = start_up
+def reached(rows: list[dict], start: float) -> tuple[int | None, float | None]:
+    """(step, seconds from the command's start to that step's end) at which the WINDOW-step mean
+    reward first reaches THRESHOLD, or (None, None). Each row's `time` is when its step ended."""
     window: list[float] = []
     for i, r in enumerate(rows):
-        t += r["e2e_time"]
         window = (window + [r["task_reward"]])[-WINDOW:]
         if len(window) == WINDOW and sum(window) / WINDOW >= THRESHOLD:
-            return i + 1, t
+            return i + 1, r["time"] - start
     return None, None
 
 
-def side(rows: list[dict], wall: float) -> dict:
-    # Start-up: the command's wall time less the time of its steps (workers, engines, model load).
-    start_up = max(wall - sum(r["e2e_time"] for r in rows), 0.0)
-    step, secs = reached(rows, start_up)
+def side(rows: list[dict], wall: float, start: float) -> dict:
+    # Start-up: from the command's start to its first step's start (workers, engines, model load);
+    # the shutdown after the last step is apart: it does not delay reaching the target.
+    start_up = rows[0]["time"] - rows[0]["e2e_time"] - start
+    step, secs = reached(rows, start)
     rewards = [r["task_reward"] for r in rows]
     return {"steps_to_target": step, "wall_to_target": secs, "start_up": start_up, "steps_run": len(rows),
-            "s_per_step": engines.median(r["e2e_time"] for r in rows), "wall": wall,
-            "last10": sum(rewards[-WINDOW:]) / WINDOW, "rewards": [round(v, 4) for v in rewards]}
+            "s_per_step": engines.median(r["e2e_time"] for r in rows), "shutdown": wall - (rows[-1]["time"] - start),
+            "wall": wall, "last10": sum(rewards[-WINDOW:]) / WINDOW, "rewards": [round(v, 4) for v in rewards]}
 
 
 def run() -> Result:
@@ -60,7 +60,7 @@ def run() -> Result:
     ours = engines.train_run(["tiny"], workdir, "ours-learning", timeout=1800)
     n_steps = len(ours["rows"])
     trl = peer.run_trl(cfg, n_steps, 256, workdir, "trl-learning", loss_type=TRL_LOSS[cfg.ppo.loss_agg])
-    res = {"areal-kit": side(ours["rows"], ours["wall"]), "TRL": side(trl["rows"], trl["wall"])}
+    res = {"areal-kit": side(ours["rows"], ours["wall"], ours["start"]), "TRL": side(trl["rows"], trl["wall"], trl["start"])}
     a, t = res["areal-kit"], res["TRL"]
     figures = {"threshold": THRESHOLD, "window": WINDOW, "budget_steps": n_steps}
     for who, key in (("areal-kit", "ours"), ("TRL", "trl")):
@@ -73,14 +73,14 @@ def run() -> Result:
               "in no more steps than TRL": a["steps_to_target"] is not None
               and (t["steps_to_target"] is None or a["steps_to_target"] <= t["steps_to_target"])}
     rows = [[who, _fmt(x["steps_to_target"]), _fmt(x["wall_to_target"]), x["start_up"], x["s_per_step"],
-             x["steps_run"], x["last10"]] for who, x in res.items()]
+             x["steps_run"], x["last10"], x["shutdown"]] for who, x in res.items()]
     notes = [(f"Ratio = TRL's wall time to a {WINDOW}-step mean task reward of {THRESHOLD} / areal-kit's "
               "(start-up included on both sides); where TRL does not get there, its whole run's wall time."),
              "Per-step reward curves of both sides are in latest.json (ours_rewards, trl_rewards)."]
     return Result("learning", f"wall time to task_reward {THRESHOLD}: areal-kit vs TRL GRPOTrainer, tiny preset",
                   figures, ratio=ratio, target=2.0, checks=checks,
                   columns=["toolkit", f"steps to {THRESHOLD}", f"s to {THRESHOLD}", "start-up s", "s/step (median)",
-                           "steps run", "last-10 reward"], rows=rows, notes=notes)
+                           "steps run", "last-10 reward", "shutdown s"], rows=rows, notes=notes)
 
 
 def _fmt(v):

@@ -90,10 +90,10 @@ def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str, loss_typ
         tail = Path(log_path).read_text()[-2000:]
         raise RuntimeError(f"TRL run {name} exited {proc.returncode}; log {log_path}:\n{tail}")
     out = json.loads(Path(out_path).read_text())
-    return {"rows": out["steps"], "wall": time.time() - t0}
+    return {"rows": out["steps"], "wall": time.time() - t0, "start": t0}
 
 
-def side(rows: list[dict], wall: float, skip: int, tail: int = 0) -> dict:
+def side(rows: list[dict], wall: float, skip: int, tail: int = 0, start: float = 0.0) -> dict:
     s = engines.steady(rows, skip, tail)
     m = lambda key: engines.mean(r.get(key, 0.0) for r in s)
     e2e, gen = m("e2e_time"), m("gen_time")

@@ -94,7 +94,8 @@ def main(spec_path: str, out_path: str) -> None:
 
         def on_step_end(self, args, state, control, **kw):
             e2e = time.time() - self.t0
-            steps.append({"step": state.global_step, "e2e_time": e2e, "gen_time": timers["gen"],
+            # time: when the step ended (epoch seconds), as areal-kit's metrics.jsonl has it.
+            steps.append({"step": state.global_step, "time": time.time(), "e2e_time": e2e, "gen_time": timers["gen"],
                           "reward_time": timers["reward"],
                           "train_time": e2e - timers["gen"] - timers["reward"]})
 

@@ -79,3 +79,18 @@ def test_unknown_name_and_registry():
     with pytest.raises(SystemExit, match="unknown benchmark"):
         run_all({"demo": _demo()}, ["nope"])
     assert list(bench_run.MODULES) == ["rollout", "weight_sync", "pipeline", "peer", "packing", "learning", "faults"]
+
+
+def test_learning_counts_from_the_command_start_to_the_step_that_reached_the_target():
+    """The learning benchmark's clock: start-up up to the first step's start, the target's time at
+    the end of the step whose 10-step mean first reaches 0.8, the shutdown after the last step apart."""
+    from bench import learning
+
+    start = 1000.0
+    rewards = [0.0] * 5 + [1.0] * 10 + [0.5] * 5  # the mean of steps 6-15 is 1.0; of steps 4-13 0.8
+    rows = [{"time": start + 20.0 + i + 1, "e2e_time": 1.0, "task_reward": r} for i, r in enumerate(rewards)]
+    s = learning.side(rows, wall=20.0 + len(rows) + 7.0, start=start)
+    assert s["start_up"] == pytest.approx(20.0)
+    assert (s["steps_to_target"], s["wall_to_target"]) == (13, pytest.approx(33.0))
+    assert s["shutdown"] == pytest.approx(7.0)
+    assert learning.reached([{**r, "task_reward": 0.7} for r in rows], start) == (None, None)
