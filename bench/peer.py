@@ -93,7 +93,7 @@ def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str, loss_typ
     return {"rows": out["steps"], "wall": time.time() - t0, "start": t0}
 
 
-def side(rows: list[dict], wall: float, skip: int, tail: int = 0, start: float = 0.0) -> dict:
+def side(rows: list[dict], wall: float, skip: int, tail: int = 0) -> dict:
     s = engines.steady(rows, skip, tail)
     m = lambda key: engines.mean(r.get(key, 0.0) for r in s)
     e2e, gen = m("e2e_time"), m("gen_time")
@@ -116,15 +116,17 @@ def run() -> Result:
 
     tiny_cfg.actor.path = resolve_model(tiny_cfg)  # the same seeded tiny://toy model our run builds
     ours = engines.train_run(pipeline.tiny_args(OURS_K, TINY_STEPS), workdir, "ours-tiny")
+    trl = run_trl(tiny_cfg, TINY_STEPS, 256, workdir, "trl-tiny")
     results["tiny"] = {"areal-kit": side(ours["rows"], ours["wall"], 2, OURS_K),
-                       "TRL": side(**run_trl(tiny_cfg, TINY_STEPS, 256, workdir, "trl-tiny"), skip=2)}
+                       "TRL": side(trl["rows"], trl["wall"], skip=2)}
     # RL-shaped: generation dominates; back to back.
     model = workload.rl_model()
     rl_cfg = engines.bench_config(model, workdir)
     ours = engines.train_run(["tiny", *engines.rl_overrides(model), f"exp_ctrl.total_train_steps={RL_STEPS}",
                               f"ppo.max_head_offpolicyness={OURS_K}", "experiment_name=rl"], workdir, "ours-rl")
+    trl = run_trl(rl_cfg, RL_STEPS, 16, workdir, "trl-rl")
     results["rl"] = {"areal-kit": side(ours["rows"], ours["wall"], 1, OURS_K),
-                     "TRL": side(**run_trl(rl_cfg, RL_STEPS, 16, workdir, "trl-rl"), skip=1)}
+                     "TRL": side(trl["rows"], trl["wall"], skip=1)}
     figures, rows = {"tiny_steps": TINY_STEPS, "rl_steps": RL_STEPS}, []
     tiny_new = tiny_cfg.ppo.gen.max_new_tokens
     for wl, label in (("tiny", f"tiny preset ({tiny_new} token{'s' if tiny_new > 1 else ''})"),

@@ -8,6 +8,8 @@ the environment a worker sets first (vLLM, DeepSpeed) and optional ones (inside 
 """
 
 import ast
+import importlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -115,8 +117,6 @@ def test_every_import_of_ours_names_what_exists():
     """`from areal_kit.m import x` anywhere in the tree (package, bench, tests) names a module
     and a name that exist. Imports inside functions run only when the function does: a benchmark
     importing a function that moved to another module fails only when someone runs it."""
-    import importlib
-
     missing = []
     files = [*PKG.rglob("*.py"), *(ROOT / "bench").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
     for path in sorted(files):
@@ -129,6 +129,4 @@ def test_every_import_of_ours_names_what_exists():
 
 
 def _is_module(name: str) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(name) is not None
