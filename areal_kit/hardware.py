@@ -119,8 +119,17 @@ def vllm_env(platform: Platform, tp: int = 1) -> dict[str, str]:
     instead of two more processes that hand every step over shared memory, one of them
     spin-waiting, which on a CPU takes a core from the work. GPUs keep the separate engine process, which overlaps
     scheduling with the GPU's work.
+
+    On CPU torch.compile is off in the engine: the model already runs eagerly (enforce_eager), and
+    the one function vLLM still compiles, the sampler's rank count behind the logprobs, cost each
+    engine ~1.5 s of tracing on its first generation for an elementwise compare-and-sum.
     """
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if platform.is_cpu and tp == 1 else {}
+    if not platform.is_cpu:
+        return {}
+    env = {"TORCH_COMPILE_DISABLE": "1"}
+    if tp == 1:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return env
 
 
 def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: int = 0,

@@ -6,7 +6,8 @@ preset's prompts x group, one optimizer step a batch), GRPO settings (group-norm
 the preset's KL term as a k3 loss (TRL's beta), its loss aggregation mapped to TRL's loss_type,
 temperature 1) and optimizer (AdamW, lr, clipping) on both sides. areal-kit runs `areal-kit train
 tiny` as a user does (async, max_head_offpolicyness 1); TRL's GRPOTrainer runs in its own venv
-with transformers `generate`. "Learned" is the first step at which the mean task reward of the
+with transformers `generate`. Both start from one model folder, built once before either clock
+starts (as a user's second run of the preset finds it built). "Learned" is the first step at which the mean task reward of the
 last 10 steps reaches 0.8; its wall time counts from the command's start to the end of that step,
 start-up included (the shutdown after the last step is reported apart). Each side stops at the
 preset's step budget: a side that never reaches 0.8 is reported as such.
@@ -57,7 +58,7 @@ def run() -> Result:
     workdir = tempfile.mkdtemp(prefix="bench-learning-")
     cfg = load_config("tiny", [f"fileroot={workdir}"])
     cfg.actor.path = resolve_model(cfg)  # the same seeded tiny://toy model our run builds
-    ours = engines.train_run(["tiny"], workdir, "ours-learning", timeout=1800)
+    ours = engines.train_run(["tiny", f"actor.path={cfg.actor.path}"], workdir, "ours-learning", timeout=1800)
     n_steps = len(ours["rows"])
     trl = peer.run_trl(cfg, n_steps, 256, workdir, "trl-learning", loss_type=TRL_LOSS[cfg.ppo.loss_agg])
     res = {"areal-kit": side(ours["rows"], ours["wall"], ours["start"]), "TRL": side(trl["rows"], trl["wall"], trl["start"])}

@@ -327,3 +327,19 @@ def test_check_rows():
         check_rows([{"id": 1, "answer": "3"}, {"id": 7, "answer": ""}], ["math"])
     with pytest.raises(UserError, match="reward 'toy' needs"):
         check_rows([{"id": 1, "solutions": ["1"]}], ["toy"])
+
+
+@pytest.mark.parametrize("discount", [1.0, 0.9])
+def test_token_returns_of_a_batch_equal_each_sequence_alone(discount):
+    """All sequences at once (one grid) give bit for bit what each sequence alone gives: the
+    trainer's advantages do not depend on which sequences share a batch."""
+    g = torch.Generator().manual_seed(0)
+    lens = [int(x) for x in torch.randint(1, 9, (40,), generator=g)]
+    seq_r = torch.randn(len(lens), generator=g)
+    tok_r = torch.randn(sum(lens), generator=g)
+    batch = Fn.token_returns(seq_r, tok_r, lens, discount)
+    alone, offset = [], 0
+    for i, n in enumerate(lens):
+        alone.append(Fn.token_returns(seq_r[i:i + 1], tok_r[offset:offset + n], [n], discount))
+        offset += n
+    assert torch.equal(batch, torch.cat(alone))

@@ -30,12 +30,25 @@ def test_seq_mean_token_sum_norm_divides_by_the_generation_budget():
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_splitting_the_batch_over_ranks_gives_the_same_loss(mode):
     """The trainer sums each rank's weighted losses over a denominator summed over ranks."""
-    w = Fn.agg_weights(MASK, mode, MAX_NEW)
-    per_rank = [(LOSS[i] * w[i]).sum() for i in range(2)]
-    denom = Fn.agg_denominator(w[:1], mode) + Fn.agg_denominator(w[1:], mode)
+    per_rank, denom = [], 0.0
+    for i in range(2):  # one answer a rank
+        w = Fn.agg_weights(MASK[i], [len(MASK[i])], mode, MAX_NEW)
+        per_rank.append((LOSS[i] * w).sum())
+        denom += Fn.agg_denominator(w, [len(MASK[i])], mode)
     assert (sum(per_rank) / denom).item() == pytest.approx(Fn.aggregate(LOSS, MASK, mode, MAX_NEW).item())
 
 
 def test_an_unknown_mode_is_refused_by_the_config():
     with pytest.raises(ConfigError, match="ppo.loss_agg"):
         PPOConfig(loss_agg="seq-sum")
+
+
+def test_an_answer_the_mask_leaves_out_is_not_counted_among_the_answers():
+    """seq modes average over answers with a trained token: a fully masked one (overlong_filter)
+    neither adds to the sum nor to the count."""
+    masks = MASK + [torch.zeros(3)]
+    losses = LOSS + [torch.tensor([100.0, 100.0, 100.0])]
+    assert Fn.aggregate(losses, masks, "seq-mean-token-mean", MAX_NEW).item() == pytest.approx((2 + 8 / 3) / 2)
+    w = Fn.agg_weights(torch.cat(masks), [2, 4, 3], "seq-mean-token-mean", MAX_NEW)
+    assert w.tolist() == pytest.approx([0.5, 0.5, 1 / 3, 1 / 3, 1 / 3, 0.0, 0.0, 0.0, 0.0])
+    assert Fn.agg_denominator(w, [2, 4, 3], "seq-mean-token-mean") == 2.0

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from areal_kit.rl.algo import functional as Fn
-from areal_kit.rl.algo.packing import min_bins, pack, pad, partition
+from areal_kit.rl.algo.packing import Answers, min_bins, pack, pad, partition
 
 PROMPTS = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]
 ANSWERS = [[11, 12], [13, 14, 15], [16], []]
@@ -225,3 +225,16 @@ def test_varlen_segments():
 
     assert segments(torch.tensor([0, 1, 2, 0, 0, 1])) == [(0, 3), (3, 4), (4, 6)]
     assert segments(torch.tensor([0, 1, 2, 3])) == [(0, 4)]
+
+
+def test_answers_index_matches_the_packed_order_of_any_rows():
+    """Answers.index(rows) lists the flat positions of those rows' answer tokens in the order a
+    Packed of the same rows lays them out, so flat[index] lines up with logprobs[answer_mask]."""
+    answers = [[5, 6], [7], [8, 9, 10], [11]]
+    prompts = [[1, 2], [1], [3, 4, 4], [2]]
+    ans = Answers([len(a) for a in answers])
+    flat = torch.tensor([t for a in answers for t in a])
+    for rows in ([0, 1, 2, 3], [2, 0], [3], [1, 3, 2]):
+        pk = pack([prompts[i] for i in rows], [answers[i] for i in rows])
+        assert flat[ans.index(rows)].tolist() == pk.labels()[pk.answer_mask].tolist()
+    assert [t.tolist() for t in ans.split(flat)] == answers

@@ -11,7 +11,8 @@ import pytest
 
 from areal_kit.errors import UserError
 from areal_kit.rl.workers import workflow as W
-from areal_kit.rl.workers.trainer import loss_mask
+from areal_kit.rl.algo.packing import Answers
+from areal_kit.rl.workers.trainer import loss_masks
 
 
 class FakeTok:
@@ -134,6 +135,8 @@ def test_prompt_too_long_for_the_engine():
         W.run_episodes(flow, _engine(max_len=64)[1], ROWS[:1])
 
 
-def test_trainer_loss_mask():
-    assert loss_mask({"output_ids": [5, 6, 7]}).tolist() == [1.0, 1.0, 1.0]
-    assert loss_mask({"output_ids": [5, 6, 7], "loss_mask": [1, 0, 1]}).tolist() == [1.0, 0.0, 1.0]
+def test_trainer_loss_masks_are_flat_over_the_shard():
+    plain, masked = {"output_ids": [5, 6, 7]}, {"output_ids": [8, 9, 10], "loss_mask": [1, 0, 1]}
+    assert loss_masks([plain], Answers([3])).tolist() == [1.0, 1.0, 1.0]
+    # A sample without a mask keeps all its tokens beside one with a mask.
+    assert loss_masks([masked, plain], Answers([3, 3])).tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]

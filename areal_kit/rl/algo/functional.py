@@ -49,21 +49,24 @@ def token_returns(seq_rewards: torch.Tensor, token_rewards: torch.Tensor, seq_le
     seq_rewards: one final reward per sequence (credited to its last token);
     token_rewards: per-token rewards (e.g. -kl_ctl * kl) over the flat concatenation of the
     sequences' generated tokens, lengths seq_lens. Without a critic this is also the advantage.
+    All sequences at once: each is a row of a [sequences, longest] grid, zero after its end, so
+    every row's sums run backwards in the same order as that sequence alone would.
     """
-    out = torch.empty_like(token_rewards)
-    offset = 0
-    for i, n in enumerate(seq_lens):
-        r = token_rewards[offset:offset + n].clone()
-        r[-1] += seq_rewards[i]
-        if discount == 1.0:
-            out[offset:offset + n] = r.flip(0).cumsum(0).flip(0)
-        else:
-            acc = 0.0
-            for t in range(n - 1, -1, -1):
-                acc = r[t] + discount * acc
-                out[offset + t] = acc
-        offset += n
-    return out
+    lens = torch.as_tensor(seq_lens, dtype=torch.long)
+    n_seq, longest = len(seq_lens), max(seq_lens, default=0)
+    row = torch.repeat_interleave(torch.arange(n_seq), lens)
+    col = torch.arange(token_rewards.numel()) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+    grid = token_rewards.new_zeros(n_seq, longest)
+    grid[row, col] = token_rewards
+    grid[torch.arange(n_seq), lens - 1] += seq_rewards.to(grid.dtype)
+    if discount == 1.0:
+        grid = grid.flip(1).cumsum(1).flip(1)
+    else:
+        acc = grid.new_zeros(n_seq)
+        for t in range(longest - 1, -1, -1):
+            acc = grid[:, t] + discount * acc
+            grid[:, t] = acc
+    return grid[row, col]
 
 
 def masked_normalize(x: torch.Tensor, eps: float = 1e-5, stats: tuple[float, float, float] | None = None):
@@ -146,31 +149,36 @@ def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.
 #   seq-mean-token-sum-norm  1/N sum_s (sum_t w_t l_t / T_max)    no length bias either way (Dr. GRPO)
 
 
-def agg_weights(masks: list[torch.Tensor], mode: str, max_new_tokens: int) -> list[torch.Tensor]:
-    """Each sequence's per-token weights under loss_agg `mode` (before agg_denominator)."""
+def agg_weights(mask: torch.Tensor, seq_lens: list[int], mode: str, max_new_tokens: int) -> torch.Tensor:
+    """Per-token weights under loss_agg `mode` (before agg_denominator), of flat tokens: the
+    sequences' answers concatenated, lengths seq_lens, mask the loss mask of every token."""
     if mode == "token-mean":
-        return list(masks)
+        return mask
     if mode == "seq-mean-token-mean":
-        return [m / m.sum().clamp(min=1.0) for m in masks]
+        seq = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.as_tensor(seq_lens, dtype=torch.long))
+        per_seq = mask.new_zeros(len(seq_lens)).index_add_(0, seq, mask)
+        return mask / per_seq.clamp(min=1.0)[seq]
     if mode == "seq-mean-token-sum-norm":
-        return [m / float(max_new_tokens) for m in masks]
+        return mask / float(max_new_tokens)
     raise ValueError(f"unknown loss_agg {mode!r}; expected token-mean, seq-mean-token-mean or "
                      "seq-mean-token-sum-norm")
 
 
-def agg_denominator(weights: list[torch.Tensor], mode: str) -> float:
+def agg_denominator(weights: torch.Tensor, seq_lens: list[int], mode: str) -> float:
     """What the weighted sum of a (global) batch is divided by: its token count or its sequences.
     Summed over ranks by the caller, so it is the global batch's. A sequence the loss mask leaves
     out entirely (ppo.overlong_filter's truncated answers) is not one of the sequences averaged."""
     if mode == "token-mean":
-        return float(sum(w.sum() for w in weights))
-    return float(sum(1 for w in weights if bool(w.any())))
+        return float(weights.sum())
+    seq = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.as_tensor(seq_lens, dtype=torch.long))
+    weighted = weights.new_zeros(len(seq_lens)).index_add_(0, seq, (weights != 0).to(weights.dtype))
+    return float((weighted > 0).sum())
 
 
 def aggregate(loss_tok: list[torch.Tensor], masks: list[torch.Tensor], mode: str,
               max_new_tokens: int) -> torch.Tensor:
     """The batch loss of per-sequence token losses under `mode` (one process, for tests and
     reference; the trainer splits the same sum over micro-batches and ranks)."""
-    w = agg_weights(masks, mode, max_new_tokens)
-    total = sum((lt * wt).sum() for lt, wt in zip(loss_tok, w))
-    return total / max(agg_denominator(w, mode), 1e-12)
+    lens = [len(m) for m in masks]
+    w = agg_weights(torch.cat(masks), lens, mode, max_new_tokens)
+    return (torch.cat(loss_tok) * w).sum() / max(agg_denominator(w, lens, mode), 1e-12)

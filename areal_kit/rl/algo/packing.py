@@ -91,6 +91,35 @@ class Packed:
         return out
 
 
+class Answers:
+    """Where each sequence's answer tokens sit in flat per-token tensors (the answers of a batch
+    concatenated, sequence after sequence): one tensor op covers a whole batch or micro-batch,
+    where a tensor per sequence cost a few microseconds each, times hundreds of sequences a step.
+
+        ans = Answers([2, 1, 3])
+        ans.index([2, 0])    # tensor([3, 4, 5, 0, 1]): sequence 2's tokens, then sequence 0's
+    """
+
+    def __init__(self, lens: list[int]):
+        self.lens = torch.tensor(lens, dtype=torch.long)
+        self.starts = torch.cumsum(self.lens, 0) - self.lens
+        self.n_tokens = int(self.lens.sum())
+
+    def __len__(self) -> int:
+        return int(self.lens.numel())
+
+    def index(self, rows: list[int]) -> torch.Tensor:
+        """Flat positions of the answer tokens of `rows`, row after row, in order: the order in
+        which a Packed of those rows lays them out (its answer_mask positions)."""
+        r = torch.as_tensor(rows, dtype=torch.long)
+        lens = self.lens[r]
+        before = torch.cumsum(lens, 0) - lens  # where each row's run starts in the result
+        return torch.repeat_interleave(self.starts[r] - before, lens) + torch.arange(int(lens.sum()))
+
+    def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        return list(flat.split(self.lens.tolist()))
+
+
 def pack(prompts: list[list[int]], answers: list[list[int]]) -> Packed:
     """Concatenate (prompt + answer) token lists into one packed row."""
     ids, pos, mask, seq_lens, prompt_lens = [], [], [], [], []

@@ -28,7 +28,7 @@ from areal_kit.data.tokenizer import copy_tokenizer_files
 from areal_kit.durable import fsync_dir, fsync_tree
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo import varlen
-from areal_kit.rl.algo.packing import Packed, min_bins, pack, partition
+from areal_kit.rl.algo.packing import Answers, Packed, min_bins, pack, partition
 from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.weight_sync import transport
 from areal_kit.rl.weight_sync.sender import WeightSender
@@ -174,17 +174,16 @@ class TrainerWorker(WeightSender, StackDumps):
         n = int(self._allreduce([min_bins(lengths, max_tokens) if lengths else 0], "max")[0])
         return partition(lengths, max_tokens, n)
 
-    def _pass(self, model, shard, bins, grad=False) -> list[torch.Tensor]:
-        """Per-sequence answer logprobs of shard, micro-batch by micro-batch (no grad)."""
-        out: list[torch.Tensor | None] = [None] * len(shard)
+    def _pass(self, model, shard, ans: Answers, bins, grad=False) -> torch.Tensor:
+        """Answer logprobs of shard, flat (ans), micro-batch by micro-batch (no grad)."""
+        out = torch.empty(ans.n_tokens)
         for idx in bins:
             if not idx:  # keep in step with ranks that have more micro-batches (ZeRO-3 gathers)
                 self._logprobs(model, _dummy_pack(), grad)
                 continue
             pk = pack([shard[i]["prompt_ids"] for i in idx], [shard[i]["output_ids"] for i in idx])
             lp, _ = self._logprobs(model, pk, grad)
-            for i, v in zip(idx, pk.split_answers(lp.detach().cpu())):
-                out[i] = v
+            out[ans.index(idx)] = lp.detach()[pk.answer_mask.to(self.device)].cpu()
         return out
 
     # ---------------------------------------------------------------- train
@@ -193,28 +192,30 @@ class TrainerWorker(WeightSender, StackDumps):
         _test_stall(self.rank, self.version + 1)
         p = self.cfg.ppo
         shard = self._shard(samples)
+        # Every per-token quantity below is one flat tensor over the shard's answer tokens (ans).
+        ans = Answers([len(s["output_ids"]) for s in shard])
         mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
         bins = self._micro_batches(shard, mb)
         t_start_ref = time.time()
-        ref_lp = self._pass(self.ref, shard, bins) if self.ref is not None else None
+        ref_lp = self._pass(self.ref, shard, ans, bins) if self.ref is not None else None
         t_ref = time.time()
-        behav = [torch.tensor(s["logprobs"], dtype=torch.float32) for s in shard]
+        behav = torch.tensor([x for s in shard for x in s["logprobs"]], dtype=torch.float32)
         if p.use_decoupled_loss or p.ppo_n_minibatches > 1:
             self.engine.eval()
-            prox = self._pass(self.engine.module, shard, bins)
+            prox = self._pass(self.engine.module, shard, ans, bins)
         elif p.max_head_offpolicyness > 0:
             prox = behav  # plain PPO off-policy: the behaviour policy is the old policy
         else:
             prox = None  # on-policy, one minibatch: the old policy is the current one
         t_prox = time.time()
         pol = prox if prox is not None else behav
-        kls = [Fn.kl_estimate(a, r, p.kl_estimator) for a, r in zip(pol, ref_lp)] \
-            if ref_lp is not None else None
-        adv = self._advantages(shard, kls)
-        stats = self._optimize(shard, adv, prox, behav, ref_lp)
+        kls = Fn.kl_estimate(pol, ref_lp, p.kl_estimator) if ref_lp is not None else None
+        mask = loss_masks(shard, ans)
+        adv = self._advantages(shard, ans, mask, kls)
+        stats = self._optimize(shard, ans, mask, adv, prox, behav, ref_lp)
         self.version += 1
-        if kls:
-            stats["kl_reward"] = -p.kl_ctl * float(torch.cat(kls).mean())
+        if kls is not None and kls.numel():
+            stats["kl_reward"] = -p.kl_ctl * float(kls.mean())
         stats["train_time"] = time.time() - t0
         # Parts of train_time, for metrics.jsonl's per-step breakdown: the reference
         # model's logprobs and the recomputed proximal logprobs; the rest is the PPO update.
@@ -222,22 +223,23 @@ class TrainerWorker(WeightSender, StackDumps):
         stats["prox_logp_time"] = t_prox - t_ref
         return stats
 
-    def _advantages(self, shard, kls) -> list[torch.Tensor]:
+    def _advantages(self, shard, ans: Answers, w: torch.Tensor, kls) -> torch.Tensor:
+        """Every answer token's advantage (flat); w is the loss mask: tokens a workflow inserted
+        are not the policy's."""
         p = self.cfg.ppo
-        lens = [len(s["output_ids"]) for s in shard]
+        lens = ans.lens.tolist()
         seq_r = torch.tensor([s["seq_reward"] for s in shard], dtype=torch.float32)
-        w = torch.cat([loss_mask(s) for s in shard])  # tokens a workflow inserted are not the policy's
-        if kls and p.kl_mode == "reward":
-            tok_r = -p.kl_ctl * torch.cat(kls) * w
+        if kls is not None and p.kl_mode == "reward":
+            tok_r = -p.kl_ctl * kls * w
         else:
-            tok_r = torch.zeros(sum(lens))
+            tok_r = torch.zeros(ans.n_tokens)
         ret = Fn.token_returns(seq_r, tok_r, lens, p.discount)
         if p.adv_norm:
             ret = Fn.masked_normalize(ret, stats=tuple(self._allreduce(
                 [(ret * w).sum().item(), (ret.pow(2) * w).sum().item(), w.sum().item()])))
-        return list(ret.split(lens))
+        return ret
 
-    def _optimize(self, shard, adv, prox, behav, ref_lp) -> dict:
+    def _optimize(self, shard, ans: Answers, mask, adv, prox, behav, ref_lp) -> dict:
         p = self.cfg.ppo
         mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
         n_mini = p.ppo_n_minibatches
@@ -249,8 +251,10 @@ class TrainerWorker(WeightSender, StackDumps):
         for mini in minis:
             sub = [shard[i] for i in mini]
             # Per-token weights of the loss (ppo.loss_agg) and their global denominator.
-            aw = dict(zip(mini, Fn.agg_weights([loss_mask(s) for s in sub], p.loss_agg, p.gen.max_new_tokens)))
-            denom = self._allreduce([Fn.agg_denominator(list(aw.values()), p.loss_agg)])[0]
+            toks, lens = ans.index(mini), ans.lens[mini].tolist()
+            agg_w = torch.zeros(ans.n_tokens)
+            agg_w[toks] = Fn.agg_weights(mask[toks], lens, p.loss_agg, p.gen.max_new_tokens)
+            denom = self._allreduce([Fn.agg_denominator(agg_w[toks], lens, p.loss_agg)])[0]
             bins = self._micro_batches(sub, mb)
             for j, idx in enumerate(bins):
                 self.engine.set_gradient_accumulation_boundary(j == len(bins) - 1)
@@ -263,16 +267,17 @@ class TrainerWorker(WeightSender, StackDumps):
                 lp, ent = self._logprobs(self.engine.module, pk, grad=True)
                 m = pk.answer_mask.to(self.device)
                 logp = lp[m]
+                t = ans.index(rows)  # this micro-batch's tokens, in the packed order
 
-                def cat(xs, rows=rows):  # this micro-batch's rows of a per-sequence list
-                    return torch.cat([xs[i] for i in rows]).to(self.device)
+                def cat(flat, t=t):
+                    return flat[t].to(self.device)
 
-                w = torch.cat([loss_mask(shard[i]) for i in rows]).to(self.device)
+                w = cat(mask)
                 old = logp.detach() if prox is None else cat(prox)
                 loss_tok, st = Fn.ppo_loss(logp, old, cat(adv), p.eps_clip,
                                            behav_logp=cat(behav) if p.use_decoupled_loss else None,
                                            behav_cap=p.behav_imp_weight_cap, eps_clip_high=p.eps_clip_high or None)
-                agg = torch.cat([aw[i] for i in rows]).to(self.device)
+                agg = cat(agg_w)
                 loss = (loss_tok * agg).sum()
                 if ref_lp is not None and p.kl_mode == "loss":
                     loss = loss + p.kl_ctl * (Fn.kl_estimate(logp, cat(ref_lp), p.kl_estimator) * agg).sum()
@@ -383,7 +388,8 @@ class TrainerWorker(WeightSender, StackDumps):
         shard = [{"prompt_ids": p, "output_ids": a} for p, a in zip(prompts, answers)]
         bins = partition([len(p) + len(a) for p, a in zip(prompts, answers)],
                          self.cfg.actor_train.mb_spec.max_tokens_per_mb)
-        return [t.tolist() for t in self._pass(self.engine.module, shard, bins)]
+        ans = Answers([len(a) for a in answers])
+        return [t.tolist() for t in ans.split(self._pass(self.engine.module, shard, ans, bins))]
 
     def local_checksum(self) -> float:
         """Sum of this rank's parameters: full replicas under ZeRO 0-2, its shards under ZeRO-3
@@ -474,8 +480,10 @@ def _dummy_pack() -> Packed:
     return pack([[0]], [[0]])
 
 
-def loss_mask(sample: dict) -> torch.Tensor:
-    """1.0 on the answer tokens the loss covers: all, unless a workflow gave a loss_mask (0 for
-    tokens it inserted, e.g. a tool's output between two model turns)."""
-    m = sample.get("loss_mask")
-    return torch.tensor(m, dtype=torch.float32) if m is not None else torch.ones(len(sample["output_ids"]))
+def loss_masks(shard: list[dict], ans: Answers) -> torch.Tensor:
+    """1.0 on the answer tokens the loss covers (flat): all, unless a workflow gave a sample a
+    loss_mask (0 for tokens it inserted, e.g. a tool's output between two model turns)."""
+    if not any("loss_mask" in s for s in shard):
+        return torch.ones(ans.n_tokens)
+    return torch.tensor([float(bool(x)) for s in shard
+                         for x in s.get("loss_mask", [1] * len(s["output_ids"]))], dtype=torch.float32)
