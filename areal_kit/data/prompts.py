@@ -94,6 +94,8 @@ class PromptLoader:
     epoch: int = 0
     position: int = 0
     used_ids: list[str] = field(default_factory=list)
+    # The last epoch's order: a batch is a slice of it, not a new shuffle of the whole dataset.
+    _order_cache: tuple[int, list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.batch_size > len(self.rows):
@@ -105,10 +107,12 @@ class PromptLoader:
         return len(self.rows) // self.batch_size  # the last partial batch is dropped
 
     def _order(self, epoch: int) -> list[int]:
-        idx = list(range(len(self.rows)))
-        if self.shuffle:
-            random.Random(self.seed * 1000003 + epoch).shuffle(idx)
-        return idx
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            idx = list(range(len(self.rows)))
+            if self.shuffle:
+                random.Random(self.seed * 1000003 + epoch).shuffle(idx)
+            self._order_cache = (epoch, idx)
+        return self._order_cache[1]
 
     def next_batch(self) -> tuple[int, int, list[dict]]:
         """(epoch, step within epoch, rows); rolls over to the next epoch when one ends."""
