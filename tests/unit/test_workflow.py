@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from areal_kit.errors import UserError
-from areal_kit.rl.workers import workflow as W
 from areal_kit.rl.algo.packing import Answers
+from areal_kit.rl.workers import workflow as W
 from areal_kit.rl.workers.trainer import loss_masks
 
 
