@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
 from areal_kit.data.toy_task import MAX_SUM, spell
@@ -190,6 +190,9 @@ def build(out_dir: str, spec: TinySpec | None = None) -> str:
     # bpe: a multiple of 16 like real checkpoints. toy: exactly the tokenizer, so no probability
     # mass goes to ids that decode to nothing (the policy starts at 1/22 per token, not 1/32).
     vocab = len(tok) if spec.kind == "toy" else ((len(tok) + 15) // 16) * 16
+    # Here, not at the top: a run whose model is built already (most) skips a second of imports.
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
     cfg = Qwen2Config(
         vocab_size=vocab,
         hidden_size=spec.hidden,

@@ -54,11 +54,11 @@ class WeightSender:
                         for n in names}
         return len(self._shared)
 
-    def send_weights(self, *engines_free, shared: bool = False) -> dict:
+    def send_weights(self, *ready, shared: bool = False) -> dict:
         """Rank 0, on the actor's "weights" concurrency group: broadcast the staged weights.
 
-        The controller passes each engine's refs that resolve once it is free to receive, so Ray
-        starts this only then, and the main thread goes on training meanwhile.
+        The controller passes refs that resolve once the weights are staged and each engine is
+        free to receive, so Ray starts this only then, and the main thread goes on training meanwhile.
         """
         to = getattr(self, "_shared", None) if shared else None
         return self.outbox.send(lambda state: transport.send(self.sync_group, self._plan, state, self.device, to))

@@ -7,7 +7,7 @@ WeightSync is the only part the loop sees:
 
     sync = WeightSync(cfg, trainers, engines)
     how = sync.connect()          # once: join the group (and map shared memory on one CPU node)
-    sync.push(version)            # after each step; returns when the trainer may train on
+    sync.push(version)            # after each step; queues the sync, waits for nothing
     loads = sync.in_flight        # the engines' loads still running (the next generation waits for them)
 
 weight_sync=disk saves a Hugging Face folder instead and the engines reload it.
@@ -38,27 +38,29 @@ class WeightSync:
         return how
 
     def push(self, version: int, wait_engines: bool = False) -> float:
-        """New weights to every engine; seconds until the trainer is free again.
+        """New weights to every engine; seconds the driver spent on it.
 
-        The trainer waits for its side only (the weights staged, or the folder saved): the send
-        and the engines' loads run while it goes on to its next step, whose optimizer step waits
-        for the send. Engines run calls in order, so a load queued behind a generation waits for
-        it, and the next generation waits for the load.
+        Nothing here waits for the trainer: its calls run in order, so the staging of the weights
+        queued here runs before its next step, and the send waits for the staging. The send and
+        the engines' loads run while the trainer goes on to its next step, whose optimizer step
+        waits for the send. Engines run calls in order, so a load queued behind a generation waits
+        for it, and the next generation waits for the load. weight_sync=disk saves the folder first.
         """
 
         t0 = time.time()
         trainers, engines = self.trainers.actors, self.engines.actors
         if self.mode != "disk":
             shared = self.shared and self.mode == "auto"
-            dog = self.trainers.watchdog
-            dog.wait("stage_weights", dog.label([t.stage_weights.remote() for t in trainers], self.trainers.names))
-            # get_version queues behind an engine's pending generations: the send starts once every
-            # engine is free to receive, on the trainer's second thread while it trains on. No one
-            # waits inside the collective during a generation (a long one would meet its timeout).
-            # With shared memory the trainer writes into the engines' parameters from then on:
-            # safe, as each engine's next call is the receive_weights queued here.
+            staged = [t.stage_weights.remote() for t in trainers]  # every rank: ZeRO-3 gathers
+            # get_version queues behind an engine's pending generations: the send starts once the
+            # weights are staged and every engine is free to receive, on the trainer's second
+            # thread while it trains on. No one waits inside the collective during a generation
+            # (a long one would meet its timeout). With shared memory the trainer writes into the
+            # engines' parameters from then on: safe, as each engine's next call is the
+            # receive_weights queued here.
             free = [e.get_version.remote() for e in engines]
-            send = trainers[0].send_weights.options(concurrency_group="weights").remote(*free, shared=shared)
+            send = trainers[0].send_weights.options(concurrency_group="weights").remote(*staged, *free,
+                                                                                         shared=shared)
             loads = [e.receive_weights.remote(version, shared) for e in engines]
             self.in_flight = self.trainers.watchdog.label([send] + loads, [self.trainers.names[0]] + self.engines.names)
         else:

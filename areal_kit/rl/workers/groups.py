@@ -162,14 +162,15 @@ def create(cfg, model_path: str, cache_root: str, total_steps: int, stacks_dir: 
     Trainer = ray.remote(concurrency_groups={"weights": 1})(TrainerWorker)
     trainers = [Trainer.options(**places.trainer_options(r)).remote(
         r, n_train, cfg, model_path, _pinned(env, cores, [r]), total_steps) for r in range(n_train)]
-    # Rank 0's node hosts the DeepSpeed rendezvous; the port must be free there, not here.
-    master, port = ray.get(trainers[0].address.remote())
-    ray.get([t.set_master.remote(master, port) for t in trainers])
     Rollout = ray.remote(RolloutWorker)
     tp = alloc.gen.tp
+    # The engines' processes start before anything waits on a trainer: an engine takes longest to set up.
     rollouts = [Rollout.options(**places.engine_options(i)).remote(
         i, model_path, cfg, _pinned(env, cores, range(n_train + i * tp, n_train + (i + 1) * tp)), tp)
         for i in range(alloc.gen.dp)]
+    # Rank 0's node hosts the DeepSpeed rendezvous; the port must be free there, not here.
+    master, port = ray.get(trainers[0].address.remote())
+    ray.get([t.set_master.remote(master, port) for t in trainers])
     dog = Watchdog(cfg.exp_ctrl, stacks_dir)
     return Workers(TrainerGroup(trainers, dog), EngineGroup(rollouts, dog, tp), dog, places)
 

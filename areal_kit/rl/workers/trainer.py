@@ -21,13 +21,11 @@ from datetime import timedelta
 import ray
 import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM
 
 from areal_kit import hardware
 from areal_kit.data.tokenizer import copy_tokenizer_files
 from areal_kit.durable import fsync_dir, fsync_tree
 from areal_kit.rl.algo import functional as Fn
-from areal_kit.rl.algo import varlen
 from areal_kit.rl.algo.packing import Answers, Packed, min_bins, pack, partition
 from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.weight_sync import transport
@@ -60,8 +58,11 @@ class TrainerWorker(WeightSender, StackDumps):
     # ---------------------------------------------------------------- setup
     def setup(self) -> float:
         t0 = time.time()
+        # In the worker only: the driver, which imports this module to start the actor, never loads a model.
         import deepspeed
+        from transformers import AutoModelForCausalLM
 
+        from areal_kit.rl.algo import varlen
 
         plat = hardware.detect()
         self.device = plat.torch_device
