@@ -57,7 +57,7 @@ def run() -> Result:
 
     workdir = tempfile.mkdtemp(prefix="bench-learning-")
     cfg = load_config("tiny", [f"fileroot={workdir}"])
-    cfg.actor.path = resolve_model(cfg)  # the same seeded tiny://toy model our run builds
+    cfg.actor.path = resolve_model(cfg)  # built once, before either clock starts: both sides train it
     ours = engines.train_run(["tiny", f"actor.path={cfg.actor.path}"], workdir, "ours-learning", timeout=1800)
     n_steps = len(ours["rows"])
     trl = peer.run_trl(cfg, n_steps, 256, workdir, "trl-learning", loss_type=TRL_LOSS[cfg.ppo.loss_agg])
