@@ -30,7 +30,7 @@ from areal_kit.rl.job import Job, RunState
 from areal_kit.rl.schedule import Every
 from areal_kit.rl.validation import Validator
 from areal_kit.rl.weight_sync.sync import WeightSync
-from areal_kit.rl.workers import groups
+from areal_kit.rl.workers import groups, heap
 
 
 class CannotLearn(RuntimeError):
@@ -99,6 +99,7 @@ class Controller:
         how = self.weights.connect()
         self.checkpoints = Checkpointer(self.job, self.state, self.timer, self.log, w.trainers)
         self.validator = Validator(self.cfg, self.job.eval_rows, w.engines, self.log, self.job.total_steps)
+        heap.freeze()
         self.log.info(f"Workers ready in {time.time() - t0:.1f}s: {len(w.trainers)} trainer rank(s) "
                       f"(setup {setup['trainer_setup']:.1f}s, attention {w.trainers.attention()}), {len(w.engines)} "
                       f"rollout engine(s) (setup {setup['rollout_setup']:.1f}s), weight sync {self.cfg.weight_sync}: "

@@ -91,6 +91,21 @@ def test_cpu_engines_run_inside_their_actor(two_engines):
         assert client == "InprocClient"
 
 
+def test_cpu_engines_compile_nothing(two_engines):
+    """platform.vllm_env: on CPU no engine traces a function with torch.compile (vLLM's sampler
+    did on its first generation, 1.5-2 s of the tiny preset's start-up) after generations ran."""
+    import ray
+
+    def compiled_frames(worker) -> dict:  # defined here: Ray ships it by value
+        from torch._dynamo.utils import counters
+
+        return dict(counters["frames"])
+
+    for engine in two_engines.ctrl.workers.engines.actors:
+        frames = ray.get(engine.__ray_call__.remote(compiled_frames))
+        assert not frames.get("ok"), frames
+
+
 def test_sync_kl_run_is_on_policy(two_engines):
     assert [r["staleness"] for r in two_engines.rows] == [0, 0, 0]
     assert all(r["n_seqs"] == 32 * 8 for r in two_engines.rows)

@@ -193,8 +193,12 @@ def test_gather_logprobs_hand_values():
     close(lp2, [math.log(math.sqrt(3) / s), math.log(1 / s)])
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("chunk", [1, 5, 16, 37, 1024])
-def test_chunked_logprobs_equal_unchunked_values_and_gradients(chunk):
+def test_chunked_logprobs_equal_unchunked_values_and_gradients(chunk, recompute, monkeypatch):
+    """Kept or recomputed in backward (checkpointed, as logits too big to keep are), the same values."""
+    if recompute:
+        monkeypatch.setattr(Fn, "KEEP_LOGITS", 0)
     g = torch.Generator().manual_seed(1)
     head = torch.nn.Linear(8, 11, bias=False)
     with torch.no_grad():

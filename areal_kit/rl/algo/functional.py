@@ -116,16 +116,23 @@ def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
     return logp, entropy
 
 
+# Logits elements of a whole micro-batch ([T, V]) up to which chunked_logprobs keeps them for
+# backward instead of recomputing them (16 MB fp32).
+KEEP_LOGITS = 4 << 20
+
+
 def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
                      temperature: float = 1.0, chunk: int = 1024):
     """gather_logprobs over hidden states [T, H] in chunks of `chunk` tokens.
 
     Peak memory holds one [chunk, V] logits block instead of [T, V]: with a 150k vocabulary and
     20k-token micro-batches that is the difference between 12 GB and 0.6 GB. Under autograd each
-    chunk is checkpointed, so backward recomputes its logits instead of keeping them.
+    chunk is checkpointed, so backward recomputes its logits instead of keeping them, unless all
+    the logits are small enough to keep (a small vocabulary): recomputing them then only costs time,
+    and the gradients are the same either way.
     """
     outs_lp, outs_ent = [], []
-    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad
+    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] * head.weight.shape[0] > KEEP_LOGITS
 
     def one(h, y):
         return gather_logprobs(head(h), y, temperature)

@@ -21,7 +21,7 @@ from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.reward.scoring import RewardScorer
 from areal_kit.rl.validation import grade_row
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
-from areal_kit.rl.workers import workflow
+from areal_kit.rl.workers import heap, workflow
 from areal_kit.rl.workers.watchdog import StackDumps
 
 EXTENSION = "areal_kit.rl.weight_sync.vllm_ext.WeightSyncExtension"
@@ -48,6 +48,7 @@ class RolloutWorker(WeightReceiver, StackDumps):
         self.episode = workflow.load(self.cfg.ppo.workflow)
         self.engine = workflow.Engine(self._generate_batch, self.tokenizer, self.cfg.ppo.gen,
                                       self.cfg.ppo.group_size, max_len)
+        heap.freeze()
         return time.time() - t0
 
     def _params(self, seed: int | None, n: int, max_tokens: int | None = None,

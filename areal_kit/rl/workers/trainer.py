@@ -30,6 +30,7 @@ from areal_kit.rl.algo.packing import Answers, Packed, min_bins, pack, partition
 from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.weight_sync import transport
 from areal_kit.rl.weight_sync.sender import WeightSender
+from areal_kit.rl.workers import heap
 from areal_kit.rl.workers.watchdog import StackDumps
 
 
@@ -102,6 +103,7 @@ class TrainerWorker(WeightSender, StackDumps):
             ref_path = self.cfg.ref.path or self.model_path
             self.ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype, attn_implementation=attn)
             self.ref.to(self.device).eval().requires_grad_(False)
+        heap.freeze()
         return time.time() - t0
 
     def _dtype(self, plat):
