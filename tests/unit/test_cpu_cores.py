@@ -81,3 +81,35 @@ def test_vllm_cache_is_the_users_not_the_runs(monkeypatch, tmp_path):
     assert env["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "run" / "cache" / "torch_extensions")
     monkeypatch.setenv("VLLM_CACHE_ROOT", "/elsewhere")
     assert hardware.cpu_env(str(tmp_path))["VLLM_CACHE_ROOT"] == "/elsewhere"
+
+
+def _config(tmp_path, name, **fields):
+    import json
+
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(fields))
+    return str(folder)
+
+
+def test_cpu_kv_cache_is_sized_by_the_model(tmp_path, monkeypatch):
+    """hardware.cpu_kv_cache_bytes: twice 256 sequences of max_model_len tokens (fp32 K and V of
+    every layer), at least 64 MiB, at most 1 GiB; 1 GiB when the config cannot be read. The user's
+    VLLM_CPU_KVCACHE_SPACE reaches the workers only when set (vLLM then takes it over ours)."""
+    from areal_kit import hardware
+
+    tiny = _config(tmp_path, "tiny", num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, hidden_size=64)
+    assert hardware.cpu_kv_cache_bytes(tiny, 19) == 64 << 20
+    mid = _config(tmp_path, "mid", num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                  hidden_size=512, head_dim=64)
+    assert hardware.cpu_kv_cache_bytes(mid, 256) == 2 * 256 * 256 * (2 * 4 * 2 * 64 * 4)  # 256 MiB
+    big = _config(tmp_path, "big", num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                  hidden_size=1536)
+    assert hardware.cpu_kv_cache_bytes(big, 32768) == 1 << 30
+    assert hardware.cpu_kv_cache_bytes(str(tmp_path / "absent"), 19) == 1 << 30
+    assert hardware.vllm_kwargs(hardware.detect("cpu"), tiny, 19)["kv_cache_memory_bytes"] == 64 << 20
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in hardware.cpu_env(str(tmp_path))
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert hardware.cpu_env(str(tmp_path))["VLLM_CPU_KVCACHE_SPACE"] == "4"
