@@ -34,6 +34,7 @@ from bench.report import Result
 KINDS = ("driver-sigkill", "driver-sigterm", "trainer-sigkill", "engine-sigkill", "hang")
 ABOUT = __doc__.split("\n\n")[1].replace("\n", " ")
 STEP_LINE = re.compile(r"\(global step (\d+)\) finishes")
+STEP_TIME = re.compile(r"\(global step \d+\) finishes\..*?#End to end# execution time: \*([0-9.]+)\*s")
 WORKER = {"trainer-sigkill": "ray::TrainerWorker", "engine-sigkill": "ray::RolloutWorker", "hang": "ray::RolloutWorker"}
 
 
@@ -92,11 +93,18 @@ class Run:
         self.launches += 1
 
     def steps_logged(self) -> list[int]:
+        return [int(m) for m in STEP_LINE.findall(self._log_text())]
+
+    def step_seconds(self) -> float:
+        """How long the last step logged took, by its log line (0.6 s before any)."""
+        times = [float(t) for t in STEP_TIME.findall(self._log_text())]
+        return times[-1] if times else 0.6
+
+    def _log_text(self) -> str:
         try:
-            text = Path(self.paths.log_file).read_text(errors="replace")
+            return Path(self.paths.log_file).read_text(errors="replace")
         except OSError:
-            return []
-        return [int(m) for m in STEP_LINE.findall(text)]
+            return ""
 
     def wait_for_step(self, after: int, timeout: float = 600) -> int:
         """Block until a step line beyond the first `after` lines is logged; the step it names."""
@@ -108,7 +116,7 @@ class Run:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the run exited ({self.proc.returncode}) while waiting for a step; "
                                    f"see {self.paths.log_file}")
-            time.sleep(0.2)
+            time.sleep(0.02)  # a step of the tiny run takes ~0.1 s: a fault must not land steps late
         raise TimeoutError(f"no new step in {timeout:.0f}s; see {self.paths.log_file}")
 
     def worker_pid(self, prefix: str) -> int:
@@ -145,14 +153,14 @@ def campaign(kinds: list[str], seed: int = 0, root: str | None = None) -> dict:
     """Hit one run with each fault of kinds, in order, at random moments; the tally."""
     rng = random.Random(seed)
     root = root or tempfile.mkdtemp(prefix="bench-faults-")
-    steps = 4 + 4 * len(kinds)  # room for every fault, a few steps apart, and the steps each one redoes
+    steps = 4 + 6 * len(kinds)  # room for every fault, a few steps apart, and the steps each one redoes
     run = Run(root, steps, [f"seed={seed + 1}"])
     run.start()
     resumed, t0 = 0, time.time()
     try:
         for kind in kinds:
             run.wait_for_step(len(run.steps_logged()) + rng.randint(0, 1))  # past its resume, training
-            time.sleep(rng.uniform(0.0, 0.6))  # somewhere inside the next step or checkpoint
+            time.sleep(rng.uniform(0.0, 1.0) * run.step_seconds())  # somewhere inside the next step or checkpoint
             run.hit(kind)
             run.wait_for_step(len(run.steps_logged()))  # it goes on: a new step after the fault
             resumed += 1
