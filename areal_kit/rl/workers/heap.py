@@ -2,9 +2,10 @@
 
 A worker holds millions of Python objects once torch, transformers, DeepSpeed or vLLM are loaded
 and a model is built; they live as long as the process. Python's full collections walk all of
-them (0.2 s a time, measured in the tiny preset's trainer, a dozen times a run, each a step that
-stalls the other roles). Frozen after set-up, they are no longer walked; what a step allocates
-is collected as before. vLLM freezes its own engine's start-up objects the same way.
+them: in the tiny preset, a dozen steps a run stalled by about 0.2 s, in the trainer or the engine,
+and the other role waited. Frozen after set-up, they are no longer walked (one such step a run
+is left); what a step allocates is collected as before. vLLM freezes its engine's start-up
+objects the same way.
 
     heap.freeze()   # at the end of a worker's setup, and in the driver once the workers are up
 """
