@@ -8,6 +8,7 @@ code.
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -264,7 +265,9 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     again.close()
     runs = sorted(p.name for p in Path(job.paths.log_dir, "wandb").glob("offline-run-*"))
     assert len(runs) == 2, runs
-    assert all(name.endswith(state.wandb_id) for name in runs), runs
+    # wandb names a run's folder offline-run-<second>-<id>, and adds "-1" when a second folder of
+    # the same run starts within the same second.
+    assert all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{state.wandb_id}(-\d+)?", name) for name in runs), runs
 
 
 def _with_state(job, state: RunState) -> Ctrl:
