@@ -54,8 +54,8 @@ def token_returns(seq_rewards: torch.Tensor, token_rewards: torch.Tensor, seq_le
     """
     lens = torch.as_tensor(seq_lens, dtype=torch.long)
     n_seq, longest = len(seq_lens), max(seq_lens, default=0)
-    row = torch.repeat_interleave(torch.arange(n_seq), lens)
-    col = torch.arange(token_rewards.numel()) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+    row = _seq_of_token(seq_lens)
+    col = torch.arange(token_rewards.numel()) - (torch.cumsum(lens, 0) - lens)[row]
     grid = token_rewards.new_zeros(n_seq, longest)
     grid[row, col] = token_rewards
     grid[torch.arange(n_seq), lens - 1] += seq_rewards.to(grid.dtype)
@@ -67,6 +67,11 @@ def token_returns(seq_rewards: torch.Tensor, token_rewards: torch.Tensor, seq_le
             acc = grid[:, t] + discount * acc
             grid[:, t] = acc
     return grid[row, col]
+
+
+def _seq_of_token(seq_lens: list[int]) -> torch.Tensor:
+    """The sequence number of every token of the flat concatenation of sequences of seq_lens."""
+    return torch.repeat_interleave(torch.arange(len(seq_lens)), torch.as_tensor(seq_lens, dtype=torch.long))
 
 
 def masked_normalize(x: torch.Tensor, eps: float = 1e-5, stats: tuple[float, float, float] | None = None):
@@ -162,7 +167,7 @@ def agg_weights(mask: torch.Tensor, seq_lens: list[int], mode: str, max_new_toke
     if mode == "token-mean":
         return mask
     if mode == "seq-mean-token-mean":
-        seq = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.as_tensor(seq_lens, dtype=torch.long))
+        seq = _seq_of_token(seq_lens)
         per_seq = mask.new_zeros(len(seq_lens)).index_add_(0, seq, mask)
         return mask / per_seq.clamp(min=1.0)[seq]
     if mode == "seq-mean-token-sum-norm":
@@ -177,7 +182,7 @@ def agg_denominator(weights: torch.Tensor, seq_lens: list[int], mode: str) -> fl
     out entirely (ppo.overlong_filter's truncated answers) is not one of the sequences averaged."""
     if mode == "token-mean":
         return float(weights.sum())
-    seq = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.as_tensor(seq_lens, dtype=torch.long))
+    seq = _seq_of_token(seq_lens)
     weighted = weights.new_zeros(len(seq_lens)).index_add_(0, seq, (weights != 0).to(weights.dtype))
     return float((weighted > 0).sum())
 
