@@ -37,7 +37,7 @@ def test_labels_are_next_tokens_within_each_sequence():
 
 def test_round_trip_answers_through_labels():
     pk = pack(PROMPTS, ANSWERS)
-    back = pk.split_answers(pk.labels())
+    back = Answers([len(a) for a in ANSWERS]).split(pk.labels()[pk.answer_mask])
     assert [b.tolist() for b in back] == ANSWERS
     # the masked positions are exactly the split positions, in order
     assert pk.labels()[pk.answer_mask].tolist() == [t for a in ANSWERS for t in a]
@@ -51,7 +51,7 @@ def test_round_trip_random():
     offsets = torch.tensor([0] + pk.seq_lens).cumsum(0)
     for i, (p, a) in enumerate(zip(prompts, answers)):
         assert pk.input_ids[offsets[i]:offsets[i + 1]].tolist() == p + a
-    assert [b.tolist() for b in pk.split_answers(pk.labels())] == answers
+    assert [b.tolist() for b in Answers([len(a) for a in answers]).split(pk.labels()[pk.answer_mask])] == answers
 
 
 def test_pad_layout():
@@ -159,7 +159,7 @@ def test_packed_forward_equals_per_sequence_forwards(tiny_model):
         hidden = model.model(input_ids=pk.input_ids[None], position_ids=pk.position_ids[None],
                              use_cache=False).last_hidden_state[0]
         lp, _ = Fn.chunked_logprobs(hidden, head, pk.labels(), temperature=0.7, chunk=7)
-        packed = pk.split_answers(lp)
+        packed = Answers([len(a) for a in answers]).split(lp[pk.answer_mask])
         offset = 0
         for i, (p, a) in enumerate(zip(prompts, answers)):
             ids = torch.tensor(p + a)[None]

@@ -82,14 +82,6 @@ class Packed:
         nxt[ends] = 0
         return nxt
 
-    def split_answers(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """Per-sequence slices of a per-position tensor at the answer positions."""
-        out, offset = [], 0
-        for n, p in zip(self.seq_lens, self.prompt_lens):
-            out.append(values[offset + p - 1: offset + n - 1])
-            offset += n
-        return out
-
 
 class Answers:
     """Where each sequence's answer tokens sit in flat per-token tensors (the answers of a batch
