@@ -14,7 +14,7 @@ import sys
 import click
 import typer
 
-from areal_kit.errors import RunFailed, UserError
+from areal_kit.errors import ExitCode, RunFailed, UserError
 from areal_kit.interrupts import Interrupted
 
 # typer >= 0.2x vendors click as typer._click and raises its exceptions (and typer.Exit/Abort),
@@ -59,8 +59,8 @@ def _register() -> None:
 _register()
 
 
-def fail(message: str, code: int = 2) -> None:
-    """Print one error line and exit with code (2, bad input, unless told otherwise)."""
+def fail(message: str, code: int = ExitCode.BAD_INPUT) -> None:
+    """Print one error line and exit with code (bad input unless told otherwise)."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code)
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     except _NO_ARGS_HELP as e:  # `areal-kit` alone: the help (typer has printed it already)
         if e.format_message().strip():
             print(e.format_message(), file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(ExitCode.BAD_INPUT)
     except _USAGE_ERRORS as e:
         sub = e.ctx.command_path.split(" ", 1)[1:] if e.ctx else []  # drop the program name
         hint = f" (see: {' '.join(['areal-kit', *sub, '--help'])})" if e.ctx else ""
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(e.exit_code) from None
     except _ABORTS:
         print("aborted", file=sys.stderr)
-        raise SystemExit(130)
+        raise SystemExit(ExitCode.INTERRUPTED)
     except _EXITS as e:
         raise SystemExit(e.exit_code)
     if isinstance(rc, int) and rc:

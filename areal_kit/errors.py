@@ -1,17 +1,32 @@
-"""The exception types users see: each is printed as one line ("error: ..."), no traceback.
+"""The exception types users see, each printed as one line ("error: ..."), no traceback, and the
+exit codes of every command.
 
 A UserError is bad input: exit code 2; raise it with what was wrong and what is expected.
 A RunFailed is a run that started and then failed (a worker's error, not the input): exit
 code 1; its message names where it failed and the log holding the full traceback.
+
+    raise UserError("--runtime: expected docker or host, got 'podman'")
+    return ExitCode.OK if ok else ExitCode.FAILED
 """
 
 import re
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What `areal-kit`'s exit status says (the README lists them)."""
+
+    OK = 0  # done: every host, check, run or graded row as it should be
+    FAILED = 1  # it ran and something failed: a host, a check, a started run, a row graded against its expected verdict
+    BAD_INPUT = 2  # bad input (a flag, a config value, a run already running): nothing ran
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): workers stopped, the same command resumes
+    TERMINATED = 143  # SIGTERM (128 + SIGTERM): the step under way finished and was checkpointed first
 
 
 class UserError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class ConfigError(UserError):
@@ -21,7 +36,7 @@ class ConfigError(UserError):
 class RunFailed(Exception):
     """A started run that failed: printed as one line, exit code 1 (the traceback is in the log)."""
 
-    exit_code = 1
+    exit_code = ExitCode.FAILED
 
 
 def describe(e: BaseException) -> str:

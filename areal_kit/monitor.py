@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from areal_kit.checkpoints import step_of
 from areal_kit.console import make_console
 from areal_kit.errors import UserError
 from areal_kit.logs import RunPaths, read_metrics, run_paths
@@ -130,8 +131,7 @@ def read_status(files: RunFiles, now: float | None = None, tail: int = 5) -> Sta
         st.recover = recover.latest(files.recover_dir)
     actor = os.path.join(files.ckpt_dir, "actor") if files.ckpt_dir else ""
     if actor and os.path.isdir(actor):
-        st.saves = sorted((d for d in os.listdir(actor) if re.search(r"globalstep\d+$", d)),
-                          key=lambda d: int(re.search(r"(\d+)$", d).group(1)))
+        st.saves = sorted((d for d in os.listdir(actor) if step_of(d) >= 0), key=step_of)
     if failed or interrupted:
         st.state, st.why = ("failed", failed) if failed else ("interrupted", interrupted)
     else:

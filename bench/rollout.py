@@ -50,8 +50,8 @@ def hf_generate(model, rows: list[dict], group: int, max_new: int, temperature: 
 
 def ours_generate(worker, rows: list[dict]) -> dict:
     out = worker.generate(rows)
-    lengths = [len(s["output_ids"]) for s in out["samples"]]
-    return {"seconds": out["gen_time"], "tokens": sum(lengths), "max_len": max(lengths),
+    lengths = [len(s.output_ids) for s in out.samples]
+    return {"seconds": out.gen_time, "tokens": sum(lengths), "max_len": max(lengths),
             "mean_len": sum(lengths) / len(lengths)}
 
 

@@ -1,7 +1,7 @@
 """Weight sync benchmark: seconds per sync, in memory vs the disk path, vs a raw broadcast.
 
 A ~50M-parameter model on our real workers (one DeepSpeed trainer actor, one vLLM rollout actor,
-started by areal_kit's Controller); each sync is the training loop's `Controller._sync`, timed
+started by areal_kit's Controller); each sync is the training loop's `WeightSync.push`, timed
 until the engine has loaded the weights, with each weight_sync setting on the same workers:
 auto (the default) = the engine is on the trainer's node, so trainer rank 0 writes each 32 MB
 bucket straight into the engine's parameters (shared memory) and rings a gloo doorbell, and the
@@ -19,23 +19,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import tempfile
 import time
 
+from areal_kit import hardware
 from bench import engines, workload
 from bench.report import Result
 
 REPS = 5
 ABOUT = __doc__.split("\n\n")[1].replace("\n", " ")
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _raw_receiver(port: int, nbytes: int, reps: int) -> None:
@@ -62,7 +54,7 @@ class RawBroadcast:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         # The bytes a sync sends: every parameter once (the engine ties lm_head itself).
         self.flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).view(torch.uint8)
-        port = _free_port()
+        port = hardware.free_port()
         self.child = mp.get_context("spawn").Process(target=_raw_receiver, args=(port, self.flat.numel(), reps),
                                                      daemon=True)
         self.child.start()
@@ -83,7 +75,7 @@ def run() -> Result:
     import ray
 
     from areal_kit import logs
-    from areal_kit.rl import controller as C
+    from areal_kit.rl.controller import Controller, start_ray
     from areal_kit.rl.job import prepare
 
     model_path = workload.sync_model()
@@ -92,11 +84,12 @@ def run() -> Result:
                                                       "ppo.reward_fns=[toy]"])
     job = prepare(cfg)
     log = logs.RunLogger(job.paths, tensorboard=False, console=False)
-    ctrl = C.Controller(job, log)
+    ctrl = Controller(job, log)
     times = {"auto": [], "broadcast": [], "disk": [], "raw": []}
     reports = {"auto": [], "broadcast": [], "disk": []}  # each sync's own figures: [trainer's send,] engine's load
     raw = RawBroadcast(model_path, REPS)
     try:
+        start_ray(cfg)
         ctrl.start()
         n_tensors = sum(len(b) for b in ray.get(ctrl.workers.trainers.actors[0].sync_plan.remote()))
         for _ in range(REPS):

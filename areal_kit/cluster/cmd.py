@@ -1,14 +1,18 @@
-"""`areal-kit setup | status | down`: bare SSH hosts to a Ray cluster, report on it, tear it down.
+"""`areal-kit setup | status | down | doctor`: bare SSH hosts to a Ray cluster, report on it, check it, tear it down.
 
     areal-kit setup --hostnames h1 h2 h3 h4 --private_key_file ~/.ssh/id_ed25519 \\
         --username root --ssh_port 22 --train_param 1.5B_n4
     areal-kit setup --inventory cluster_specs/hosts_4node.yaml --dry-run   # print every command
     areal-kit status            # the cluster set up last from this machine (--name to choose)
+    areal-kit doctor            # check it: limits, versions, storage, Ray, the network (cluster/doctor.py)
     areal-kit down
 
 Steps (cluster/steps.py, cluster/ray_cluster.py, cluster/data.py) run on all hosts in parallel
-via cluster/parallel.py; exit code 0 when every host succeeded, 1 when any failed, 2 for bad
-input. Per-host logs go to --log-dir.
+via cluster/parallel.py; the exit code is an ExitCode (areal_kit/errors.py): OK when every host
+succeeded, FAILED when any failed, BAD_INPUT for bad input. Per-host logs go to --log-dir.
+Each option is declared once, on the field of the dataclass it fills (cluster/options.py,
+cluster/target.py), and the signatures below are made of those fields (cluster/flags.py); status,
+down and doctor find their cluster through one Target, filled from what setup saved.
 """
 
 from __future__ import annotations
@@ -20,35 +24,15 @@ import secrets as secrets_mod
 from pathlib import Path
 
 import typer
-from typer import Option as _O  # every flag below is one
 
-from areal_kit.cluster.options import STOP_GRACE, Cluster, SetupOptions, load_state, save_state, state_dir
-from areal_kit.config.cluster_spec import ClusterSpec, HostSpec, load_cluster_spec
-from areal_kit.errors import UserError
+from areal_kit.cluster.flags import build, command, params
+from areal_kit.cluster.options import STOP_GRACE, Cluster, ConnectOptions, Limits, SetupOptions, save_state
+from areal_kit.cluster.target import Hosts, Target
+from areal_kit.errors import ExitCode
+from areal_kit.home import state_dir
 
-
-def _spec(hosts, hostnames, inventory, username, ssh_port, key, storage, name, n_gpus) -> ClusterSpec:
-    """Hosts from --inventory, or from --hostnames plus positional HOSTS; flags override."""
-    names = [h for arg in (hostnames or []) + (hosts or []) for h in arg.split(",") if h]
-    if inventory and names:
-        raise UserError("give hosts either with --hostnames or with --inventory, not both")
-    if inventory:
-        spec = load_cluster_spec(inventory)
-        for h in spec.hosts:
-            h.user = username or h.user
-            h.port = ssh_port if ssh_port is not None else h.port
-            h.__post_init__()
-            h.key_file = os.path.expanduser(key) if key else h.key_file
-        if storage:
-            spec.storage = storage
-        if name:
-            spec.cluster_name = name
-        if n_gpus is not None:
-            spec.n_gpus_per_node = n_gpus
-        return ClusterSpec(**{**spec.__dict__, "fileroot": spec.fileroot, "hosts": spec.hosts})
-    hs = [HostSpec(hostname=n, user=username, port=ssh_port, key_file=key) for n in names]
-    return ClusterSpec(cluster_name=name or "areal", storage=storage or "/storage",
-                       n_gpus_per_node=n_gpus or 0, hosts=hs)
+# status, down and doctor: which cluster, and how this machine reaches it.
+_TARGET = (params(Target), params(ConnectOptions, "known_hosts host_key_policy"))
 
 
 def _ray_token(cluster_name: str) -> str:
@@ -63,7 +47,7 @@ def _ray_token(cluster_name: str) -> str:
     return p.read_text().strip()
 
 
-def _build(opts, copts, secrets: dict[str, str]):
+def _build(opts: SetupOptions, copts: ConnectOptions, secrets: dict[str, str]) -> Cluster:
     from areal_kit.cluster.parallel import HostState
     from areal_kit.cluster.remote import DryRemote, HostLog, Remote, check_key_file
 
@@ -81,326 +65,241 @@ def _build(opts, copts, secrets: dict[str, str]):
     return Cluster(opts=opts, hosts=hosts, secrets=secrets)
 
 
-def _close(cluster) -> None:
+def _reach(target: Target, given: dict, dry_run: bool = False) -> Cluster:
+    """The cluster status, down and doctor act on, its hosts ready to connect to."""
+    opts = target.options(dry_run)
+    copts = build(ConnectOptions, given, wait=target.ssh_wait, ssh_config=opts.ssh_config, gateway=opts.gateway)
+    secrets = {"RAY_AUTH_TOKEN": _ray_token(opts.spec.cluster_name)} if opts.ray_auth_mode == "token" else {}
+    return _build(opts, copts, secrets)
+
+
+def _close(cluster: Cluster) -> None:
     for h in cluster.hosts:
         h.remote.close()
 
 
-# doctor's thresholds: the same flags on setup (its fast checks) and on doctor.
-_MIN_SHM = _O(1.0, "--min-shm-gb", min=0, help="/dev/shm each host (container) must have, in GB (doctor's check).")
-_MIN_NOFILE = _O(65536, "--min-nofile", min=0, help="Open-file hard limit each host (container) must allow "
-                 "(doctor's check).")
-
-
+@command(params(Hosts), params(SetupOptions), params(ConnectOptions), params(Limits, "min_shm_gb min_nofile"))
 def setup(
-    hosts: list[str] = typer.Argument(None, help="More hostnames, so the guide's `--hostnames h1 h2 h3` works.",
-                                      show_default=False),
-    hostnames: list[str] = _O(None, "--hostnames", help="Hosts to provision (repeat, or comma-separate); "
-                              "the first is the Ray head."),
-    inventory: str = _O(None, "--inventory", "--cluster-spec", help="YAML inventory or JSON cluster spec "
-                        "(cluster_specs/) instead of --hostnames."),
-    private_key_file: str = _O(None, "--private_key_file", "--private-key-file",
-                               help="SSH private key (must be chmod 600)."),
-    username: str = _O(None, "--username", help="SSH user (default: the ssh config's User, else root); "
-                       "others need passwordless sudo."),
-    ssh_port: int = _O(None, "--ssh_port", "--ssh-port", help="SSH port (default: the ssh config's Port, else 22)."),
-    ssh_config: str = _O(None, "--ssh-config", help="OpenSSH client config for host aliases, User, Port, "
-                         "IdentityFile, ProxyJump (default ~/.ssh/config)."),
-    gateway: str = _O(None, "--gateway", help="Jump host [user@]host[:port] through which every host is "
-                      "reached (default: the ssh config's ProxyJump, if any)."),
-    storage: str = _O(None, "--storage", help="Shared storage path, the same on every host (default /storage)."),
-    nas_url: str = _O(None, "--nas_url", "--nas-url", help="NFS export (server:/path) to mount at --storage "
-                      "where it is not mounted yet."),
-    name: str = _O(None, "--name", help="Cluster name: names containers, logs, saved state (default areal)."),
-    runtime: str = _O("docker", "--runtime", help="docker: Ray in containers; host: Ray directly on the "
-                      "hosts (no Docker)."),
-    image: str = _O("areal-kit:latest", "--image", help="Runtime image (docker/Dockerfile)."),
-    image_tar: str = _O(None, "--image-tar", help="`docker load` this tarball (on shared storage) instead "
-                        "of pulling: for air-gapped clusters."),
-    python: str = _O("python3", "--python", help="Python with ray and areal_kit: inside the image "
-                     "(docker) or on the hosts (host)."),
-    mount: list[str] = _O(None, "--mount", help="Extra bind mount SRC[:DST[:ro]] for the containers (repeat)."),
-    env: list[str] = _O(None, "--env", help="Extra KEY=VALUE for Ray processes (repeat)."),
-    n_gpus_per_node: int = _O(None, "--n-gpus-per-node", help="Fail unless every host has this many GPUs."),
-    ray_port: int = _O(6379, "--ray-port", help="Ray GCS port on the head."),
-    dashboard: bool = _O(True, "--dashboard/--no-dashboard", help="Ray dashboard on the head, bound to "
-                         "its cluster address."),
-    num_cpus: int = _O(None, "--num-cpus", help="CPUs each Ray node offers (default: all)."),
-    object_store_memory: str = _O(None, "--object-store-memory", help="Object store per node, e.g. 2g."),
-    shm_size: str = _O("16g", "--shm-size", help="Container /dev/shm size (holds the object store)."),
-    ray_auth_mode: str = _O("disabled", "--ray-auth-mode", help="RAY_AUTH_MODE on every node: disabled | token."),
-    data: list[str] = _O(None, "--data", help="Model/dataset URI to fetch once onto storage: hf://org/name, "
-                         "hf://datasets/org/name, https://..., file://...; add #sha256=HEX to verify (repeat)."),
-    train_param: str = _O(None, "--train_param", "--train-param", help="Preset to start training in the "
-                          "head container after setup (log on shared storage)."),
-    train_arg: list[str] = _O(None, "--train-arg", help="Extra key=value override for that training (repeat)."),
-    hf_token: str = _O(None, "--hf-token", envvar="HF_TOKEN", show_default=False, show_envvar=True,
-                       help="Hugging Face token for hf:// data and training; never printed or logged."),
-    wandb_key: str = _O(None, "--wandb-key", envvar="WANDB_API_KEY", show_default=False, show_envvar=True,
-                        help="Weights & Biases API key for training; never printed or logged."),
-    known_hosts: str = _O("~/.ssh/known_hosts", "--known-hosts", help="known_hosts file to check host keys against."),
-    host_key_policy: str = _O("accept-new", "--host-key-policy", help="accept-new (record unknown, refuse "
-                              "changed) | strict | off."),
-    connect_timeout: float = _O(10.0, "--connect-timeout", help="Seconds for one SSH connection attempt."),
-    ssh_wait: float = _O(30.0, "--ssh-wait", help="Keep retrying unreachable hosts this many seconds."),
-    ray_wait: float = _O(180.0, "--ray-wait", help="Seconds to wait for every node to join Ray."),
-    min_disk_gb: float = _O(20.0, "--min-disk-gb", help="Free space required on --storage, in GB."),
-    log_dir: str = _O(None, "--log-dir", help="Per-host log files (default ~/.areal-kit/logs/NAME/TIME)."),
-    dry_run: bool = _O(False, "--dry-run", help="Print every command per host; run nothing."),
-    skip_doctor: bool = _O(False, "--skip-doctor", help="Skip doctor's fast checks at the end (host limits, "
-                           "shared storage, versions, Ray), which otherwise keep a failed cluster from training."),
-    min_shm_gb: float = _MIN_SHM,
-    min_nofile: int = _MIN_NOFILE,
+    mirror: str = typer.Option(None, "--mirror", envvar="AREAL_KIT_MIRROR", show_envvar=True, help="Fetch every "
+                               "source from this mirror, laid out as the origins: MIRROR/HOST/PATH for "
+                               "https://HOST/PATH, MIRROR/huggingface.co/ORG/NAME/ for hf://ORG/NAME (air-gapped "
+                               "clusters)."),
+    hf_token: str = typer.Option(None, "--hf-token", envvar="HF_TOKEN", show_default=False, show_envvar=True,
+                                 help="Hugging Face token for hf:// data and training; never printed or logged."),
+    wandb_key: str = typer.Option(None, "--wandb-key", envvar="WANDB_API_KEY", show_default=False, show_envvar=True,
+                                  help="Weights & Biases API key for training; never printed or logged."),
+    skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Skip doctor's fast checks at the end (host "
+                                     "limits, shared storage, versions, Ray), which otherwise keep a failed cluster "
+                                     "from training."),
+    **given,
 ) -> int:
     """Provision bare hosts over SSH into a Ray cluster (containers or host), optionally start training."""
     from areal_kit.cluster import data as data_step
-    from areal_kit.cluster import ray_cluster, steps
-    from areal_kit.cluster.parallel import Step, make_console, print_dry_run, run_steps
-    from areal_kit.cluster.remote import ConnectOptions
+    from areal_kit.cluster import train_start
+    from areal_kit.cluster.parallel import dry_run, run_steps
+    from areal_kit.console import make_console
 
-    spec = _spec(hosts, hostnames, inventory, username, ssh_port, private_key_file, storage, name, n_gpus_per_node)
-    opts = SetupOptions(spec=spec, runtime=runtime, image=image, image_tar=image_tar, python=python,
-                        mounts=mount or [], env=env or [], ray_port=ray_port, dashboard=dashboard,
-                        num_cpus=num_cpus, object_store_memory=object_store_memory, shm_size=shm_size,
-                        ray_auth_mode=ray_auth_mode, data=data or [], train_param=train_param,
-                        train_args=train_arg or [], min_disk_gb=min_disk_gb, ray_wait=ray_wait,
-                        log_dir=log_dir or "", dry_run=dry_run, nas_url=nas_url, ssh_config=ssh_config,
-                        gateway=gateway)
-    copts = ConnectOptions(known_hosts=known_hosts, host_key_policy=host_key_policy,
-                           connect_timeout=connect_timeout, wait=ssh_wait, ssh_config=ssh_config, gateway=gateway)
-    data_step.validate(opts.data)
+    opts = build(SetupOptions, given, spec=build(Hosts, given).spec())
+    copts = build(ConnectOptions, given)
+    train_cfg = train_start.load_preset(opts) if opts.train_param else None  # bad input before any host is contacted
+    assets = data_step.plan(opts, mirror or "")
     secrets = {k: v for k, v in (("HF_TOKEN", hf_token), ("WANDB_API_KEY", wandb_key)) if v}
-    if ray_auth_mode == "token":
-        secrets["RAY_AUTH_TOKEN"] = _ray_token(spec.cluster_name)
+    if opts.ray_auth_mode == "token":
+        secrets["RAY_AUTH_TOKEN"] = _ray_token(opts.spec.cluster_name)
     cluster = _build(opts, copts, secrets)
-    plan = [Step("connect", steps.connect), Step("preflight", steps.preflight),
-            Step("storage", steps.storage, head_first=True), Step("install", steps.install),
-            Step("image", steps.image), Step("data", data_step.data, head_only=True),
-            Step("ray", ray_cluster.ray, head_first=True), Step("ray_ready", ray_cluster.ray_ready, head_only=True)]
-    if not skip_doctor and not dry_run:
-        from areal_kit.cluster.doctor import Limits
-
-        plan += doctor_steps(Limits(min_shm_gb=min_shm_gb, min_nofile=min_nofile, min_disk_gb=min_disk_gb),
-                             network=False)
-    plan.append(Step("train", ray_cluster.train, head_only=True))
-    console = make_console()
+    checks = None if skip_doctor or opts.dry_run else build(Limits, given)
+    plan = _setup_plan(opts, assets, mirror or "", train_cfg, checks)
+    console = make_console(highlight=False)
     try:
-        if dry_run:
-            for s in plan:
-                for h in cluster.hosts:
-                    if (s.head_only and not h.is_head):
-                        continue
-                    s.fn(cluster, h)
-            print_dry_run(cluster, console)
-            return 0
-        console.print(f"setup {spec.cluster_name}: {len(spec.hosts)} hosts, runtime {runtime}, "
+        if opts.dry_run:
+            return dry_run(cluster, plan, console)
+        console.print(f"setup {opts.spec.cluster_name}: {len(opts.spec.hosts)} hosts, runtime {opts.runtime}, "
                       f"logs in {opts.log_dir}")
         ok = run_steps(cluster, plan, console)
         _print_findings(cluster, console)
         save_state(opts)
     finally:
         _close(cluster)
+    if not ok:
+        return ExitCode.FAILED
     head = cluster.head
-    if ok:
-        console.print(f"cluster {spec.cluster_name} is up: Ray at {head.ip}:{ray_port}"
-                      + (f", dashboard http://{head.ip}:8265" if dashboard else ""))
-    return 0 if ok else 1
+    console.print(f"cluster {opts.spec.cluster_name} is up: Ray at {head.ip}:{opts.ray_port}"
+                  + (f", dashboard http://{head.ip}:8265" if opts.dashboard else ""))
+    started = head.outcomes.get("train_wait")
+    if started and started.status == "ok":
+        console.print(started.message, markup=False, soft_wrap=True)
+    return ExitCode.OK
 
 
-def _saved_or_given(name, hosts, hostnames, inventory, username, ssh_port, key, runtime, python):
-    if hosts or hostnames or inventory:
-        spec = _spec(hosts, hostnames, inventory, username, ssh_port, key, None, name, None)
-        return SetupOptions(spec=spec, runtime=runtime or "docker", python=python or "python3")
-    opts = load_state(name or "areal")
-    if runtime:
-        opts.runtime = runtime
-    return opts
+def _setup_plan(opts: SetupOptions, assets, mirror: str, train_cfg, checks: Limits | None) -> list:
+    """setup's steps in order; with checks, doctor's fast ones before training starts."""
+    from areal_kit.cluster import data as data_step
+    from areal_kit.cluster import ray_cluster, steps, train_start
+    from areal_kit.cluster.parallel import Step
+
+    plan = [Step("connect", steps.connect), Step("preflight", steps.preflight),
+            Step("storage", steps.storage, head_first=True), Step("install", steps.install),
+            Step("image", steps.image, head_first=opts.image is None),  # the head builds areal-kit's own
+            Step("data", functools.partial(data_step.data, assets=assets, mirror=mirror), head_only=True),
+            Step("ray", ray_cluster.ray, head_first=True), Step("ray_ready", ray_cluster.ray_ready, head_only=True)]
+    if checks is not None:
+        plan += doctor_steps(checks, network=False)
+    plan.append(Step("train", ray_cluster.train, head_only=True))
+    if opts.train_param:  # the preset against the nodes as soon as preflight knows them; its start, watched
+        plan.insert(2, Step("preset", functools.partial(train_start.preset, cfg=train_cfg), head_only=True, gate=True))
+        plan.append(Step("train_wait", train_start.wait, head_only=True))
+    return plan
 
 
-def _reach(name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime, python, known_hosts,
-           host_key_policy, ssh_wait, ssh_config, gateway, dry_run):
-    """The cluster that status, down and doctor act on: the saved one, or the hosts given."""
-    from areal_kit.cluster.remote import ConnectOptions
-
-    opts = _saved_or_given(name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime, python)
-    opts.dry_run = dry_run
-    opts.log_dir = ""
-    opts.ssh_config = ssh_config or opts.ssh_config
-    opts.gateway = gateway or opts.gateway
-    opts.__post_init__()
-    copts = ConnectOptions(known_hosts=known_hosts, host_key_policy=host_key_policy, wait=ssh_wait,
-                           ssh_config=opts.ssh_config, gateway=opts.gateway)
-    secrets = {"RAY_AUTH_TOKEN": _ray_token(opts.spec.cluster_name)} if opts.ray_auth_mode == "token" else {}
-    return opts, _build(opts, copts, secrets)
-
-
-def _manage(which: str, name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime,
-            python, known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, dry_run, grace: float = 0.0) -> int:
-    from rich.table import Table
-
+@command(*_TARGET)
+def status(**given) -> int:
+    """Report, per host, the Ray process and whether Ray counts it as a live node."""
     from areal_kit.cluster import ray_cluster, steps
-    from areal_kit.cluster.parallel import Step, make_console, print_dry_run, run_steps
+    from areal_kit.cluster.parallel import Step, run_steps
+    from areal_kit.console import make_console
 
-    opts, cluster = _reach(name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime, python,
-                           known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, dry_run)
-    console = make_console()
+    cluster = _reach(build(Target, given), given)
+    console = make_console(highlight=False)
     try:
-        if which == "down":
-            # Training first, while its workers still run: it checkpoints the step under way.
-            plan = [Step("connect", steps.connect),
-                    Step("stop training", functools.partial(ray_cluster.stop_training, grace=grace), head_only=True),
-                    Step("down", ray_cluster.down, head_last=True)]
-            if dry_run:
-                for h in cluster.hosts:
-                    for s in plan:
-                        if h.is_head or not s.head_only:
-                            s.fn(cluster, h)
-                print_dry_run(cluster, console)
-                return 0
-            return 0 if run_steps(cluster, plan, console) else 1
-        plan = [Step("connect", steps.connect), Step("ray", ray_cluster.probe)]
-        ok = run_steps(cluster, plan, console)
+        ok = run_steps(cluster, [Step("connect", steps.connect), Step("ray", ray_cluster.probe)], console)
         head = cluster.head
         alive = None
         if not head.failed:
-            res = head.remote.run(ray_cluster.nodes_cmd(cluster, [], 0, 0), sudo=opts.runtime == "docker", timeout=60)
+            res = head.remote.run(ray_cluster.nodes_cmd(cluster, [], 0, 0), sudo=cluster.opts.runtime == "docker",
+                                  timeout=60)
             alive = ray_cluster.parse_nodes(res)
-        t = Table(title=f"cluster {opts.spec.cluster_name} ({opts.runtime})")
-        for col in ("host", "address", "ray process", "in Ray cluster", "GPUs"):
-            t.add_column(col)
-        for h in cluster.hosts:
-            member = "?" if alive is None or not h.ip else ("yes" if h.ip in alive else "NO")
-            gpus = f"{alive[h.ip]:g}" if alive and h.ip in alive else "-"
-            t.add_row(h.name, h.ip or "-", h.facts.get("ray_state", "unreachable"), member, gpus)
-        console.print(t)
+        console.print(_status_table(cluster, alive))
         console.print(f"Ray reports {len(alive)} alive node(s)" if alive is not None else "Ray head not answering")
         if not head.failed:
             console.print(f"training: {ray_cluster.training_state(cluster, head)}", markup=False, soft_wrap=True)
-        ok = ok and alive is not None and all(h.ip in alive for h in cluster.hosts)
-        return 0 if ok else 1
     finally:
         _close(cluster)
+    ok = ok and alive is not None and all(h.ip in alive for h in cluster.hosts)
+    return ExitCode.OK if ok else ExitCode.FAILED
 
 
-# status and down find and reach the cluster the same way: each of those options is defined once
-# here (flags, help, default) and both signatures use it, so the two commands cannot drift apart.
-_NAME = _O(None, "--name", help="Cluster name given at setup (default areal).")
-_HOSTS = typer.Argument(None, help="Hosts, instead of the saved state of the last setup.")
-_HOSTNAMES = _O(None, "--hostnames", help="Hosts (repeat or comma-separate); default: saved state.")
-_INVENTORY = _O(None, "--inventory", "--cluster-spec", help="YAML inventory or JSON cluster spec.")
-_USERNAME = _O(None, "--username", help="SSH user (default: as at setup, else root).")
-_SSH_PORT = _O(None, "--ssh_port", "--ssh-port", help="SSH port.")
-_KEY_FILE = _O(None, "--private_key_file", "--private-key-file", help="SSH private key.")
-_RUNTIME = _O(None, "--runtime", help="docker | host (default: as at setup).")
-_PYTHON = _O(None, "--python", help="Python with ray (default: as at setup).")
-_KNOWN_HOSTS = _O("~/.ssh/known_hosts", "--known-hosts", help="known_hosts file.")
-_HOST_KEY_POLICY = _O("accept-new", "--host-key-policy", help="accept-new | strict | off.")
-_SSH_WAIT = _O(10.0, "--ssh-wait", help="Seconds to keep retrying unreachable hosts.")
-_SSH_CONFIG = _O(None, "--ssh-config", help="OpenSSH client config (default: as at setup, else ~/.ssh/config).")
-_GATEWAY = _O(None, "--gateway", help="Jump host [user@]host[:port] (default: as at setup).")
+def _status_table(cluster: Cluster, alive: dict[str, float] | None):
+    from rich.table import Table
+
+    t = Table(title=f"cluster {cluster.opts.spec.cluster_name} ({cluster.opts.runtime})")
+    for col in ("host", "address", "ray process", "in Ray cluster", "GPUs"):
+        t.add_column(col)
+    for h in cluster.hosts:
+        member = "?" if alive is None or not h.ip else ("yes" if h.ip in alive else "NO")
+        gpus = f"{alive[h.ip]:g}" if alive and h.ip in alive else "-"
+        t.add_row(h.name, h.ip or "-", h.facts.get("ray_state", "unreachable"), member, gpus)
+    return t
 
 
-def status(
-    name: str = _NAME, hosts: list[str] = _HOSTS, hostnames: list[str] = _HOSTNAMES, inventory: str = _INVENTORY,
-    username: str = _USERNAME, ssh_port: int = _SSH_PORT, private_key_file: str = _KEY_FILE,
-    runtime: str = _RUNTIME, python: str = _PYTHON, known_hosts: str = _KNOWN_HOSTS,
-    host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT, ssh_config: str = _SSH_CONFIG,
-    gateway: str = _GATEWAY,
-) -> int:
-    """Report, per host, the Ray process and whether Ray counts it as a live node."""
-    return _manage("status", name, hosts, hostnames, inventory, username, ssh_port, private_key_file,
-                   runtime, python, known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, False)
-
-
+@command(*_TARGET, params(SetupOptions, "dry_run"))
 def down(
-    name: str = _NAME, hosts: list[str] = _HOSTS, hostnames: list[str] = _HOSTNAMES, inventory: str = _INVENTORY,
-    username: str = _USERNAME, ssh_port: int = _SSH_PORT, private_key_file: str = _KEY_FILE,
-    runtime: str = _RUNTIME, python: str = _PYTHON, known_hosts: str = _KNOWN_HOSTS,
-    host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT, ssh_config: str = _SSH_CONFIG,
-    gateway: str = _GATEWAY,
-    dry_run: bool = _O(False, "--dry-run", help="Print the commands; run nothing."),
-    grace: float = _O(STOP_GRACE, "--grace", min=0, help="Seconds training may take, after SIGTERM, to finish its step "
-                      "and write that step's recover checkpoint; 0: stop it with Ray at once."),
+    grace: float = typer.Option(STOP_GRACE, "--grace", min=0, help="Seconds training may take, after SIGTERM, to "
+                                "finish its step and write that step's recover checkpoint; 0: stop it with Ray at "
+                                "once."),
+    **given,
 ) -> int:
     """Stop training, then Ray and its containers on every host (workers first).
 
     Training gets SIGTERM first, so it checkpoints the step under way; secrets files are removed.
     """
-    return _manage("down", name, hosts, hostnames, inventory, username, ssh_port, private_key_file,
-                   runtime, python, known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, dry_run, grace)
+    from areal_kit.cluster import ray_cluster, steps
+    from areal_kit.cluster.parallel import Step, dry_run, run_steps
+    from areal_kit.console import make_console
+
+    cluster = _reach(build(Target, given), given, dry_run=given["dry_run"])
+    # Training first, while its workers still run: it checkpoints the step under way.
+    plan = [Step("connect", steps.connect),
+            Step("stop training", functools.partial(ray_cluster.stop_training, grace=grace), head_only=True),
+            Step("down", ray_cluster.down, head_last=True)]
+    console = make_console(highlight=False)
+    try:
+        if cluster.opts.dry_run:
+            return dry_run(cluster, plan, console)
+        return ExitCode.OK if run_steps(cluster, plan, console) else ExitCode.FAILED
+    finally:
+        _close(cluster)
 
 
+@command(*_TARGET, params(Limits, "preset min_shm_gb min_nofile"), params(SetupOptions, "min_disk_gb"),
+         params(Limits, "net_mb rl_step"))
 def doctor(
-    name: str = _NAME, hosts: list[str] = _HOSTS, hostnames: list[str] = _HOSTNAMES, inventory: str = _INVENTORY,
-    username: str = _USERNAME, ssh_port: int = _SSH_PORT, private_key_file: str = _KEY_FILE,
-    runtime: str = _RUNTIME, python: str = _PYTHON, known_hosts: str = _KNOWN_HOSTS,
-    host_key_policy: str = _HOST_KEY_POLICY, ssh_wait: float = _SSH_WAIT, ssh_config: str = _SSH_CONFIG,
-    gateway: str = _GATEWAY,
-    preset: str = _O(None, "--preset", help="Also check against this preset: Ray has its GPUs per node, its "
-                     "placement groups are reserved (and released), one of its vLLM engines generates."),
-    min_shm_gb: float = _MIN_SHM,
-    min_nofile: int = _MIN_NOFILE,
-    min_disk_gb: float = _O(20.0, "--min-disk-gb", min=0, help="Free space required on the storage, in GB."),
-    net_mb: float = _O(16.0, "--net-mb", min=0.01, help="Megabytes each bandwidth measurement sends."),
-    rl_step: bool = _O(False, "--rl-step", help="Also one tiny RL step across the cluster (2 trainer ranks and an "
-                       "engine apart, a weight sync, engine logprobs against the trainers')."),
-    as_json: bool = _O(False, "--json", help="Print the results as one JSON object (the live view goes to stderr)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object (the live view goes "
+                                 "to stderr)."),
+    **given,
 ) -> int:
     """Check the running cluster: every host's limits and versions, shared storage, Ray, the network.
 
     Every failed check is one line: host, check, what was measured, what it should be, the fix.
     Exit 0 only when all pass. The figures are saved for `areal-kit train PRESET --dry-run`.
     """
-    import json as json_mod
+    import json
     import sys
 
+    from areal_kit import netfigures
     from areal_kit.cluster import doctor as doc
     from areal_kit.cluster import steps
-    from areal_kit.cluster.parallel import Step, make_console, run_steps
-    from areal_kit.console import make_console as shared_console
+    from areal_kit.cluster.parallel import Step, run_steps
+    from areal_kit.console import make_console
 
-    limits = doc.Limits(min_shm_gb=min_shm_gb, min_nofile=min_nofile, min_disk_gb=min_disk_gb, net_mb=net_mb,
-                        preset=preset, rl_step=rl_step)
-    if preset:
+    limits = build(Limits, given)
+    if limits.preset:
         from areal_kit.config.loader import load_config
 
-        limits.gpus_per_node = load_config(preset, []).n_gpus_per_node
-    opts, cluster = _reach(name, hosts, hostnames, inventory, username, ssh_port, private_key_file, runtime, python,
-                           known_hosts, host_key_policy, ssh_wait, ssh_config, gateway, False)
-    console = shared_console(highlight=False, file=sys.stderr) if as_json else make_console()
+        limits.gpus_per_node = load_config(limits.preset, []).n_gpus_per_node
+    target = build(Target, given)
+    cluster = _reach(target, given)
+    console = make_console(highlight=False, file=sys.stderr if as_json else None)
     try:
         ok = run_steps(cluster, [Step("connect", steps.connect), *doctor_steps(limits, network=True)], console)
     finally:
         _close(cluster)
+    fault = doc.run_fault(cluster)
+    if fault and target.runtime_assumed():
+        doc.blame_the_run(cluster)
     rep = doc.report(cluster, ok)
-    doc.save(cluster, rep)
+    if not fault:  # a run that saw no host keeps the figures of the last one that did
+        netfigures.save(cluster.opts.spec.cluster_name, rep)
     if as_json:
-        print(json_mod.dumps(rep, indent=1))
+        print(json.dumps(rep, indent=1))
     else:
-        links = (rep.get("network") or {}).get("links_gbps")
-        if links:
-            from rich.table import Table
-
-            head, *rows = doc.link_rows(links)
-            t = Table(title=f"point-to-point bandwidth, GB/s ({rep['network']['backend']})")
-            for col in head:
-                t.add_column(col)
-            for row in rows:
-                t.add_row(*row)
-            console.print(t)
-        _print_findings(cluster, console)
-        console.print(f"doctor {opts.spec.cluster_name}: " + ("every check passed" if ok else "checks failed (the "
-                      "FAIL lines and the recap above)") + f"; figures in {doc.result_path(opts.spec.cluster_name)}",
-                      markup=False, soft_wrap=True)
-    return 0 if ok else 1
+        _print_doctor(cluster, rep, console)
+    return ExitCode.OK if ok else ExitCode.FAILED
 
 
-def _print_findings(cluster, console) -> None:
-    for f in cluster.doctor.get("findings", []):
+def _print_doctor(cluster: Cluster, rep: dict, console) -> None:
+    """The link matrix, a FAIL line per finding, and where the figures are."""
+    from rich.table import Table
+
+    from areal_kit import netfigures
+    from areal_kit.cluster import doctor as doc
+
+    links = (rep.get("network") or {}).get("links_gbps")
+    if links:
+        head, *rows = doc.link_rows(links)
+        t = Table(title=f"point-to-point bandwidth, GB/s ({rep['network']['backend']})")
+        for col in head:
+            t.add_column(col)
+        for row in rows:
+            t.add_row(*row)
+        console.print(t)
+    _print_findings(cluster, console)
+    name = cluster.opts.spec.cluster_name
+    path = netfigures.result_path(name)
+    if rep["fault"]:
+        said = (f"{rep['fault']}, so nothing was measured (the recap above says why); the figures in {path} "
+                "are kept")
+    else:
+        said = ("every check passed" if rep["ok"] else "checks failed (the FAIL lines and the recap above)") + \
+            f"; figures in {path}"
+    console.print(f"doctor {name}: {said}", markup=False, soft_wrap=True)
+
+
+def _print_findings(cluster: Cluster, console) -> None:
+    for f in cluster.doctor.findings:
         console.print(f"FAIL {f.line()}", markup=False, soft_wrap=True)
 
 
-def doctor_steps(limits, network: bool) -> list:
+def doctor_steps(limits: Limits, network: bool) -> list:
     """doctor's checks as steps; setup runs the fast ones (network=False)."""
     from areal_kit.cluster import doctor as doc
     from areal_kit.cluster.parallel import Step
@@ -413,4 +312,3 @@ def doctor_steps(limits, network: bool) -> list:
     if network and limits.rl_step:
         plan.append(Step("rl-step", bound(doc.rl_step_step), head_only=True))
     return plan
-

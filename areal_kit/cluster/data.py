@@ -1,42 +1,94 @@
-"""The data step: models and datasets onto shared storage, once, on the head host.
+"""The data step: what training and eval read, onto shared storage, once, on the head host.
 
-``--data URI`` lands in ``<storage>/models/<name>`` (hf:// model repos),
-``<storage>/datasets/<name>`` (hf://datasets/...) or ``<storage>/data/<name>`` (https://,
-file://). The work is done by areal_kit.cluster.fetch on the head, inside a throwaway
-container of the runtime image (docker) or with the hosts' Python (host): check first,
-fetch only what is missing or incomplete.
+What it fetches (`plan`): each `--data URI[=DEST]`, and with `--train_param PRESET` the preset's
+`assets` (name -> {uri, dest, sha256}, each dest the path the preset reads) and, with them, the
+eval sets of evaluation/manifest.yaml into STORAGE/datasets/eval (eval/data.py `eval_sets_dir`,
+where `areal-kit eval` reads them). `--data` without DEST lands a file as a file at
+STORAGE/datasets/<file name>, a hub model at STORAGE/models/<name>, a hub dataset or another
+folder at STORAGE/datasets/<name>. With `--mirror URL` every source comes from the mirror, laid
+out as its origin (data/assets.py `mirror_url`).
+
+`python -m areal_kit.cluster.fetch --plan JSON` does the work on the head, in a throwaway
+container of the runtime image (docker) or with the hosts' Python (host): a check first, then a
+fetch of what is missing or incomplete, each verified and resumable.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import shlex
+import urllib.parse
 
-from areal_kit.cluster.options import Cluster, q
+from areal_kit.cluster.options import Cluster, SetupOptions, q
 from areal_kit.cluster.parallel import HostState, Outcome
-from areal_kit.cluster.steps import must
+from areal_kit.cluster.steps import fail
+from areal_kit.config.loader import load_config
+from areal_kit.data.assets import SCHEMES, Asset, is_folder, mirror_url, split_uri
 from areal_kit.errors import UserError
+from areal_kit.eval.data import eval_set_assets, eval_sets_dir
 
-SCHEMES = ("hf://", "https://", "http://", "file://")
+
+def validate(uri: str, what: str) -> None:
+    """A source URI setup can fetch, with at most a #sha256=HEX fragment; what names the option."""
+    base, _, frag = uri.partition("#")
+    if not base.startswith(SCHEMES) or not base.split("://", 1)[1].strip("/"):
+        raise UserError(f"{what}: expected hf://org/name, hf://datasets/org/name, https://..., file:///path, "
+                        f"tiny://toy or toy://sums/FILE, got {uri!r}")
+    if frag and not re.fullmatch(r"sha256=[0-9a-f]{64}", frag):
+        raise UserError(f"{what}: fragment must be #sha256=<64 hex digits>, got #{frag}")
 
 
-def validate(uris: list[str]) -> None:
-    for u in uris:
-        base, _, frag = u.partition("#")
-        if not base.startswith(SCHEMES) or len(base.split("://", 1)[1].strip("/")) == 0:
-            raise UserError(f"--data: expected hf://org/name, hf://datasets/org/name, https://... or "
-                            f"file:///path, got {u!r}")
-        if frag and not re.fullmatch(r"sha256=[0-9a-f]{64}", frag):
-            raise UserError(f"--data: fragment must be #sha256=<64 hex digits>, got #{frag}")
+def split_data(spec: str) -> tuple[str, str]:
+    """"URI=DEST" -> (URI, DEST) when DEST is an absolute path; "URI" -> (URI, "")."""
+    uri, sep, dest = spec.rpartition("=")
+    return (uri, dest) if sep and dest.startswith("/") else (spec, "")
 
 
 def dest_for(storage: str, uri: str) -> str:
-    base = uri.partition("#")[0].rstrip("/")
-    name = base.rsplit("/", 1)[-1]
-    kind = "data"
-    if base.startswith("hf://"):
-        kind = "datasets" if base.startswith("hf://datasets/") else "models"
-    return f"{storage.rstrip('/')}/{kind}/{name}"
+    """Where `--data URI` lands without a DEST."""
+    base = split_uri(uri)[0]
+    parts = urllib.parse.urlsplit(base)
+    name = parts.path.rstrip("/").rsplit("/", 1)[-1] or parts.netloc
+    model = base.startswith("tiny://") or (base.startswith("hf://") and not base.startswith("hf://datasets/"))
+    if base.startswith("tiny://"):
+        name = f"tiny-{parts.netloc}"
+    return f"{storage.rstrip('/')}/{'models' if model else 'datasets'}/{name}"
+
+
+def plan(opts: SetupOptions, mirror: str = "") -> list[Asset]:
+    """Every source the data step fetches, checked (a UserError before any host is touched)."""
+    if mirror and not mirror.startswith(("http://", "https://", "file://")):
+        raise UserError(f"--mirror: expected http://HOST[:PORT][/PATH] (or file:///PATH), got {mirror!r}")
+    out = []
+    for spec in opts.data:
+        uri, dest = split_data(spec)
+        validate(uri, "--data")
+        shared = [opts.storage, *(m.split(":")[1 if ":" in m else 0] for m in opts.mounts)]
+        if dest and not any(dest.startswith(d.rstrip("/") + "/") for d in shared):
+            raise UserError(f"--data {spec}: {dest} is outside the shared storage {opts.storage} (and every "
+                            "--mount); expected a DEST under it")
+        dest = dest or dest_for(opts.storage, uri)
+        out.append(Asset(f"data:{dest.rstrip('/').rsplit('/', 1)[-1]}", uri, dest))
+    if opts.train_param:
+        # Under the storage setup provides, unless a --train-arg says otherwise (it comes later, so it wins);
+        # a cluster spec is the head's file, and the assets do not depend on it.
+        args = [a for a in opts.train_args if a.split("=", 1)[0].strip() != "cluster"]
+        cfg = load_config(opts.train_param, [f"storage_root={opts.storage}", *args])
+        wanted = {name: a for name, a in cfg.assets.items() if a["uri"]}
+        for name, a in wanted.items():
+            validate(a["uri"], f"{opts.train_param} assets.{name}.uri")
+            out.append(Asset(name, a["uri"], a["dest"], a["sha256"]))
+        if wanted:
+            out += eval_set_assets(eval_sets_dir(cfg.storage_root))
+    seen: dict[str, Asset] = {}
+    for a in out:
+        other = seen.setdefault(a.dest.rstrip("/"), a)
+        if other.base != a.base:
+            raise UserError(f"{a.name} and {other.name} both land at {a.dest} ({a.base}, {other.base}); "
+                            "expected one source per destination (give --data URI=DEST)")
+    return [a for a in out if seen[a.dest.rstrip("/")] is a]
 
 
 def _fetch_cmd(c: Cluster, h: HostState, *args: str) -> str:
@@ -46,24 +98,32 @@ def _fetch_cmd(c: Cluster, h: HostState, *args: str) -> str:
         run = ["docker", "run", "--rm", "--network", "host", *o.volume_args()]
         if c.secrets:
             run += ["--env-file", o.secrets_path(h.remote.user)]
-        return q(*run, o.image, *py)
+        return q(*run, c.image, *py)
     pre = f"set -a; . {shlex.quote(o.secrets_path(h.remote.user))}; set +a; " if c.secrets else ""
     return pre + q(*py)
 
 
-def data(c: Cluster, h: HostState) -> Outcome:
-    o = c.opts
-    if not o.data:
-        return Outcome("skipped", "no --data")
-    sudo = o.runtime == "docker"
-    fetched, present = [], []
-    for uri in o.data:
-        dest = dest_for(o.storage, uri)
-        if h.remote.run(_fetch_cmd(c, h, "--check", uri, dest), sudo=sudo, check=True, timeout=600).ok:
-            present.append(dest)
-            continue
-        must(c, h, _fetch_cmd(c, h, uri, dest), f"fetching {uri}", sudo=sudo, timeout=6 * 3600)
-        fetched.append(dest)
+def data(c: Cluster, h: HostState, assets: list[Asset], mirror: str = "") -> Outcome:
+    if not assets:
+        return Outcome("skipped", "nothing to fetch (no --data, and the preset declares no assets)")
+    if c.opts.dry_run:  # a line per source, readable beside the command that fetches them all
+        for a in assets:
+            kind = {True: "folder", False: "file", None: "file or folder"}[is_folder(a.uri)]
+            h.remote.commands.append(("fetch", f"{a.name}: {mirror_url(a.uri, mirror)} -> {a.dest} ({kind})"))
+    sudo = c.opts.runtime == "docker"
+    items = [{k: v for k, v in dataclasses.asdict(a).items() if v} for a in assets]
+    args = ["--plan", json.dumps(items), *(["--mirror", mirror] if mirror else [])]
+    names = ", ".join(a.name for a in assets)
+    if h.remote.run(_fetch_cmd(c, h, *args, "--check"), sudo=sudo, check=True, timeout=600).ok:
+        return Outcome("ok", f"present: {names}")
+    res = h.remote.run(_fetch_cmd(c, h, *args), sudo=sudo, timeout=6 * 3600)
+    said = [line.split(maxsplit=2) for line in res.stdout.splitlines()]
+    if not res.ok:
+        failed = [" ".join(w[1:]) for w in said if w and w[0] == "failed"]
+        fail(c, f"fetching failed: {failed[0] if failed else f'exit {res.rc}'}"
+                + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""), res)
+    fetched = [w[1] for w in said if len(w) > 1 and w[0] == "fetched"]
+    present = [w[1] for w in said if len(w) > 1 and w[0] == "present"]
     if fetched:
         return Outcome("changed", f"fetched {', '.join(fetched)}" + (f"; present {len(present)}" if present else ""))
-    return Outcome("ok", f"present: {', '.join(present)}")
+    return Outcome("ok", f"present: {names}")

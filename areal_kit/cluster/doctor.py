@@ -12,14 +12,15 @@ stop a host's later checks, so one run finds every fault):
            rename; clock offset to this machine; Docker, Ray, torch, vLLM versions; GPUs
   agree    each host against the others: versions, GPU count, model, memory, driver, CUDA; clock skew
   ray      Ray counts the host alive, with the GPUs the preset needs
-  network  every ordered pair of nodes point to point and an all-reduce over all, on the run's own
-           backend (gloo on CPU, NCCL on GPUs) and weight-sync transport; a host whose best link is far
-           below the others' is slow; with --preset, its placement groups are reserved and released
-           and one of its vLLM engines generates
-  rl-step  (--rl-step) one tiny RL step across the cluster: 2 trainer ranks and an engine placed
-           apart, a weight sync, the engine's logprobs against the trainers'
+  network  (rl/preflight.py, run on the head) every ordered pair of nodes point to point and an
+           all-reduce over all, on the run's own backend (gloo on CPU, NCCL on GPUs) and weight-sync
+           transport; a host whose best link is far below the others' is slow; with --preset, its
+           placement groups are reserved and released and one of its vLLM engines generates
+  rl-step  (--rl-step; rl/preflight.py, run on the head) one tiny RL step across the cluster: 2
+           trainer ranks and an engine placed apart, a weight sync, the engine's logprobs against
+           the trainers'
 `areal-kit setup` runs host, agree and ray at its end and starts no training after a failed one
-(unless --skip-doctor). The figures are saved beside the cluster's state, where
+(unless --skip-doctor). The figures are saved beside the cluster's state (netfigures.py), where
 `areal-kit train PRESET --dry-run` finds the measured bandwidth for its weight-sync estimate.
 """
 
@@ -29,12 +30,11 @@ import json
 import statistics
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 
-from areal_kit.cluster.options import Cluster, q, state_dir
+from areal_kit.cluster.options import Cluster, Finding, Limits, q
 from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
 from areal_kit.cluster.ray_cluster import container_name, host_env, nodes_cmd, parse_nodes
-from areal_kit.durable import replace_lines
 
 # A host's best link below this fraction of the median host's best is named slow.
 SLOW_FRACTION = 0.5
@@ -42,43 +42,22 @@ MAX_CLOCK_SKEW_S = 1.0
 MIN_RAY_TMP_GB = 5.0
 
 
-@dataclass
-class Finding:
-    """One failed check: where, what, measured vs expected, and how to fix it."""
-
-    host: str
-    check: str
-    measured: str
-    expected: str
-    fix: str
-
-    def line(self) -> str:
-        return f"{self.host} {self.check}: {self.measured}, expected {self.expected}; fix: {self.fix}"
+# What doctor runs where the workers run, each printing `PROBE <json>`: this host's facts, and the
+# training's own parts on the cluster (run as a command: the cluster package never imports rl).
+HOST_PROBE = "areal_kit.cluster.probe"
+PREFLIGHT = "areal_kit.rl.preflight"
 
 
-@dataclass
-class Limits:
-    """What doctor holds the hosts to (the flags of `areal-kit doctor` and setup's own)."""
-
-    min_shm_gb: float = 1.0
-    min_nofile: int = 65536  # Ray's and vLLM's sockets, files and pipes at scale
-    min_disk_gb: float = 20.0
-    gpus_per_node: int = 0  # the preset's (0: whatever the hosts agree on); CPU clusters count slots, not GPUs
-    net_mb: float = 16.0
-    preset: str | None = None
-    rl_step: bool = False
-
-
-def _in_runtime(c: Cluster, h: HostState, args: list[str]) -> str:
+def _in_runtime(c: Cluster, h: HostState, module: str, args: list[str]) -> str:
     """A command run where the training's workers run: the host's Ray container, or the host."""
-    cmd = [c.opts.python, "-m", "areal_kit.cluster.probe", *args]
+    cmd = [c.opts.python, "-m", module, *args]
     if c.opts.runtime == "docker":
         return q("docker", "exec", container_name(c, h), *cmd)
     return f"{host_env(c, h)} {q(*cmd)}"
 
 
-def _probe(c: Cluster, h: HostState, args: list[str], timeout: float) -> dict:
-    res = h.remote.run(_in_runtime(c, h, args), sudo=c.opts.runtime == "docker", timeout=timeout)
+def _probe(c: Cluster, h: HostState, module: str, args: list[str], timeout: float) -> dict:
+    res = h.remote.run(_in_runtime(c, h, module, args), sudo=c.opts.runtime == "docker", timeout=timeout)
     for line in res.stdout.splitlines():
         if line.startswith("PROBE "):
             return json.loads(line[6:])
@@ -88,12 +67,12 @@ def _probe(c: Cluster, h: HostState, args: list[str], timeout: float) -> dict:
 def _need_gpus(c: Cluster, limits: Limits) -> int:
     """GPUs each host must have: the preset's where the hosts have GPUs (on CPU nodes a preset's
     GPUs are CPU slots, which the placement check covers)."""
-    return limits.gpus_per_node if any(f["gpus"] for f in c.doctor.get("hosts", {}).values()) else 0
+    return limits.gpus_per_node if any(f["gpus"] for f in c.doctor.hosts.values()) else 0
 
 
 def _fail(c: Cluster, h: HostState, found: list[Finding], ok: str) -> Outcome:
     """Record the host's findings; a failed outcome that does not stop its later checks."""
-    c.doctor.setdefault("findings", []).extend(found)
+    c.doctor.findings.extend(found)
     if found:
         return Outcome("failed", " | ".join(f"{f.measured}, expected {f.expected}" for f in found),
                        blocking=False)
@@ -109,7 +88,7 @@ def host_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
     clock = h.remote.run("date +%s.%N", check=True)
     t1 = time.time()
     try:
-        facts = _probe(c, h, args, timeout=120)
+        facts = _probe(c, h, HOST_PROBE, args, timeout=120)
     except StepFailed as e:
         return _fail(c, h, [Finding(h.name, "runtime", f"{e} ({e.result.tail(1) if e.result else ''})",
                                     f"the {o.runtime} runtime to answer", "areal-kit setup (it restarts what is down)")], "")
@@ -118,7 +97,7 @@ def host_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
     if o.runtime == "docker":
         v = h.remote.run(q("docker", "version", "--format", "{{.Server.Version}}"), sudo=True, check=True)
         facts["versions"]["docker"] = v.stdout.strip() or "-"
-    c.doctor.setdefault("hosts", {})[h.name] = facts
+    c.doctor.hosts[h.name] = facts
     found = []
     f = lambda check, measured, expected, fix: found.append(Finding(h.name, check, measured, expected, fix))
     shm_fix = (f"areal-kit setup --shm-size {max(16, limits.min_shm_gb):g}g (docker run --shm-size)" if o.runtime == "docker"
@@ -151,19 +130,19 @@ def host_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
 # -- agree ------------------------------------------------------------------------------------
 def _reference(c: Cluster, key) -> object:
     """The value most hosts have (the head's on a tie)."""
-    values = [key(f) for f in c.doctor.get("hosts", {}).values()]
+    values = [key(f) for f in c.doctor.hosts.values()]
     if not values:
         return None
     counts = Counter(json.dumps(v, sort_keys=True) for v in values)
     top = max(counts.values())
-    head = c.doctor["hosts"].get(c.head.name)
+    head = c.doctor.hosts.get(c.head.name)
     if head is not None and counts[json.dumps(key(head), sort_keys=True)] == top:
         return key(head)
     return json.loads(counts.most_common(1)[0][0])
 
 
 def agree_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
-    facts = c.doctor.get("hosts", {}).get(h.name)
+    facts = c.doctor.hosts.get(h.name)
     if facts is None:
         return Outcome("skipped", "no facts from the host step")
     found = []
@@ -183,7 +162,7 @@ def agree_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
         if key(facts) != want:
             found.append(Finding(h.name, what, f"{key(facts)}", f"{want} as on the others",
                                  "the same GPU driver and runtime image on every host"))
-    offsets = [f["clock_offset_s"] for f in c.doctor["hosts"].values()]
+    offsets = [f["clock_offset_s"] for f in c.doctor.hosts.values()]
     skew = facts["clock_offset_s"] - statistics.median(offsets)
     if abs(skew) - facts["clock_uncertainty_s"] > MAX_CLOCK_SKEW_S:
         found.append(Finding(h.name, "clock", f"{skew:+.2f}s from the other hosts' median",
@@ -192,14 +171,21 @@ def agree_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
 
 
 # -- ray --------------------------------------------------------------------------------------
+def _unseen() -> Outcome:
+    """The later checks of a run in which no host's runtime answered: they would only fail the same way."""
+    return Outcome("skipped", "no host's runtime answered the host step")
+
+
 def ray_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
+    if not c.doctor.hosts:
+        return _unseen()
     if h.is_head:
         res = h.remote.run(nodes_cmd(c, [x.ip for x in c.hosts], _need_gpus(c, limits), 5),
                            sudo=c.opts.runtime == "docker", timeout=120)
-        c.doctor["ray_nodes"] = parse_nodes(res)
-        if c.doctor["ray_nodes"] is None:
+        c.doctor.ray_nodes = parse_nodes(res)
+        if c.doctor.ray_nodes is None:
             raise StepFailed("the Ray head does not answer; areal-kit setup starts it again", res)
-    alive = c.doctor.get("ray_nodes") or {}
+    alive = c.doctor.ray_nodes or {}
     found = []
     if h.ip not in alive:
         found.append(Finding(h.name, "ray", f"Ray does not count {h.ip} alive ({len(alive)} nodes are)",
@@ -237,12 +223,14 @@ def slow_hosts(links: dict[str, float]) -> dict[str, tuple[float, float]]:
 
 
 def network_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
+    if not c.doctor.hosts:
+        return _unseen()
     if h.is_head:
         args = ["net", "--address", f"{h.ip}:{c.opts.ray_port}", "--mb", f"{limits.net_mb:g}",
                 "--fileroot", _fileroot(c)]
-        c.doctor["network"] = _probe(c, h, args + (["--preset", limits.preset] if limits.preset else []),
+        c.doctor.network = _probe(c, h, PREFLIGHT, args + (["--preset", limits.preset] if limits.preset else []),
                                      timeout=900)
-    net = c.doctor.get("network") or {}
+    net = c.doctor.network or {}
     links = net.get("links_gbps", {})
     found = []
     if h.ip not in net.get("nodes", {}):
@@ -285,7 +273,7 @@ LOGPROB_GAP = 1e-3
 
 def rl_step_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
     """One tiny RL step across the cluster (head only): it runs, syncs, and the engine agrees."""
-    got = c.doctor["rl_step"] = _probe(c, h, ["rlstep", "--fileroot", _fileroot(c)], timeout=1200)
+    got = c.doctor.rl_step = _probe(c, h, PREFLIGHT, ["rlstep", "--fileroot", _fileroot(c)], timeout=1200)
     found = []
     if got["rl_step"]:
         found.append(Finding(h.name, "rl-step", f"the tiny RL step failed: {got['rl_step']}", "one step to finish",
@@ -309,46 +297,27 @@ def link_rows(links: dict[str, float]) -> list[list[str]]:
 
 def report(c: Cluster, ok: bool) -> dict:
     """Everything doctor measured and found; ok: every step passed on every host (an unreachable
-    host fails without a finding)."""
-    findings = c.doctor.get("findings", [])
-    return {"cluster": c.opts.spec.cluster_name, "time": time.time(), "ok": ok,
-            "findings": [asdict(f) for f in findings], "hosts": c.doctor.get("hosts", {}),
-            "ray_nodes": c.doctor.get("ray_nodes"), "network": c.doctor.get("network"),
-            "rl_step": c.doctor.get("rl_step")}
+    host fails without a finding); fault: why the run saw no host ("" when it did)."""
+    d = c.doctor
+    return {"cluster": c.opts.spec.cluster_name, "time": time.time(), "ok": ok, "fault": run_fault(c),
+            "findings": [asdict(f) for f in d.findings], "hosts": d.hosts, "ray_nodes": d.ray_nodes,
+            "network": d.network, "rl_step": d.rl_step}
 
 
-def result_path(cluster_name: str):
-    return state_dir() / "clusters" / f"{cluster_name}.doctor.json"
+def run_fault(c: Cluster) -> str:
+    """Why this run says nothing about the hosts, "" when it does: it reached none of them over SSH,
+    or the runtime it was told to use answered on none (a --runtime or --python other than the
+    cluster's, or a cluster that is not set up). Such a run keeps the figures saved before it."""
+    if not any(h.outcomes.get("connect") and h.outcomes["connect"].status == "ok" for h in c.hosts):
+        return "no host could be reached over SSH"
+    if not c.doctor.hosts:
+        return f"the {c.opts.runtime} runtime ({c.opts.python}) answered on no host"
+    return ""
 
 
-def save(c: Cluster, rep: dict) -> None:
-    p = result_path(c.opts.spec.cluster_name)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    replace_lines(p, [json.dumps(rep, indent=1)])
-
-
-def latest() -> dict | None:
-    """The newest doctor result on this machine with network figures (for the dry run's estimate)."""
-    found = []
-    for p in (state_dir() / "clusters").glob("*.doctor.json"):
-        try:
-            rep = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue
-        if (rep.get("network") or {}).get("links_gbps"):
-            found.append(rep)
-    return max(found, key=lambda r: r.get("time", 0), default=None)
-
-
-def sync_estimate_line(model_bytes: int | None, rep: dict | None) -> str | None:
-    """The dry run's weight-sync time a step, from the bandwidth doctor measured."""
-    if rep is None:
-        return None
-    links = rep["network"]["links_gbps"]
-    slowest, med = min(links.values()), statistics.median(links.values())
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rep.get("time", 0)))
-    where = f"doctor of cluster {rep['cluster']} at {when}: links {slowest:.3g}-{max(links.values()):.3g} GB/s"
-    if not model_bytes:
-        return f"weight sync estimate: model size unknown here ({where})"
-    return (f"weight sync estimate: {model_bytes / 1e9:.3g} GB a step, {model_bytes / (med * 1e9):.3g}s at the median "
-            f"link, {model_bytes / (slowest * 1e9):.3g}s at the slowest ({where})")
+def blame_the_run(c: Cluster) -> None:
+    """Point the runtime findings of a run that reached no runtime at its settings: the hosts may be
+    fine, and setup run again with these settings would only repeat them."""
+    fix = (f"check --runtime and --python (this run: {c.opts.runtime}, {c.opts.python}; leave them out to use "
+           "the cluster's saved ones); areal-kit status shows whether Ray runs there")
+    c.doctor.findings = [replace(f, fix=fix) if f.check == "runtime" else f for f in c.doctor.findings]

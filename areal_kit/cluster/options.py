@@ -1,11 +1,19 @@
-"""Setup options (validated dataclass), the run context shared by steps, and saved cluster state.
+"""Setup options (validated dataclasses), the run context shared by steps, and saved cluster state.
 
-`SetupOptions` is everything `areal-kit setup` was told; `Cluster` is one run over the hosts
-(connections, facts, secrets). After a setup, the options are saved to
-``$AREAL_KIT_HOME/clusters/<cluster_name>.json`` (default ``~/.areal-kit``) so that
-`areal-kit status` and `areal-kit down` find the same hosts without repeating them. Secrets
-are never saved there.
+`SetupOptions` is everything `areal-kit setup` was told, `ConnectOptions` how this machine reaches
+the hosts, `Limits` what doctor holds them to; each field that is a command-line option carries
+its flag, default and help (cluster/flags.py), and the commands' signatures are made of them.
+`Cluster` is one run over the hosts (connections, facts, secrets, doctor's findings). After a
+setup, the options are saved to ``$AREAL_KIT_HOME/clusters/<cluster_name>.json`` (default
+``~/.areal-kit``) so that `areal-kit status`, `down` and `doctor` find the same hosts, runtime and
+route without repeating them (cluster/target.py). Secrets are never saved there.
+
+    areal-kit setup --hostnames h1 h2 --runtime host && areal-kit doctor
 """
+
+# flag() and many() return dataclasses.field(...), a fresh list per instance where the option repeats;
+# ruff's RUF009 knows only field() itself by name.
+# ruff: noqa: RUF009
 
 from __future__ import annotations
 
@@ -20,8 +28,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from areal_kit.cluster.flags import flag, many
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.errors import UserError
+from areal_kit.home import state_dir
 
 RUNTIMES = ("docker", "host")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)[bB]?$")
@@ -38,40 +48,62 @@ def parse_size(text: str | int | None, what: str) -> int | None:
     return int(float(m.group(1)) * mult)
 
 
-def state_dir() -> Path:
-    return Path(os.environ.get("AREAL_KIT_HOME", "~/.areal-kit")).expanduser()
-
-
 STOP_GRACE = 300.0  # seconds a SIGTERMed training may take to finish its step and checkpoint it
+# Seconds setup waits for a started training's sign of life: a GPU run loads its models and starts
+# its engines before its workers are ready, which takes minutes.
+TRAIN_WAIT = 900.0
 
 
 @dataclass
 class SetupOptions:
-    """What `areal-kit setup` does; see `areal-kit setup --help` for each option."""
+    """What `areal-kit setup` does: each field is the setup option of the same name (its flag, default and
+    help); status, down and doctor read them back from the saved state."""
 
-    spec: ClusterSpec  # hosts (first = head), storage, cluster_name, fileroot, GPUs per node
-    runtime: str = "docker"  # docker: Ray in containers; host: Ray directly on the hosts
-    image: str = "areal-kit:latest"  # runtime image (docker runtime)
-    image_tar: str | None = None  # `docker load` this tarball (on shared storage) instead of pulling
-    python: str = "python3"  # interpreter with ray and areal_kit: in the image, or on the hosts
-    mounts: list[str] = field(default_factory=list)  # extra bind mounts SRC[:DST[:ro]] for containers
-    env: list[str] = field(default_factory=list)  # extra KEY=VALUE for Ray processes
-    ray_port: int = 6379  # GCS port on the head
-    dashboard: bool = True  # Ray dashboard on the head, bound to the head's cluster address
-    num_cpus: int | None = None  # CPUs each Ray node offers (None: all)
-    object_store_memory: str | None = None  # per-node object store, e.g. 2g (None: Ray's default)
-    shm_size: str = "16g"  # container /dev/shm (Ray's object store lives there)
-    ray_auth_mode: str = "disabled"  # RAY_AUTH_MODE, set explicitly on every node and driver
-    data: list[str] = field(default_factory=list)  # URIs fetched onto storage once (head)
-    train_param: str | None = None  # preset to start in the head container after setup
-    train_args: list[str] = field(default_factory=list)  # extra key=value overrides for training
-    min_disk_gb: float = 20.0  # free space required on the storage path
-    ray_wait: float = 180.0  # seconds to wait for every node to join Ray
-    log_dir: str = ""  # per-host log files (default: $AREAL_KIT_HOME/logs/<cluster>/<time>)
-    dry_run: bool = False  # print the commands, run nothing
-    nas_url: str | None = None  # NFS export mounted at storage where it is not mounted yet
-    ssh_config: str | None = None  # OpenSSH client config (None: ~/.ssh/config)
-    gateway: str | None = None  # jump host [user@]host[:port] (None: ProxyJump from the ssh config, if any)
+    spec: ClusterSpec  # hosts (first = head), storage, cluster_name, fileroot, GPUs per node (target.py)
+    ssh_config: str | None = flag(None, "--ssh-config", help="OpenSSH client config for host aliases, User, Port, "
+                                  "IdentityFile, ProxyJump (default ~/.ssh/config).")
+    gateway: str | None = flag(None, "--gateway", help="Jump host [user@]host[:port] through which every host is "
+                               "reached (default: the ssh config's ProxyJump, if any).")
+    nas_url: str | None = flag(None, "--nas_url", "--nas-url", help="NFS export (server:/path) to mount at --storage "
+                               "where it is not mounted yet.")
+    runtime: str = flag("docker", "--runtime", help="docker: Ray in containers; host: Ray directly on the hosts "
+                        "(no Docker).")
+    image: str | None = flag(None, "--image", help="Runtime image to pull from a registry you name, e.g. "
+                             "ghcr.io/OWNER/areal-kit:0.1.0-cuda. Default: areal-kit's own, "
+                             "areal-kit:VERSION-cpu|cuda-DIGEST (cuda when any host has a GPU), built once on the head "
+                             "from the installed package's docker/Dockerfile where missing, saved to STORAGE/images/ "
+                             "and loaded on the other hosts.")
+    image_tar: str | None = flag(None, "--image-tar", help="`docker load` this tarball (on shared storage) where the "
+                                 "image is missing, instead of pulling: for air-gapped clusters. It holds --image "
+                                 "(default areal-kit:latest).")
+    build_args: list[str] = many("--build-arg", help="KEY=VALUE passed to the docker build of areal-kit's own image "
+                                 "(repeat), e.g. BASE_IMAGE=IMG, PY_ENV=storage, VENV=PATH, FLASH_ATTN=build; see "
+                                 "docker/Dockerfile.")
+    python: str = flag("python3", "--python", help="Python with ray and areal_kit: inside the image (docker) or on "
+                       "the hosts (host).")
+    mounts: list[str] = many("--mount", help="Extra bind mount SRC[:DST[:ro]] for the containers (repeat).")
+    env: list[str] = many("--env", help="Extra KEY=VALUE for Ray processes (repeat).")
+    ray_port: int = flag(6379, "--ray-port", help="Ray GCS port on the head.")
+    dashboard: bool = flag(True, "--dashboard/--no-dashboard", help="Ray dashboard on the head, bound to its "
+                           "cluster address.")
+    num_cpus: int | None = flag(None, "--num-cpus", help="CPUs each Ray node offers (default: all).")
+    object_store_memory: str | None = flag(None, "--object-store-memory", help="Object store per node, e.g. 2g.")
+    shm_size: str = flag("16g", "--shm-size", help="Container /dev/shm size (holds the object store).")
+    ray_auth_mode: str = flag("disabled", "--ray-auth-mode", help="RAY_AUTH_MODE on every node: disabled | token.")
+    data: list[str] = many("--data", help="URI[=DEST] to fetch once onto storage, besides the preset's assets: "
+                           "hf://org/name (to STORAGE/models/name), hf://datasets/org/name, https://.../FILE, "
+                           "https://.../FOLDER/, file://... (to STORAGE/datasets/name, a file as a file); add "
+                           "#sha256=HEX to verify (repeat).")
+    train_param: str | None = flag(None, "--train_param", "--train-param", help="Preset to start training in the "
+                                   "head container after setup (log on shared storage).")
+    train_args: list[str] = many("--train-arg", help="Extra key=value override for that training (repeat).")
+    train_wait: float = flag(TRAIN_WAIT, "--train-wait", min=0, help="Seconds to wait, once training is started, for "
+                             "a sign of life in its log (workers ready, a step finished); its error or no sign in "
+                             "time fails setup. 0: start it and do not wait.")
+    ray_wait: float = flag(180.0, "--ray-wait", help="Seconds to wait for every node to join Ray.")
+    min_disk_gb: float = flag(20.0, "--min-disk-gb", min=0, help="Free space required on the storage, in GB.")
+    log_dir: str | None = flag(None, "--log-dir", help="Per-host log files (default ~/.areal-kit/logs/NAME/TIME).")
+    dry_run: bool = flag(False, "--dry-run", help="Print every command per host; run nothing.")
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -94,13 +126,23 @@ class SetupOptions:
         for e in self.env:
             if "=" not in e or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", e.split("=", 1)[0]):
                 raise UserError(f"--env: expected KEY=VALUE, got {e!r}")
+        for a in self.build_args:
+            if "=" not in a or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", a.split("=", 1)[0]):
+                raise UserError(f"--build-arg: expected KEY=VALUE, got {a!r}")
+            if a.startswith("ACCELERATOR=") and a not in ("ACCELERATOR=cpu", "ACCELERATOR=cuda"):
+                raise UserError(f"--build-arg: ACCELERATOR must be cpu or cuda, got {a!r}")
+        if self.build_args and (self.image or self.image_tar):
+            raise UserError("--build-arg: only areal-kit's own image is built, and --image/--image-tar name "
+                            "another; drop one or the other")
+        if self.image_tar and not self.image:
+            self.image = "areal-kit:latest"  # what a tarball held before setup built its own image
         for a in self.train_args:
             if "=" not in a:
                 raise UserError(f"--train-arg: expected key=value, got {a!r}")
         if self.train_param is not None and not re.match(r"^[A-Za-z0-9_.\-]+$", self.train_param):
             raise UserError(f"--train_param: expected a preset name like 1.5B_n4, got {self.train_param!r}")
-        if self.min_disk_gb < 0 or self.ray_wait <= 0:
-            raise UserError("--min-disk-gb must be >= 0 and --ray-wait > 0")
+        if self.min_disk_gb < 0 or self.ray_wait <= 0 or self.train_wait < 0:
+            raise UserError("--min-disk-gb and --train-wait must be >= 0, --ray-wait > 0")
         if not self.log_dir:
             self.log_dir = str(state_dir() / "logs" / self.spec.cluster_name / time.strftime("%Y%m%d-%H%M%S"))
 
@@ -150,15 +192,52 @@ class SetupOptions:
         return cls(spec=ClusterSpec(**spec), **d)
 
 
+HOST_KEY_POLICIES = ("accept-new", "strict", "off")
+
+
+@dataclass
+class ConnectOptions:
+    """How this machine reaches the hosts (cluster/remote.py): the SSH flags of every command, never saved."""
+
+    known_hosts: str = flag("~/.ssh/known_hosts", "--known-hosts", help="known_hosts file to check host keys "
+                            "against.")  # read, and appended to under accept-new
+    host_key_policy: str = flag("accept-new", "--host-key-policy", help="accept-new (record unknown, refuse "
+                                "changed) | strict | off.")
+    connect_timeout: float = flag(10.0, "--connect-timeout", help="Seconds for one SSH connection attempt.")
+    # Keep retrying an unreachable host this long: hosts still booting.
+    wait: float = flag(30.0, "--ssh-wait", help="Keep retrying unreachable hosts this many seconds.")
+    ssh_config: str | None = None  # OpenSSH client config (None: ~/.ssh/config and /etc/ssh/ssh_config)
+    gateway: str | None = None  # [user@]host[:port] of a jump host for every host (else ProxyJump, if any)
+
+    def __post_init__(self) -> None:
+        if self.host_key_policy not in HOST_KEY_POLICIES:
+            raise UserError(f"--host-key-policy: expected one of {', '.join(HOST_KEY_POLICIES)}, "
+                            f"got {self.host_key_policy!r}")
+        if self.connect_timeout <= 0 or self.wait < 0:
+            raise UserError("--connect-timeout must be > 0 and --ssh-wait >= 0 (seconds)")
+        self.known_hosts = os.path.expanduser(self.known_hosts)
+        if self.ssh_config is not None:
+            self.ssh_config = os.path.expanduser(self.ssh_config)
+            if not os.path.isfile(self.ssh_config):
+                raise UserError(f"--ssh-config: {self.ssh_config} does not exist; expected an OpenSSH client config file")
+        if self.gateway is not None and (not self.gateway or any(c.isspace() for c in self.gateway)):
+            raise UserError(f"--gateway: expected [user@]host[:port], got {self.gateway!r}")
+
+
+def state_path(name: str) -> Path:
+    """Where setup saves cluster name's options."""
+    return state_dir() / "clusters" / f"{name}.json"
+
+
 def save_state(opts: SetupOptions) -> Path:
-    p = state_dir() / "clusters" / f"{opts.spec.cluster_name}.json"
+    p = state_path(opts.spec.cluster_name)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(opts.to_state(), indent=2))
     return p
 
 
 def load_state(name: str) -> SetupOptions:
-    p = state_dir() / "clusters" / f"{name}.json"
+    p = state_path(name)
     if not p.exists():
         raise UserError(f"no cluster named {name!r} was set up from here ({p} missing); "
                         "give --hostnames/--inventory, or --name of a cluster set up before")
@@ -166,6 +245,49 @@ def load_state(name: str) -> SetupOptions:
         return SetupOptions.from_state(json.loads(p.read_text()))
     except (ValueError, TypeError, KeyError) as e:
         raise UserError(f"cluster state {p} is unreadable ({e}); delete it and pass the hosts again") from None
+
+
+@dataclass
+class Limits:
+    """What doctor holds the hosts to: doctor's flags, and setup's for its fast checks."""
+
+    min_shm_gb: float = flag(1.0, "--min-shm-gb", min=0, help="/dev/shm each host (container) must have, in GB "
+                             "(doctor's check).")
+    # Ray's and vLLM's sockets, files and pipes at scale
+    min_nofile: int = flag(65536, "--min-nofile", min=0, help="Open-file hard limit each host (container) must "
+                           "allow (doctor's check).")
+    min_disk_gb: float = SetupOptions.min_disk_gb  # --min-disk-gb, declared there: setup and doctor both take it
+    gpus_per_node: int = 0  # the preset's (0: whatever the hosts agree on); CPU clusters count slots, not GPUs
+    preset: str | None = flag(None, "--preset", help="Also check against this preset: Ray has its GPUs per node, "
+                              "its placement groups are reserved (and released), one of its vLLM engines generates.")
+    net_mb: float = flag(16.0, "--net-mb", min=0.01, help="Megabytes each bandwidth measurement sends.")
+    rl_step: bool = flag(False, "--rl-step", help="Also one tiny RL step across the cluster (2 trainer ranks and an "
+                         "engine apart, a weight sync, engine logprobs against the trainers').")
+
+
+@dataclass
+class Finding:
+    """One failed check of doctor's: where, what, measured vs expected, and how to fix it."""
+
+    host: str
+    check: str
+    measured: str
+    expected: str
+    fix: str
+
+    def line(self) -> str:
+        return f"{self.host} {self.check}: {self.measured}, expected {self.expected}; fix: {self.fix}"
+
+
+@dataclass
+class DoctorState:
+    """What doctor's checks measured and found, filled step by step (cluster/doctor.py)."""
+
+    hosts: dict[str, dict] = field(default_factory=dict)  # host name -> the facts its probe measured (probe.py)
+    findings: list[Finding] = field(default_factory=list)  # every failed check, on every host
+    ray_nodes: dict[str, float] | None = None  # address -> GPUs of each node Ray counts alive (None: no answer)
+    network: dict | None = None  # the head's network probe: links_gbps, nodes, interfaces, backend, ...
+    rl_step: dict | None = None  # the tiny RL step's outcome (--rl-step)
 
 
 @dataclass
@@ -180,7 +302,13 @@ class Cluster:
     # (the host that asked, the outcome), shared by the hosts' threads under stop_lock.
     training_stop: tuple | None = None
     stop_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    doctor: dict = field(default_factory=dict)  # what doctor's checks measured and found (cluster/doctor.py)
+    doctor: DoctorState = field(default_factory=DoctorState)
+    # The containers' image: the one the options name, or areal-kit's own, whose tag the image step
+    # learns on the head (it depends on the hosts' GPUs).
+    image: str = ""
+
+    def __post_init__(self) -> None:
+        self.image = self.image or self.opts.image or ""
 
     @property
     def head(self):

@@ -3,7 +3,8 @@
 A step is a function ``fn(cluster, host) -> Outcome``. Steps run in order; within a step all
 hosts run in parallel (``head_first`` steps run on the head first, then on the others, and
 ``head_only`` ones only on the head). A host that fails a step drops out of the later steps
-(reported "skipped") while the other hosts go on, as Ansible does. A step that fails raises
+(reported "skipped") while the other hosts go on, as Ansible does; a ``gate`` step that fails
+on the head stops them all. A step that fails raises
 StepFailed with the command result, so the recap can name host, step, command, exit code and
 the last lines of output, plus the host's log file.
 
@@ -26,7 +27,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from areal_kit.cluster.remote import Result
-from areal_kit.console import make_console as shared_console
+from areal_kit.console import make_console
+from areal_kit.errors import ExitCode
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim",
                 "running": "cyan", "pending": "dim"}
@@ -56,6 +58,8 @@ class Step:
     head_first: bool = False
     head_only: bool = False
     head_last: bool = False  # e.g. teardown: workers first, then the head
+    gate: bool = False  # with head_only/head_first: failed on the head, it stops every host (a preset
+    # that cannot run on these nodes makes installing them pointless)
 
 
 @dataclass
@@ -146,7 +150,7 @@ class Display:
 
 def run_steps(cluster, steps: list[Step], console: Console | None = None) -> bool:
     """Run all steps; return True when no host failed any step."""
-    console = console or make_console()
+    console = console or make_console(highlight=False)
     hosts: list[HostState] = cluster.hosts
 
     def one(h: HostState, step: Step) -> None:
@@ -170,7 +174,11 @@ def run_steps(cluster, steps: list[Step], console: Console | None = None) -> boo
             display.finished(h, step, h.outcomes[step.name])
 
     with Display(hosts, steps, console) as display, ThreadPoolExecutor(max(1, len(hosts))) as pool:
+        stopped = ""  # why every host stops: a gate step failed on the head
         for step in steps:
+            if stopped:
+                skip_all([h for h in hosts if step.name not in h.outcomes], step, stopped)
+                continue
             live = [h for h in hosts if not h.failed]
             skip_all([h for h in hosts if h.failed and step.name not in h.outcomes], step,
                      "host failed an earlier step")
@@ -182,6 +190,8 @@ def run_steps(cluster, steps: list[Step], console: Console | None = None) -> boo
                     skip_all(live, step, f"head {head.name} failed an earlier step")
                     continue
                 one(head, step)
+                if step.gate and head.outcomes[step.name].status == "failed":
+                    stopped = f"{step.name} failed on the head"
                 if step.head_only:
                     skip_all([h for h in live if h is not head], step, "head only")
                     continue
@@ -196,12 +206,6 @@ def run_steps(cluster, steps: list[Step], console: Console | None = None) -> boo
             list(pool.map(one, live, [step] * len(live)))
     recap(cluster, steps, console)
     return not any(h.any_failed for h in hosts)
-
-
-def make_console() -> Console:
-    """The shared console: rich (with the live view) on a terminal; in logs and pipes no line is
-    wrapped (a command stays whole) and tables print as whole markdown rows."""
-    return shared_console(highlight=False)
 
 
 def recap(cluster, steps: list[Step], console: Console) -> None:
@@ -233,8 +237,25 @@ def recap(cluster, steps: list[Step], console: Console) -> None:
                 console.print(f"  log: {h.log_path}", markup=False)
 
 
+def dry_run(cluster, steps: list[Step], console: Console) -> ExitCode:
+    """Every command the steps would run, per host, without running one: the steps in order, each on
+    the hosts it runs on, head first, as a real run issues them. A step that fails (setup's preset
+    gate) ends the list with why the run would stop there."""
+    try:
+        for step in steps:
+            for h in cluster.hosts:
+                if h.is_head or not step.head_only:
+                    step.fn(cluster, h)
+    except StepFailed as e:
+        print_dry_run(cluster, console)
+        console.print(f"FAILED {e}", markup=False, soft_wrap=True)
+        return ExitCode.FAILED
+    print_dry_run(cluster, console)
+    return ExitCode.OK
+
+
 def print_dry_run(cluster, console: Console | None = None) -> None:
-    console = console or make_console()
+    console = console or make_console(highlight=False)
     for h in cluster.hosts:
         console.print(f"[bold]# {escape(h.name)}[/] ({'head' if h.is_head else 'worker'})")
         for kind, cmd in h.remote.commands:

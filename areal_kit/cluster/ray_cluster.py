@@ -122,7 +122,7 @@ def docker_run_args(c: Cluster, h: HostState) -> list[str]:
     for k, v in runtime_env(c).items():
         args += ["-e", f"{k}={v}"]
     args += o.volume_args()
-    args += [o.image, *ray_start_args(c, h), "--block"]
+    args += [c.image, *ray_start_args(c, h), "--block"]
     digest = hashlib.sha256(shlex.join(args).encode()).hexdigest()[:16]
     return args[:3] + ["--label", f"areal-kit.config={digest}"] + args[3:]
 
@@ -276,6 +276,24 @@ def train_log_path(c: Cluster) -> str:
     return f"{o.spec.fileroot.rstrip('/')}/logs/{o.spec.cluster_name}-{o.train_param}.log"
 
 
+def train_overrides(o) -> list[str]:
+    """What the run gets after its preset (SetupOptions o): setup's settings (storage_root: where the data
+    step put the preset's assets), then --train-arg (later wins)."""
+    return ["ray_address=auto", f"fileroot={o.spec.fileroot}", f"storage_root={o.storage}", *o.train_args]
+
+
+def driver_pattern(o) -> str:
+    """`pgrep -f` pattern of the driver setup starts for o.train_param ("[.]": the shell running it
+    does not match; the space after the preset: 1.5B_n1 does not match 1.5B_n16)."""
+    return f"areal_kit[.]cli train {o.train_param.replace('.', '[.]')} "
+
+
+def in_head(c: Cluster, h: HostState, body: str) -> str:
+    """A shell script as a command where training runs: the head's container, or the head host."""
+    return q("docker", "exec", container_name(c, h), "sh", "-c", body) if c.opts.runtime == "docker" \
+        else q("sh", "-c", body)
+
+
 def train(c: Cluster, h: HostState) -> Outcome:
     o = c.opts
     if not o.train_param:
@@ -286,25 +304,27 @@ def train(c: Cluster, h: HostState) -> Outcome:
         raise StepFailed(f"doctor's checks failed on {', '.join(checked)} (see FAIL lines): training not started; "
                          "fix them, or setup --skip-doctor")
     log = train_log_path(c)
-    cmd = [o.python, "-m", "areal_kit.cli", "train", o.train_param, "ray_address=auto",
-           f"fileroot={o.spec.fileroot}", *o.train_args]
-    pattern = f"areal_kit[.]cli train {o.train_param}"
+    cmd = [o.python, "-m", "areal_kit.cli", "train", o.train_param, *train_overrides(o)]
     logdir = log.rsplit("/", 1)[0]
+    sudo = o.runtime == "docker"
+    if h.remote.run(in_head(c, h, q("pgrep", "-f", driver_pattern(o))), sudo=sudo, check=True).ok:
+        h.facts["train_log_from"] = 0  # the run going on is read from its log's start (its last launch)
+        return Outcome("ok", f"training {o.train_param} already running; log {log}")
+    # What the new run writes comes after the log's bytes of now.
+    size = h.remote.run(in_head(c, h, f"if [ -f {q(log)} ]; then wc -c < {q(log)}; else echo 0; fi"), sudo=sudo,
+                        check=True, timeout=60).stdout.strip()
+    h.facts["train_log_from"] = int(size) if size.isdigit() else 0
     if o.runtime == "docker":
-        name = container_name(c, h)
-        if h.remote.run(q("docker", "exec", name, "pgrep", "-f", pattern), sudo=True, check=True).ok:
-            return Outcome("ok", f"training {o.train_param} already running; log {log}")
         inner = f"mkdir -p {shlex.quote(logdir)} && cd {shlex.quote(o.storage)} && exec {shlex.join(cmd)} " \
                 f">> {shlex.quote(log)} 2>&1"
-        must(c, h, q("docker", "exec", "-d", name, "sh", "-c", inner), "starting training", sudo=True)
+        must(c, h, q("docker", "exec", "-d", container_name(c, h), "sh", "-c", inner), "starting training", sudo=True)
     else:
-        if h.remote.run(q("pgrep", "-f", pattern), check=True).ok:
-            return Outcome("ok", f"training {o.train_param} already running; log {log}")
         pidfile = f"{o.storage.rstrip('/')}/.areal-kit/train-{o.spec.cluster_name}.pid"
         must(c, h, f"mkdir -p {shlex.quote(logdir)} && cd {shlex.quote(o.storage)} && "
                    f"{{ {host_env(c, h)} setsid {shlex.join(cmd)} >> {shlex.quote(log)} 2>&1 < /dev/null & "
                    f"echo $! > {shlex.quote(pidfile)}; }}", "starting training")
-    return Outcome("changed", f"training {o.train_param} started; log {log} (areal-kit logs)")
+    wait = f"; waiting up to {o.train_wait:g}s for a sign of life (--train-wait)" if o.train_wait else ""
+    return Outcome("changed", f"training {o.train_param} started; log {log}{wait}")
 
 
 # -- status and down --------------------------------------------------------------------------
@@ -332,8 +352,7 @@ def _head_script(c: Cluster, h: HostState, script: str, **fields) -> str:
         pidfile = shlex.quote(f"{c.opts.storage.rstrip('/')}/.areal-kit/train-{c.opts.spec.cluster_name}.pid")
         find = f"{{ p=$(cat {pidfile} 2>/dev/null) && kill -0 $p 2>/dev/null && echo $p; }} || {find}"
     body = f"p=$({find}) || exit 3; log=$(readlink /proc/$p/fd/1); " + script.format(**fields)
-    return q("docker", "exec", container_name(c, h), "sh", "-c", body) if c.opts.runtime == "docker" \
-        else q("sh", "-c", body)
+    return in_head(c, h, body)
 
 
 def stop_training(c: Cluster, h: HostState, grace: float) -> Outcome:

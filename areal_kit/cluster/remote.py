@@ -25,6 +25,7 @@ them (``--dry-run``). Commands are shell strings built by callers with shlex quo
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shlex
@@ -38,10 +39,10 @@ import fabric
 import invoke
 import paramiko
 
+from areal_kit.cluster.options import ConnectOptions
 from areal_kit.config.cluster_spec import HostSpec
 from areal_kit.errors import UserError
 
-HOST_KEY_POLICIES = ("accept-new", "strict", "off")
 # paramiko logs a refused jump channel to stderr on its own; our ConnectError says it once.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _known_hosts_lock = threading.Lock()
@@ -74,35 +75,10 @@ class ConnectError(Exception):
         self.kind = kind
 
 
-@dataclass
-class ConnectOptions:
-    """How the controller reaches hosts."""
-
-    known_hosts: str = "~/.ssh/known_hosts"  # file read, and appended to under accept-new
-    host_key_policy: str = "accept-new"  # accept-new | strict | off
-    connect_timeout: float = 10.0  # seconds for one TCP+SSH handshake attempt
-    wait: float = 30.0  # keep retrying an unreachable host this long (hosts still booting)
-    ssh_config: str | None = None  # OpenSSH client config (None: ~/.ssh/config and /etc/ssh/ssh_config)
-    gateway: str | None = None  # [user@]host[:port] of a jump host for every host (else ProxyJump, if any)
-
-    def __post_init__(self) -> None:
-        if self.host_key_policy not in HOST_KEY_POLICIES:
-            raise UserError(f"--host-key-policy: expected one of {', '.join(HOST_KEY_POLICIES)}, "
-                            f"got {self.host_key_policy!r}")
-        if self.connect_timeout <= 0 or self.wait < 0:
-            raise UserError("--connect-timeout must be > 0 and --ssh-wait >= 0 (seconds)")
-        self.known_hosts = os.path.expanduser(self.known_hosts)
-        if self.ssh_config is not None:
-            self.ssh_config = os.path.expanduser(self.ssh_config)
-            if not os.path.isfile(self.ssh_config):
-                raise UserError(f"--ssh-config: {self.ssh_config} does not exist; expected an OpenSSH client config file")
-        if self.gateway is not None and (not self.gateway or any(c.isspace() for c in self.gateway)):
-            raise UserError(f"--gateway: expected [user@]host[:port], got {self.gateway!r}")
-
-    def fabric_config(self) -> fabric.Config:
-        # root and 22 unless the command line or the ssh config says otherwise (fabric's own
-        # default user is the local one, which is rarely right on a fresh GPU node).
-        return fabric.Config(runtime_ssh_path=self.ssh_config, overrides={"user": "root", "port": 22})
+def _fabric_config(opts: ConnectOptions) -> fabric.Config:
+    # root and 22 unless the command line or the ssh config says otherwise (fabric's own
+    # default user is the local one, which is rarely right on a fresh GPU node).
+    return fabric.Config(runtime_ssh_path=opts.ssh_config, overrides={"user": "root", "port": 22})
 
 
 def check_key_file(path: str | None) -> None:
@@ -183,7 +159,7 @@ class Remote:
     def _connection(self) -> fabric.Connection:
         """A not yet opened connection, resolved through the ssh config, with our host key rules
         on every hop (fabric's default accepts any key)."""
-        config = self.opts.fabric_config()
+        config = _fabric_config(self.opts)
         keys = {"key_filename": [self.host.key_file], "allow_agent": False, "look_for_keys": False} \
             if self.host.key_file else {}
         t = self.opts.connect_timeout
@@ -310,6 +286,13 @@ class Remote:
             f.write(text)
         self.log.write(f"wrote {path} (mode {oct(mode)}, contents not logged)")
 
+    def put_bytes(self, data: bytes, path: str, mode: int = 0o600) -> None:
+        """Upload a file over SFTP (e.g. an image's build context), pipelined: no command line carries it."""
+        sftp = self.conn.sftp()
+        sftp.putfo(io.BytesIO(data), path)
+        sftp.chmod(path, mode)
+        self.log.write(f"uploaded {path} ({len(data)} bytes, mode {oct(mode)})")
+
     def close(self) -> None:
         for hop in reversed(_hops(self.conn)):
             hop.close()
@@ -346,6 +329,9 @@ class DryRemote:
 
     def put_text(self, text: str, path: str, mode: int = 0o600) -> None:
         self.commands.append(("put", f"sftp put (contents hidden) -> {path} mode {oct(mode)}"))
+
+    def put_bytes(self, data: bytes, path: str, mode: int = 0o600) -> None:
+        self.commands.append(("put", f"sftp put ({len(data)} bytes) -> {path} mode {oct(mode)}"))
 
     def close(self) -> None:
         pass

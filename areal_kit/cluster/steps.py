@@ -1,4 +1,4 @@
-"""Provisioning steps before Ray: connect, preflight, storage, install, image.
+"""Provisioning steps before Ray: connect, preflight, storage, install, image (built by cluster/image.py).
 
 Each step checks first and acts only when needed (a re-run after a fix redoes only what is
 missing) and returns an Outcome: ok (nothing to do), changed (acted), skipped (not
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 
+from areal_kit.cluster import image as own_image
 from areal_kit.cluster.options import Cluster, q
 from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
 from areal_kit.cluster.remote import ConnectError, Result
@@ -76,9 +77,12 @@ def preflight(c: Cluster, h: HostState) -> Outcome:
     o = c.opts
     res = h.remote.run(_facts_script(o.storage), check=True)
     facts = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
-    h.facts.update(facts)
-    if c.opts.dry_run:
-        h.facts["gpus"] = o.spec.n_gpus_per_node
+    # The script prints a count or "none"; the host's facts hold a number from the start, as the
+    # later steps (install, the image, Ray's flags) read it.
+    raw_gpus = facts.pop("gpus", "none")
+    gpus = o.spec.n_gpus_per_node if o.dry_run else 0 if raw_gpus == "none" else int(raw_gpus)
+    h.facts.update(facts, gpus=gpus)
+    if o.dry_run:
         return Outcome("ok", "dry run")
     sudo = facts.get("sudo", "")
     if sudo not in ("root", "yes"):
@@ -93,8 +97,6 @@ def preflight(c: Cluster, h: HostState) -> Outcome:
     if float(disk) < o.min_disk_gb:
         raise StepFailed(f"only {disk} GB free at {o.storage} on {h.name}, need {o.min_disk_gb:g} "
                          "(--min-disk-gb)", res)
-    gpus = 0 if facts.get("gpus", "none") == "none" else int(facts["gpus"])
-    h.facts["gpus"] = gpus
     want = o.spec.n_gpus_per_node
     if want and gpus != want:
         raise StepFailed(f"{h.name} has {gpus} GPUs (nvidia-smi -L), the cluster spec says "
@@ -183,21 +185,62 @@ def install(c: Cluster, h: HostState) -> Outcome:
 
 # -- 5. image ---------------------------------------------------------------------------------
 def image(c: Cluster, h: HostState) -> Outcome:
+    """The runtime image on every host: present, loaded from a tarball, pulled, or (areal-kit's own,
+    no --image) built once on the head and loaded from the storage by the others: then run head first."""
     o = c.opts
     if o.runtime != "docker":
         return Outcome("skipped", "runtime host: no image")
-    inspect = docker(h, "image", "inspect", "--format", "{{.Id}}", o.image)
-    res = h.remote.run(inspect, sudo=True, check=True)
-    if res.ok:
-        return Outcome("ok", f"{o.image} present ({res.stdout.strip()[:19]})")
-    if o.image_tar:
-        res = h.remote.run(q("test", "-f", o.image_tar), check=True)
-        if not res.ok:
-            fail(c, f"image tarball {o.image_tar} not found on {h.name} (is the shared storage mounted?)", res)
-        load = must(c, h, docker(h, "load", "-i", o.image_tar), f"docker load -i {o.image_tar}",
-                    sudo=True, timeout=1800)
-        if not h.remote.run(inspect, sudo=True).ok:
-            fail(c, f"{o.image_tar} does not contain {o.image} ({load.stdout.strip() or 'nothing loaded'})", load)
-        return Outcome("changed", f"loaded {o.image} from {o.image_tar}")
-    must(c, h, docker(h, "pull", o.image), f"docker pull {o.image}", sudo=True, timeout=3600)
-    return Outcome("changed", f"pulled {o.image}")
+    if o.image is None and h.is_head:
+        return _own_image_on_head(c, h)
+    present = _inspect(h, c.image)
+    if present.ok:
+        return Outcome("ok", f"{c.image} present ({present.stdout.strip()[:19]})")
+    tar = o.image_tar or (own_image.tarball_path(o.storage, c.image) if o.image is None else None)
+    if tar:
+        return _load(c, h, tar)
+    must(c, h, docker(h, "pull", c.image), f"docker pull {c.image}", sudo=True, timeout=3600)
+    return Outcome("changed", f"pulled {c.image}")
+
+
+def _inspect(h: HostState, tag: str) -> Result:
+    return h.remote.run(docker(h, "image", "inspect", "--format", "{{.Id}}", tag), sudo=True, check=True)
+
+
+def _load(c: Cluster, h: HostState, tar: str) -> Outcome:
+    res = h.remote.run(q("test", "-f", tar), check=True)
+    if not res.ok:
+        fail(c, f"image tarball {tar} not found on {h.name} (is the shared storage mounted?)", res)
+    load = must(c, h, docker(h, "load", "-i", tar), f"docker load -i {tar}", sudo=True, timeout=1800)
+    if not h.remote.run(docker(h, "image", "inspect", "--format", "{{.Id}}", c.image), sudo=True).ok:
+        fail(c, f"{tar} does not contain {c.image} ({load.stdout.strip() or 'nothing loaded'})", load)
+    return Outcome("changed", f"loaded {c.image} from {tar}")
+
+
+def _own_image_on_head(c: Cluster, h: HostState) -> Outcome:
+    """areal-kit's own image, for CPU or GPU by the hosts' hardware, on the head; saved to the storage
+    for the others (one host needs no tarball). Present already: kept, its tarball written if missing."""
+    o = c.opts
+    own = own_image.resolve(own_image.accelerator([x.facts for x in c.hosts]), o.build_args)
+    c.image = own.tag
+    tar = own_image.tarball_path(o.storage, own.tag)
+    share = len(c.hosts) > 1
+    present = _inspect(h, own.tag)
+    if present.ok:
+        if not share or h.remote.run(q("test", "-f", tar), check=True).ok:
+            return Outcome("ok", f"{own.tag} present ({present.stdout.strip()[:19]})")
+        must(c, h, own_image.save_cmd(own.tag, tar, c.token), f"docker save {own.tag}", sudo=True, timeout=1800)
+        return Outcome("changed", f"{own.tag} present; saved to {tar}")
+    if h.remote.run(q("test", "-f", tar), check=True).ok:
+        return _load(c, h, tar)  # saved by an earlier setup whose head was another host, or pruned here
+    ctx = f"/tmp/areal-kit-context-{c.token}.tar"
+    h.remote.put_bytes(own.context, ctx)
+    try:
+        built = must(c, h, own_image.build_cmd(own, ctx), f"docker build of {own.tag}", sudo=True,
+                     timeout=4 * 3600)
+    finally:
+        h.remote.run(q("rm", "-f", ctx), sudo=True)
+    done = f"built {own.tag} ({own.accelerator}) in {built.seconds:.0f} s"
+    if share:
+        must(c, h, own_image.save_cmd(own.tag, tar, c.token), f"docker save {own.tag}", sudo=True, timeout=1800)
+        done += f"; saved to {tar}"
+    return Outcome("changed", done)

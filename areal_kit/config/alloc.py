@@ -7,7 +7,8 @@
 Letters d (data), m (tensor/model), p (pipeline) in any order, each at most once, missing = 1.
 `check(n_nodes, n_gpus_per_node)` compares the products with the cluster and shows the sum.
 Training parallelism runs on DeepSpeed ZeRO: the d*m*p training GPUs form one ZeRO data-parallel
-world (ZeRO-3 shards what TP/PP would split); generation uses vLLM's own TP.
+world (ZeRO-3 shards what TP/PP would split), and `Allocation.training_notes` says so in the dry run
+and the run log when m or p of training is over 1; generation uses vLLM's own TP.
 """
 
 from __future__ import annotations
@@ -82,6 +83,20 @@ class Allocation:
             return None
         tp = self.gen.tp if gen % self.gen.tp == 0 else 1
         return f"vllm.d{gen // tp}p1m{tp}+d{self.total_gpus - gen}p1m1"
+
+    def training_notes(self, zero_stage: int = 0, gradient_checkpointing: bool = False) -> list[str]:
+        """What areal-kit does with a training part of m > 1 or p > 1 (the guide's presets have
+        p2): one ZeRO data-parallel world over all its GPUs, never Megatron-style tensor or
+        pipeline parallelism; and what to change for memory instead. No line for a plain d{N}."""
+        t = self.train
+        if t.tp == 1 and t.pp == 1:
+            return []
+        fixes = [*([] if zero_stage == 3 else ["actor.zero_stage=3"]),
+                 *([] if gradient_checkpointing else ["actor.gradient_checkpointing=true"]),
+                 "a smaller actor_train.mb_spec.max_tokens_per_mb", "more training GPUs"]
+        line = (f"training part {t}: areal-kit trains with ZeRO data parallelism over its {t.world} GPUs; "
+                f"pipeline/tensor parallelism of training is not used; for memory: {', '.join(fixes)}")
+        return [line]
 
     def describe(self, n_nodes: int, n_gpus_per_node: int) -> str:
         have = n_nodes * n_gpus_per_node

@@ -28,6 +28,13 @@ from areal_kit.config.schema import ConfigError, TrainConfig
 # wheel, `pip install .` and the image find the presets as an editable install does.
 PRESET_DIR = Path(str(resources.files("areal_kit.train_scripts")))
 
+# Keys other PPO trainers have that this one cannot honour: naming one says why, where a "did you
+# mean" would offer a neighbour that does something else.
+WITHOUT_EFFECT = {
+    "ppo.gae_lambda": "GAE needs a critic's value estimates and this PPO/GRPO has no critic (every token's "
+                      "advantage comes from its answer's reward); drop the key",
+}
+
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml") if not p.stem.startswith("_"))
@@ -73,10 +80,19 @@ def _parse_override(item: str) -> tuple[str, str]:
     key = key.strip().lstrip("+")
     if not sep or not key:
         raise ConfigError(f"override {item!r} is not key=value; expected e.g. actor.lr=2e-6")
-    if key not in all_keys():
+    if key in WITHOUT_EFFECT:
+        raise ConfigError(f"{key} has no effect here: {WITHOUT_EFFECT[key]}")
+    if key not in all_keys() and not _in_mapping(key):
         raise ConfigError(f"unknown config key {key!r}; did you mean {_nearest(key)!r}? "
                           "(areal-kit train PRESET --show-args lists every key)")
     return key, value
+
+
+def _in_mapping(key: str) -> bool:
+    """assets.model.uri: a key inside an option whose value is a mapping (assets, reward_plugins)."""
+    parts = key.split(".")
+    heads = [".".join(parts[:i]) for i in range(1, len(parts))]
+    return any(h in all_keys() and _expected_type(h).startswith("dict") for h in heads)
 
 
 def _expected_type(key: str) -> str:
@@ -95,6 +111,8 @@ def _owner(key: str):
 
 def _omegaconf_error(e: Exception, source: str) -> ConfigError:
     key = getattr(e, "full_key", "") or ""
+    if isinstance(e, ConfigKeyError) and key in WITHOUT_EFFECT:
+        return ConfigError(f"{source}: {key} has no effect here: {WITHOUT_EFFECT[key]}")
     if isinstance(e, ConfigKeyError):
         return ConfigError(f"{source}: unknown config key {key!r}; did you mean {_nearest(key)!r}?")
     if isinstance(e, ValidationError) and key:
@@ -117,7 +135,8 @@ def load_config(preset: str, overrides: list[str] | None = None) -> TrainConfig:
         try:
             OmegaConf.update(cfg, key, _yaml_value(value), merge=False)
         except OmegaConfBaseException:
-            raise ConfigError(f"override {key}={value!r} is not valid; expected {_expected_type(key)}") from None
+            expected = _expected_type(key) if key in all_keys() else "a value of the type its mapping holds"
+            raise ConfigError(f"override {key}={value!r} is not valid; expected {expected}") from None
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:

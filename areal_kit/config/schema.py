@@ -22,6 +22,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import ConfigError
@@ -107,7 +108,6 @@ class PPOConfig:
     skip_zero_adv_groups: bool = opt(False,
         "Drop groups whose rewards are all equal (they carry no signal; counted as perc_zero_adv).")
     discount: float = opt(1.0, "Discount factor for returns over tokens.")
-    gae_lambda: float = opt(1.0, "GAE lambda (no critic: with 1.0 every token gets the sequence reward).")
     max_head_offpolicyness: int = opt(0,
         "Max weight-version lag of a sample when trained on (0 = synchronous, strictly on-policy).")
     use_decoupled_loss: bool = opt(False,
@@ -170,7 +170,6 @@ class PPOConfig:
         check_choices(self, "ppo.")
         check_positive("ppo.ppo_n_minibatches", self.ppo_n_minibatches)
         check(0 < self.discount <= 1, f"ppo.discount={self.discount} is not valid; expected 0 < discount <= 1")
-        check(0 <= self.gae_lambda <= 1, f"ppo.gae_lambda={self.gae_lambda} is not valid; expected 0..1")
         check_positive("ppo.max_head_offpolicyness", self.max_head_offpolicyness, allow_zero=True)
         check(self.behav_imp_weight_cap > 1,
               f"ppo.behav_imp_weight_cap={self.behav_imp_weight_cap} is not valid; expected > 1")
@@ -207,6 +206,62 @@ def _abs_file_spec(spec: str) -> str:
     return spec
 
 
+# vllm.LLM arguments areal-kit sets itself -> where their value comes from (additional_engine_args
+# may not set them: a second source of the same setting).
+VLLM_RESERVED = {
+    "model": "actor.path", "seed": "seed", "max_model_len": "dataset.max_prompt_len + ppo.gen.max_new_tokens",
+    "tensor_parallel_size": "allocation_mode", "distributed_executor_backend": "allocation_mode",
+    "dtype": "the device", "worker_extension_cls": "the weight sync", "logprobs_mode": "the PPO loss",
+    **{k: f"actor.vllm.{k}" for k in ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
+                                      "enforce_eager", "swap_space", "max_seq_len_to_capture")},
+}
+
+
+@dataclass
+class VLLMConfig:
+    """The guide's actor.vllm: arguments of the rollout engines' vllm.LLM (vLLM 0.32 names)."""
+    gpu_memory_utilization: float = opt(0.85,
+        "Share of each generation GPU vLLM may take (weights, activations, KV cache); lower it when "
+        "vLLM runs out of GPU memory. GPU only: on CPU the KV cache is sized from the model "
+        "(VLLM_CPU_KVCACHE_SPACE, in GiB, overrides it).")
+    max_num_seqs: int = opt(0,
+        "Most sequences one engine decodes at once (0 = vLLM's default: 1024 on H100-class GPUs, else 256). "
+        "Higher: more throughput while the KV cache holds them; lower: less memory, fewer preemptions.")
+    max_num_batched_tokens: int = opt(0,
+        "Most tokens one engine step processes, prefill chunks included (0 = vLLM's default); on CPU "
+        "at least dataset.max_prompt_len + ppo.gen.max_new_tokens, as prompts are prefilled whole there.")
+    enforce_eager: bool = opt(False,
+        "Run the model eagerly, without CUDA graphs: less memory and a faster start, slower decoding "
+        "(CPU engines always run eagerly).")
+    swap_space: float = opt(0.0,
+        "GiB of CPU swap per GPU in the guide's vLLM. Accepted for the guide's commands, with no effect: "
+        "vLLM 0.32 (its V1 engine) has no CPU swap and recomputes a sequence it preempts; for vLLM out of "
+        "memory lower gpu_memory_utilization or max_num_seqs (0 = unset).")
+    max_seq_len_to_capture: int = opt(0,
+        "Longest sequence run with CUDA graphs in the guide's vLLM. Accepted for the guide's commands, with "
+        "no effect: vLLM 0.32 captures graphs per batch size; enforce_eager turns them off (0 = unset).")
+    hybrid_train: bool = opt(False,
+        "The guide's switch for generation and training sharing GPUs. Accepted, with no effect: "
+        "allocation_mode decides (vllm.GEN+TRAIN keeps them apart, the other forms share).")
+    additional_engine_args: dict[str, Any] = opt({},
+        "Any other vllm.LLM argument by its vLLM 0.32 name, e.g. {cpu_offload_gb: 4, kv_cache_dtype: fp8}; "
+        "those areal-kit sets itself are refused.")
+
+    def __post_init__(self):
+        check(0 < self.gpu_memory_utilization <= 1, f"actor.vllm.gpu_memory_utilization="
+              f"{self.gpu_memory_utilization} is not valid; expected a fraction 0 < x <= 1, e.g. 0.85")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "swap_space", "max_seq_len_to_capture"):
+            check_positive(f"actor.vllm.{name}", getattr(self, name), allow_zero=True)
+        check(not self.max_num_batched_tokens or self.max_num_batched_tokens >= self.max_num_seqs,
+              f"actor.vllm.max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "
+              f"actor.vllm.max_num_seqs={self.max_num_seqs}; expected >= max_num_seqs (vLLM refuses less)")
+        for key in self.additional_engine_args:
+            check(str(key).isidentifier(), f"actor.vllm.additional_engine_args has key {key!r}; expected "
+                  "vllm.LLM argument names, e.g. cpu_offload_gb")
+            check(key not in VLLM_RESERVED, f"actor.vllm.additional_engine_args.{key} is not valid: areal-kit "
+                  f"sets it from {VLLM_RESERVED.get(key)}; expected other vllm.LLM arguments")
+
+
 @dataclass
 class ModelConfig:
     path: str = opt("", "Hugging Face model folder, or tiny://toy | tiny://bpe for a locally built tiny model "
@@ -225,6 +280,7 @@ class ModelConfig:
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
     dtype: str = opt("auto", "Training dtype: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32.",
         choices=("auto", "bf16", "fp32"))
+    vllm: VLLMConfig = section(VLLMConfig, "The rollout engines' vLLM arguments (the guide's actor.vllm).")
 
     def __post_init__(self):
         check(self.lr > 0, f"actor.lr={self.lr} is not valid; expected > 0")
@@ -292,6 +348,26 @@ class DatasetConfig:
         check_positive("dataset.max_prompt_len", self.max_prompt_len)
         check_positive("dataset.toy_size", self.toy_size)
         check_positive("dataset.eval_size", self.eval_size, allow_zero=True)
+
+
+ASSET_KEYS = ("uri", "dest", "sha256")
+
+
+def _asset(name: str, a) -> dict:
+    """One assets entry, checked: {uri, dest, sha256} with sha256 "" when not given."""
+    where = f"assets.{name}"
+    check(bool(re.fullmatch(r"[\w.-]+", str(name))), f"{where} is not a valid name; expected letters, digits, _ . -")
+    check(isinstance(a, dict), f"{where}={a!r} is not valid; expected {{uri, dest, sha256}}")
+    extra = sorted(set(a) - set(ASSET_KEYS))
+    check(not extra, f"{where} has unknown key(s) {', '.join(extra)}; expected some of {', '.join(ASSET_KEYS)}")
+    out = {"uri": str(a.get("uri") or ""), "dest": str(a.get("dest") or ""), "sha256": str(a.get("sha256") or "")}
+    check("://" in out["uri"] or not out["uri"], f"{where}.uri={out['uri']!r} is not valid; expected a URI such "
+          "as hf://ORG/NAME, or \"\" for a path you fill yourself")
+    check(out["dest"].startswith("/"), f"{where}.dest={out['dest']!r} is not valid; expected an absolute path "
+          "(the path the preset reads, e.g. ${actor.path})")
+    check(not out["sha256"] or bool(re.fullmatch(r"[0-9a-f]{64}", out["sha256"])),
+          f"{where}.sha256={out['sha256']!r} is not valid; expected 64 lowercase hex digits")
+    return out
 
 
 MIX_KEYS = ("path", "type", "weight", "name", "id2info_path", "question_field", "answer_field")
@@ -395,6 +471,13 @@ class TrainConfig:
         "Cluster spec file (JSON, the guide's format); gives fileroot and n_gpus_per_node on clusters.")
     fileroot: str = opt("", "Root of logs, recover files and checkpoints (\"\" = ./areal_runs, or the cluster spec's).")
     storage_root: str = opt("/storage", "Shared storage root that presets' model and data paths live under.")
+    assets: dict[str, dict] = opt({},
+        "What the run reads from shared storage and where it comes from, name -> {uri, dest, sha256}: "
+        "`areal-kit setup --train_param PRESET` fetches each uri to dest once, verified (sha256 optional), "
+        "with the eval sets. dest names the path the preset reads (${actor.path}, ${dataset.path}); uri \"\" "
+        "leaves the path to you. uri: hf://ORG/NAME, hf://datasets/ORG/NAME, https://.../FILE, "
+        "https://.../FOLDER/ (with its .areal-kit-manifest.json), file:///PATH, tiny://toy?seed=N, "
+        "toy://sums/FILE?n=N&seed=S.")
     ray_address: str = opt("", 'Ray cluster to join ("" = start a local one; "auto" or host:port = existing).')
     spread_roles: bool = opt(False, "Place trainer and rollout actors on different nodes (multi-node clusters).")
     cpu_cores: str = opt("auto",
@@ -453,6 +536,7 @@ class TrainConfig:
                   f"(dataset.max_prompt_len + ppo.gen.max_new_tokens = {seq}); expected >= {seq}")
 
         parse_allocation(self.allocation_mode).check(self.n_nodes, self.n_gpus_per_node)
+        self.assets = {name: _asset(name, a) for name, a in self.assets.items()}
 
     @property
     def n_gpus(self) -> int:

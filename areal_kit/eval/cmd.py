@@ -13,13 +13,13 @@ Heavy imports (vllm, torch, math-verify) happen inside the commands.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
 
+from areal_kit.config.cluster_spec import DEFAULT_STORAGE
 from areal_kit.console import make_console
-from areal_kit.errors import UserError
+from areal_kit.errors import ExitCode, UserError
 from areal_kit.interrupts import stops_say_so
 
 
@@ -33,10 +33,16 @@ def eval_(
                                          "table; a re-run with the same folder resumes."),
     data_names: str = typer.Option("math_500,aime24,amc23", "--data_names", "--data-names",
                                    help="Comma-separated datasets from evaluation/manifest.yaml."),
-    data_dir: str = typer.Option(os.environ.get("AREAL_EVAL_DATA", "evaluation/data"),
-                                 "--data_dir", "--data-dir",
-                                 help="Folder holding <name>/test.jsonl for each dataset "
-                                      "(default: $AREAL_EVAL_DATA or evaluation/data)."),
+    data_dir: str = typer.Option(None, "--data_dir", "--data-dir", envvar="AREAL_EVAL_DATA", show_envvar=True,
+                                 help="Folder holding <name>/test.jsonl for each dataset (default: "
+                                      "STORAGE_ROOT/datasets/eval, where setup fetches them; a set missing "
+                                      "there is fetched on first use)."),
+    storage_root: str = typer.Option(DEFAULT_STORAGE, "--storage_root", "--storage-root",
+                                     help="Shared storage root, as setup's --storage: the default --data_dir "
+                                          "is under it."),
+    mirror: str = typer.Option("", "--mirror", envvar="AREAL_KIT_MIRROR", show_envvar=True,
+                               help="Fetch a missing eval set from this mirror (laid out as its origin: "
+                                    "MIRROR/raw.githubusercontent.com/...), as setup --mirror does."),
     prompt_type: str = typer.Option("deepscaler", "--prompt_type", "--prompt-type",
                                     help="Prompt template from evaluation/prompts.yaml."),
     max_gen_tokens: int = typer.Option(32768, "--max_gen_tokens", "--max-gen-tokens",
@@ -69,6 +75,8 @@ def eval_(
         raise UserError(f"{out} holds the evaluation of {'one checkpoint' if several else 'several'}; "
                         "use another --output_path")
     names = evdata.parse_data_names(data_names)
+    fetch_missing = data_dir is None  # into the storage's folder only, never into a folder the user named
+    data_dir = data_dir or str(evdata.eval_sets_dir(storage_root))
     cfgs = [EvalConfig(model_path=str(m), output_path=str(out / m.name if several else out),
                        data_names=names, data_dir=data_dir,
                        prompt_type=prompt_type, max_gen_tokens=max_gen_tokens, greedy=greedy,
@@ -76,6 +84,8 @@ def eval_(
                        max_questions=max_questions, tp=tp, num_engines=num_engines,
                        grade_timeout_s=grade_timeout) for m in models]
     console = make_console()
+    for line in evdata.find_sets(data_dir, names, fetch_missing, mirror):  # the options are valid: fetch
+        console.print(line, markup=False)
     with stops_say_so():  # the records graded so far are on disk: a re-run resumes after them
         aggs = []
         for i, cfg in enumerate(cfgs):
@@ -196,11 +206,11 @@ def grade(
             console.out(f"{passed} passed, {failed} failed")
         else:
             console.out(f"{len(rows)} graded: {n_correct} correct, {len(rows) - n_correct} wrong")
-        return 1 if failed else 0
+        return ExitCode.FAILED if failed else ExitCode.OK
     if pred is None or ref is None:
         raise UserError("grade needs PRED and REF (e.g. areal-kit grade '\\frac12' 0.5), or --file pairs.jsonl")
     res = one(pred, ref)
     console.out(f"verdict:   {'CORRECT' if res['correct'] else 'WRONG'}")
     console.out(f"pred:      {res['pred']!r} -> extracted {res['extracted']!r} -> parsed {res['pred_parsed']}")
     console.out(f"ref:       {res['ref']!r} -> parsed {res['ref_parsed']}")
-    return 0
+    return ExitCode.OK

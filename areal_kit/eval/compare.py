@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from areal_kit.checkpoints import step_of
 from areal_kit.errors import UserError
 from areal_kit.eval import report
-from areal_kit.rl.checkpoint.hf import step_of
 
 METRICS = ("greedy_acc", "sample_pass@1")
 

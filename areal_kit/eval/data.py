@@ -1,9 +1,11 @@
-"""Evaluation datasets and prompts: the manifest in evaluation/, rows to questions.
+"""Evaluation datasets and prompts: the manifest in evaluation/, where the sets live, rows to questions.
 
-evaluation/manifest.yaml names each dataset (source, question and answer fields, answer
-format); evaluation/prompts.yaml holds the prompt template of each prompt_type. A dataset is
-read from <data_dir>/<name>/test.jsonl; every problem in it is reported as a UserError
-naming the file and line.
+evaluation/manifest.yaml names each dataset (its url, source, question and answer fields,
+answer format); evaluation/prompts.yaml holds the prompt template of each prompt_type. A
+dataset is read from <data_dir>/<name>/test.jsonl; every problem in it is reported as a
+UserError naming the file and line. `eval_sets_dir(storage_root)` is where `areal-kit setup`
+fetches the sets and `areal-kit eval` looks for them by default (`find_sets` fetches a missing
+one there on first use).
 
     python -m areal_kit.eval.data DATA_DIR math_500 [--prompt_type deepscaler]  # first prompt
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from areal_kit.data.assets import Asset, FetchError, fetch
 from areal_kit.data.jsonl import iter_objects
 from areal_kit.errors import UserError
 from areal_kit.reward import extract_answer, gsm8k_reference
@@ -26,6 +29,7 @@ from areal_kit.reward import extract_answer, gsm8k_reference
 # kind of install finds it; AREAL_EVAL_MANIFEST_DIR points at another folder of the same files.
 EVAL_DIR = Path(os.environ.get("AREAL_EVAL_MANIFEST_DIR") or str(resources.files("areal_kit.evaluation")))
 ANSWER_FORMATS = ("answer", "gsm8k", "boxed")
+EVAL_SETS = "datasets/eval"  # under the storage root
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class DatasetSpec:
     id_field: str | None = None
     source: tuple[str, ...] = ()
     rows: int | None = None
+    url: str = ""
 
     def __post_init__(self):
         if self.answer_format not in ANSWER_FORMATS:
@@ -109,6 +114,47 @@ def reference_answer(spec: DatasetSpec, value) -> str:
 
 def dataset_path(data_dir: str | Path, name: str) -> Path:
     return Path(data_dir) / name / "test.jsonl"
+
+
+def eval_sets_dir(storage_root: str) -> Path:
+    """Where `areal-kit setup` fetches the eval sets and `areal-kit eval` reads them by default."""
+    return Path(storage_root) / EVAL_SETS
+
+
+def eval_set_assets(data_dir: str | Path, names: list[str] | None = None) -> list[Asset]:
+    """The manifest's sets that have a url, as assets landing at <data_dir>/<name>/test.jsonl."""
+    specs = manifest()
+    return [Asset(f"eval/{n}", specs[n].url, str(dataset_path(data_dir, n)), rows=specs[n].rows or 0)
+            for n in names or specs if specs[n].url]
+
+
+def find_sets(data_dir: str | Path, names: list[str], fetch_missing: bool, mirror: str = "") -> list[str]:
+    """Check that every set is in data_dir; with fetch_missing, fetch a missing one from its url
+    (through mirror, if given). A set still missing is a UserError: the set, where it was looked
+    for and the command that fetches it. Returns a line per set fetched."""
+    done = []
+    by_name = {a.name.removeprefix("eval/"): a for a in eval_set_assets(data_dir, names)}
+    for name in names:
+        path = dataset_path(data_dir, name)
+        if path.exists():
+            continue
+        a = by_name.get(name)
+        if a is None:
+            src = manifest()[name].source[0] if manifest()[name].source else "its source"
+            raise UserError(f"dataset file {path} not found; put {name} there (from {src}) "
+                            "or point --data_dir at a folder of <name>/test.jsonl")
+        why = ""
+        if fetch_missing:
+            try:
+                done.append(fetch(a, mirror))
+                continue
+            except (FetchError, OSError) as e:
+                why = f", and fetching it failed ({e})"
+        cmd = f"python -m areal_kit.cluster.fetch {a.uri} {path} --rows {a.rows}"
+        cmd += f" --mirror {mirror}" if mirror else " (add --mirror URL where the internet is out of reach)"
+        raise UserError(f"eval set {name} is missing: {path} not found{why}; fetch it with: {cmd}, or point "
+                        "--data_dir at a folder of <name>/test.jsonl")
+    return done
 
 
 def load_questions(data_dir: str | Path, name: str, prompt_type: str,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import ray
 
-from areal_kit import hardware as plat
+from areal_kit import hardware
 from areal_kit.interrupts import sigterm_interrupts
 
 
@@ -59,15 +59,15 @@ def _generate(llm, requests: list[GenRequest]) -> list[GenResult]:
 
 
 def _make_llm(model_path: str, max_model_len: int, seed: int, tp: int):
-    p = plat.detect()
+    p = hardware.detect()
     if p.is_cpu:
         # vLLM reads these at import and engine start: set before importing it.
-        for k, v in plat.cpu_env(os.environ.get("AREAL_CACHE_ROOT")).items():
+        for k, v in hardware.cpu_env(os.environ.get("AREAL_CACHE_ROOT")).items():
             os.environ.setdefault(k, v)
-    os.environ.update(plat.vllm_env(p, tp))
+    os.environ.update(hardware.vllm_env(p, tp))
     from vllm import LLM
 
-    return LLM(**plat.vllm_kwargs(p, model_path, max_model_len, seed=seed, tp=tp))
+    return LLM(**hardware.vllm_kwargs(p, model_path, max_model_len, seed=seed, tp=tp))
 
 
 class LocalEngine:
@@ -141,13 +141,13 @@ def open_engines(model_path: str, max_model_len: int, seed: int = 0, tp: int = 1
                  num_engines: int = 0):
     """LocalEngine or RayEngines: num_engines=0 picks GPUs // tp (1 on the CPU)."""
 
-    use_gpu = not plat.detect().is_cpu
+    use_gpu = not hardware.detect().is_cpu
     n = num_engines or (max(1, available_gpus() // tp) if use_gpu else 1)
     if n == 1:
         return LocalEngine(model_path, max_model_len, seed, tp)
 
     if not ray.is_initialized():
-        env = plat.worker_env(os.environ.get("AREAL_CACHE_ROOT"))
+        env = hardware.worker_env(os.environ.get("AREAL_CACHE_ROOT"))
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, runtime_env={"env_vars": env})
         sigterm_interrupts()  # ray.init put in its own handler, which aborts eval (exit 134, a C++ stack dump)
     return RayEngines(model_path, max_model_len, n, seed, tp, use_gpu)

@@ -35,7 +35,7 @@ from areal_kit.eval import engine as evengine
 from areal_kit.eval import report
 from areal_kit.eval.engine import GenRequest
 from areal_kit.interrupts import interruption
-from areal_kit.reward import extract_answer, grade
+from areal_kit.reward.grading import grade_completion
 
 
 @dataclass
@@ -139,13 +139,6 @@ def load_records(path: Path) -> dict[str, dict]:
 def append_records(path: Path, records: list[dict]) -> None:
     """Append records to a jsonl file, on disk (fsynced) when this returns."""
     durable.append_lines(path, [json.dumps(r, ensure_ascii=False) + "\n" for r in records])
-
-
-def grade_completion(text: str, references: list[str], timeout_s: float = 5.0) -> tuple[str | None, bool]:
-    """(extracted answer, correct): the verdict of `areal-kit eval` (also the in-training eval's)."""
-
-    pred = extract_answer(text)
-    return pred, bool(pred is not None and any(grade(pred, r, timeout_s) for r in references))
 
 
 def _record(q: evdata.Question, key: str, mode: str, idx: int, text: str, n_tokens: int,

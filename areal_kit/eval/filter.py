@@ -2,7 +2,7 @@
 
 Each prompt of a training dataset is sampled num_samples times by the eval engine
 (eval/engine.py), each completion graded by the grader of in-training validation
-(rl/validation.grade_row), and the prompts whose pass rate n_correct / num_samples lies within
+(reward/grading.grade_row), and the prompts whose pass rate n_correct / num_samples lies within
 --keep LO-HI (inclusive) are written out: dropping the ones the model always or never solves,
 which teach a GRPO-style policy nothing, as AReaL did for its boba data. Prompts are read and
 tokenized the way training reads them (data/sources.load, data/prompts.tokenize_rows); a prompt
@@ -49,7 +49,7 @@ from areal_kit.errors import UserError
 from areal_kit.eval.evaluation import append_records, check_identity, check_model_path, failed, generate, load_records
 from areal_kit.interrupts import interruption
 from areal_kit.reward import extract_answer
-from areal_kit.rl.validation import grade_row, references
+from areal_kit.reward.grading import grade_row, references
 
 TYPES = ("areal", "jsonl", "hf")
 _RANGE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*-\s*(\d+(?:\.\d*)?|\.\d+)\s*")

@@ -9,24 +9,33 @@ taking more batches only makes the queued ones fresher, so the bound holds.
 
     from areal_kit.config.loader import load_config
     from areal_kit.rl.job import prepare
-    from areal_kit.rl.controller import Controller
-    ctrl = Controller(prepare(load_config("tiny")), log)
-    ctrl.start(); ctrl.run(); ctrl.stop()
+    from areal_kit.rl.controller import Controller, start_ray
+    job = prepare(load_config("tiny"))
+    start_ray(job.cfg)
+    ctrl = Controller(job, log)
+    ctrl.start(); outcome = ctrl.run(); ctrl.stop()      # outcome.ending is Ending.FINISHED
+
+rl/launch.py adds what a run from the command line needs: the run state from the recover checkpoint
+(Checkpointer.load), SIGTERM between steps (should_stop), relaunches after a worker death.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+
+import ray
 
 from areal_kit import logs
 from areal_kit.config.alloc import parse_allocation
-from areal_kit.rl.algo import batch as B
+from areal_kit.rl.algo.batch import Shaped, informative_groups, sample_seed, shape_rewards, step_stats
 from areal_kit.rl.checkpoint.checkpointer import Checkpointer
 from areal_kit.rl.job import Job, RunState
+from areal_kit.rl.sample import Generated, Sample, trainer_rows
 from areal_kit.rl.schedule import Every
 from areal_kit.rl.validation import Validator
 from areal_kit.rl.weight_sync.sync import WeightSync
@@ -35,6 +44,21 @@ from areal_kit.rl.workers import groups, heap
 
 class CannotLearn(RuntimeError):
     """The run cannot learn (a non-finite loss, rewards that all fail): stop, do not relaunch."""
+
+
+class Ending(enum.Enum):
+    FINISHED = "finished"  # every step trained, the final model saved
+    STOPPED = "stopped"  # should_stop() asked, and the loop stopped between two steps
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Why Controller.run returned, after which step, and with which recover checkpoint."""
+
+    ending: Ending
+    global_step: int  # steps finished
+    checkpoint: str = ""  # STOPPED: the recover checkpoint of global_step ("" under recover_mode=disabled)
+    last: dict = field(default_factory=dict)  # the last step's metrics row ({} when no step ran)
 
 
 @dataclass
@@ -52,30 +76,36 @@ class Gathered:
     """What one step trains on, and what it took to get it."""
 
     batch: Batch  # the first batch taken (its epoch and step name the step)
-    outs: list[dict]  # the engines' replies, every round
+    outs: list[Generated]  # the engines' replies, every round
     loads: list[dict]
-    samples: list[dict]  # every sample generated for the step (its task_reward is the policy's accuracy)
-    train: list[dict]  # the samples to train on
+    # Every sample generated for the step, as the engines replied: their task_reward is the policy's accuracy.
+    samples: list[Sample]
     stale: int
     wait_time: float
     gen_time: float
     rounds: int = 0  # extra generation rounds (dynamic sampling)
     dropped: int = 0  # groups dropped for equal task rewards (dynamic sampling)
     kept: int = 0  # informative groups trained on (dynamic sampling)
+    picked: list[Sample] | None = None  # what dynamic sampling trains on, when not every sample generated
+
+    @property
+    def train(self) -> list[Sample]:
+        return self.samples if self.picked is None else self.picked
 
 
 class Controller:
     def __init__(self, job: Job, log: logs.RunLogger, state: RunState | None = None, progress=None,
-                 stop_request=None):
+                 should_stop=None, checkpoints: Checkpointer | None = None):
         self.job, self.cfg, self.log = job, job.cfg, log
         self.state = state or RunState()
         self.timer = logs.StepTimer(self.state.timer)
         self.progress = progress
-        # Checked after each step: None, or the Interrupted to raise after a recover checkpoint (rl/launch.py).
-        self.stop_request = stop_request or (lambda: None)
+        # Asked after each step: True stops the loop there, after a recover checkpoint (rl/launch.py: SIGTERM).
+        self.should_stop = should_stop or (lambda: False)
+        # The one that loaded `state`, when it came from a recover checkpoint (rl/launch.py).
+        self.checkpoints = checkpoints or Checkpointer(job, log)
         self.workers: groups.Workers | None = None
         self.weights: WeightSync | None = None
-        self.checkpoints: Checkpointer | None = None
         self.validator: Validator | None = None
         self.sample_dumps = Every(steps=job.cfg.exp_ctrl.dump_samples_every)
         self._short_logged = False  # a dynamic-sampling step that could not fill its batch was logged
@@ -84,20 +114,18 @@ class Controller:
         self._first_failure = ""  # the first reward error of that streak
 
     # ------------------------------------------------------------ lifecycle
-    def start_ray(self) -> None:
-        """Join (or start) the Ray cluster; start() does it too, when it was not done."""
-        groups.start_ray(self.cfg, _slots(self.cfg))
-
     def start(self) -> None:
+        """Start the workers on the Ray cluster that start_ray joined, and connect their weight sync."""
+        if not ray.is_initialized():
+            raise RuntimeError("Ray is not started: call controller.start_ray(cfg) before Controller.start()")
         t0 = time.time()
-        self.start_ray()
         cache = os.path.join(self.cfg.fileroot, "cache")
         w = self.workers = groups.create(self.cfg, self.job.model_path, cache, self.job.total_steps,
                                          os.path.join(self.job.paths.log_dir, "stacks"))
         setup = w.setup()
         self.weights = WeightSync(self.cfg, w.trainers, w.engines)
         how = self.weights.connect()
-        self.checkpoints = Checkpointer(self.job, self.state, self.timer, self.log, w.trainers)
+        self.checkpoints.connect(self.state, self.timer, w.trainers)
         self.validator = Validator(self.cfg, self.job.eval_rows, w.engines, self.log, self.job.total_steps)
         heap.freeze()
         self.log.info(f"Workers ready in {time.time() - t0:.1f}s: {len(w.trainers)} trainer rank(s) "
@@ -106,7 +134,7 @@ class Controller:
                       f"{how}.")
 
     def restore(self) -> None:
-        """Continue from the recover checkpoint the run state was read from."""
+        """Continue from the recover checkpoint the run state was loaded from."""
         self.checkpoints.restore(self.weights)
 
     def dead_workers(self, timeout_s: float = 10) -> int:
@@ -119,67 +147,79 @@ class Controller:
         self.workers = None
 
     # ------------------------------------------------------------ the loop
-    def run(self) -> dict:
-        cfg, job, st = self.cfg, self.job, self.state
+    def run(self) -> Outcome:
+        """Train to the last step, or until should_stop() asks after a step: that step's recover
+        checkpoint is written first (unless recover is disabled), so a re-run loses nothing."""
+        st, total = self.state, self.job.total_steps
         self._dispatched = st.batches
         queue: deque[Batch] = deque()
         last = {}
-        while st.global_step < job.total_steps:
-            t_step = time.time()
-            got = self._gather(queue)
-            self._check_rewards(got.samples, got.outs)
-            shaped = B.shape_rewards(got.train, cfg.ppo)
-            t_train = time.time()
-            stats = self.workers.trainers.train_step(shaped.pop("_train_samples"))
-            train_time = time.time() - t_train
-            self._check_loss(stats)  # before the engines get the new weights
-            st.version += 1
-            sync_time = self.weights.push(st.version)
-            st.global_step += 1
-            row = self._step_row(got, shaped, stats)
-            row.update(train_time=train_time, sync_time=sync_time, e2e_time=time.time() - t_step)
-            self.timer.add(row["e2e_time"])
-            if self.validator.due(st.global_step):
-                row.update(self.validator.run(st.global_step))
-            self._log_step(got.batch.epoch, got.batch.epoch_step, row)
-            if self.sample_dumps.due(st.global_step):
-                self.log.samples(st.global_step, self._readable(got.train))
-            last = row
-            if not self._failed_steps:  # a checkpoint in a failing streak would be resumed into it
-                self.checkpoints.after_step(got.batch.epoch, got.batch.epoch_step)
-            self._stop_if_asked()
+        while st.global_step < total:
+            last = self._step(queue)
+            if self.should_stop() and st.global_step < total:
+                checkpoint = self.checkpoints.dump() if self.checkpoints.recover_enabled else ""
+                return Outcome(Ending.STOPPED, st.global_step, checkpoint, last)
         self.weights.wait()
         self.checkpoints.final_save()
-        return last
+        return Outcome(Ending.FINISHED, st.global_step, last=last)
+
+    def _step(self, queue: deque) -> dict:
+        """One global step: gather, shape, train, sync, log, checkpoint if due; its metrics row."""
+        st = self.state
+        t_step = time.time()
+        got = self._gather(queue)
+        self._check_rewards(got.samples, got.outs)
+        shaped = shape_rewards(got.train, self.cfg.ppo)
+        rows = trainer_rows(shaped.train)
+        t_train = time.time()
+        stats = self.workers.trainers.train_step(rows)
+        train_time = time.time() - t_train
+        self._check_loss(stats)  # before the engines get the new weights
+        st.version += 1
+        sync_time = self.weights.push(st.version)
+        st.global_step += 1
+        row = self._step_row(got, shaped, stats)
+        row.update(train_time=train_time, sync_time=sync_time, e2e_time=time.time() - t_step)
+        self.timer.add(row["e2e_time"])
+        if self.validator.due(st.global_step):
+            row.update(self.validator.run(st.global_step))
+        self._log_step(got.batch.epoch, got.batch.epoch_step, row)
+        if self.sample_dumps.due(st.global_step):
+            self.log.samples(st.global_step, self._readable(shaped.samples))
+        if not self._failed_steps:  # a checkpoint in a failing streak would be resumed into it
+            self.checkpoints.after_step(got.batch.epoch, got.batch.epoch_step)
+        return row
 
     def _gather(self, queue: deque) -> Gathered:
         """The step's samples: one batch, or under ppo.dynamic_sampling as many batches as it takes
         (up to dynamic_sampling_max_rounds more) to hold train_bs_n_seqs informative groups."""
         p, need = self.cfg.ppo, self.cfg.dataset.train_bs_n_seqs
-        got, keep = None, []
+        got, keep, first = None, [], []
         while True:
             self._fill(queue)
             batch = queue.popleft()
             self.state.batches += 1
             outs, loads, stale, wait_time = self._collect(batch)
-            samples = [s for o in outs for s in o["samples"]]
-            gen_time = max(o["gen_time"] for o in outs)
+            samples = [s for o in outs for s in o.samples]
+            gen_time = max(o.gen_time for o in outs)
             if got is None:
-                got = Gathered(batch, outs, loads, samples, samples, stale, wait_time, gen_time)
+                got, first = Gathered(batch, outs, loads, samples, stale, wait_time, gen_time), samples
             else:
                 got.outs, got.loads, got.samples = got.outs + outs, got.loads + loads, got.samples + samples
                 got.stale, got.rounds = max(got.stale, stale), got.rounds + 1
                 got.wait_time, got.gen_time = got.wait_time + wait_time, got.gen_time + gen_time
             if not p.dynamic_sampling:
                 return got
-            groups, dropped = B.informative_groups(samples)
-            keep, got.dropped = keep + groups, got.dropped + dropped
+            informative, dropped = informative_groups(samples)
+            keep, got.dropped = keep + informative, got.dropped + dropped
             if len(keep) >= need or got.rounds >= p.dynamic_sampling_max_rounds:
                 break
         got.kept = min(len(keep), need)
         if keep:
             # Fresh group numbers: the same prompt may come twice (an epoch boundary between rounds).
-            got.train = [{**s, "group": i} for i, g in enumerate(keep[:need]) for s in g]
+            got.picked = [replace(s, group=i) for i, g in enumerate(keep[:need]) for s in g]
+        elif got.rounds:  # not one informative group: the step trains on its first batch
+            got.picked = first
         if len(keep) < need and not self._short_logged:
             self._short_logged = True
             self.log.warning(f"Dynamic sampling: global step {self.state.global_step + 1} has {len(keep)} of {need} "
@@ -196,30 +236,30 @@ class Controller:
         left = self.job.total_steps - self.state.global_step
         while len(queue) <= k and len(queue) < left:
             epoch, epoch_step, rows = self.job.loader.next_batch()
-            rows = [{**r, "seed": B.sample_seed(self.cfg.seed, self._dispatched, i)} for i, r in enumerate(rows)]
+            rows = [{**r, "seed": sample_seed(self.cfg.seed, self._dispatched, i)} for i, r in enumerate(rows)]
             self._dispatched += 1
             # Engines run calls in order, so the loads queued so far finish before this generation starts.
             queue.append(Batch(epoch, epoch_step, self.workers.engines.submit(rows), self.weights.in_flight))
 
-    def _collect(self, batch: Batch) -> tuple[list[dict], list[dict], int, float]:
+    def _collect(self, batch: Batch) -> tuple[list[Generated], list[dict], int, float]:
         """The batch's generations and the weight loads before them (a failed one surfaces at once)."""
         t0 = time.time()
         got = self.workers.watchdog.wait("generate", batch.loads + batch.handles)
         loads, outs = got[:len(batch.loads)], got[len(batch.loads):]
-        stale = self.state.version - min(s["version"] for o in outs for s in o["samples"])
+        stale = self.state.version - min(s.version for o in outs for s in o.samples)
         k = self.cfg.ppo.max_head_offpolicyness
         if stale > k:  # the queueing in _fill makes this impossible; guard the invariant anyway
             raise RuntimeError(f"sample staleness {stale} exceeds max_head_offpolicyness {k}")
         return outs, loads, stale, time.time() - t0
 
-    def _check_rewards(self, samples: list[dict], outs: list[dict]) -> None:
+    def _check_rewards(self, samples: list[Sample], outs: list[Generated]) -> None:
         """Count the steps in a row whose every sample's reward failed; stop at the configured count."""
-        failed = sum(count for o in outs for count, _ in o.get("reward_failures", {}).values())
+        failed = sum(count for o in outs for count, _ in o.reward_failures.values())
         if failed < len(samples):
             self._failed_steps, self._first_failure = 0, ""
             return
         if not self._failed_steps:
-            self._first_failure = next((first for o in outs for _, first in o.get("reward_failures", {}).values()), "")
+            self._first_failure = next((first for o in outs for _, first in o.reward_failures.values()), "")
         self._failed_steps += 1
         limit = self.cfg.exp_ctrl.stop_after_failed_reward_steps
         if limit and self._failed_steps >= limit:
@@ -237,10 +277,12 @@ class Controller:
                 raise CannotLearn(f"the {what} is {v} at global step {self.state.global_step + 1}; the last recover "
                                   "checkpoint is from before it (a lower actor.lr, or a check of the rewards, may help)")
 
-    def _step_row(self, got: Gathered, shaped: dict, stats: dict) -> dict:
+    def _step_row(self, got: Gathered, shaped: Shaped, stats: dict) -> dict:
         st, outs = self.state, got.outs
-        row = B.step_stats(got.samples, shaped, stats)
-        row.update(gen_time=got.gen_time, reward_time=max(o["reward_time"] for o in outs),
+        # The means are sums, so their last digit depends on the order: a step that shaped every
+        # sample it generated reports them in shaping's order, one of dynamic sampling as they came.
+        row = step_stats(shaped.samples if got.picked is None else got.samples, shaped, stats)
+        row.update(gen_time=got.gen_time, reward_time=max(o.reward_time for o in outs),
                    load_time=max((x.get("load_time", 0.0) for x in got.loads), default=0.0),
                    send_wait_time=stats.get("send_wait_time", 0.0),
                    epoch=got.batch.epoch + 1, epoch_step=got.batch.epoch_step + 1, version=st.version,
@@ -252,29 +294,29 @@ class Controller:
         row.update(self._plugin_stats(outs))
         return row
 
-    def _readable(self, samples: list[dict]) -> list[dict]:
+    def _readable(self, samples: list[Sample]) -> list[dict]:
         """The first dump_samples_groups groups as text (special tokens shown: an answer's eos
         matters), with what the trainer saw: reward and advantage (group-normalized reward)."""
         tok, n = self.job.tokenizer, self.cfg.exp_ctrl.dump_samples_groups * self.cfg.ppo.group_size
-        return [{"id": s["id"], "prompt": tok.decode(s["prompt_ids"]), "answer": tok.decode(s["output_ids"]),
-                 "task_reward": s["task_reward"], "advantage": s["seq_reward"], "no_eos": s["no_eos"],
-                 "n_tokens": len(s["output_ids"]), "version": s["version"]} for s in samples[:n]]
+        return [{"id": s.id, "prompt": tok.decode(s.prompt_ids), "answer": tok.decode(s.output_ids),
+                 "task_reward": s.task_reward, "advantage": s.seq_reward, "no_eos": s.no_eos,
+                 "n_tokens": len(s.output_ids), "version": s.version} for s in samples[:n]]
 
-    def _plugin_stats(self, outs: list[dict]) -> dict:
+    def _plugin_stats(self, outs: list[Generated]) -> dict:
         """reward_failures (count this step; each new kind logged once) and reward/* means."""
         seen = self._failure_kinds
         n = 0
         for o in outs:
-            for kind, (count, first) in o.get("reward_failures", {}).items():
+            for kind, (count, first) in o.reward_failures.items():
                 n += count
                 if kind not in seen:
                     seen.add(kind)
                     self.log.warning(f"Reward failure ({first}); those samples get reward 0. Further "
                                      f"failures of this kind are counted in reward_failures, not logged.")
         out = {"reward_failures": n}
-        keys = {k for o in outs for k in o.get("reward_extras", {})}
+        keys = {k for o in outs for k in o.reward_extras}
         for k in keys:
-            vals = [o["reward_extras"][k] for o in outs if k in o.get("reward_extras", {})]
+            vals = [o.reward_extras[k] for o in outs if k in o.reward_extras]
             out[k] = sum(vals) / len(vals)
         return out
 
@@ -292,21 +334,12 @@ class Controller:
         if self.progress is not None:
             self.progress(st.global_step, job.total_steps, row)
 
-    def _stop_if_asked(self) -> None:
-        """Stop between steps, as asked: the recover checkpoint of this step first (unless recover
-        is disabled), so a re-run loses nothing."""
-        stop = self.stop_request()
-        if stop is None or self.state.global_step >= self.job.total_steps:
-            return
-        if self.cfg.recover_mode != "disabled":
-            stop.global_step, stop.checkpoint = self.state.global_step, self.checkpoints.dump()
-        raise stop
 
-
-def _slots(cfg) -> int:
+def start_ray(cfg) -> None:
+    """Join (or start) the Ray cluster the run's workers go on; before Controller.start."""
     # One Ray slot per trainer rank and per engine GPU: colocated roles share GPUs, not slots.
     a = parse_allocation(cfg.allocation_mode)
-    return a.gen_gpus + a.train_gpus
+    groups.start_ray(cfg, a.gen_gpus + a.train_gpus)
 
 
 def _round(d: dict) -> dict:

@@ -17,7 +17,7 @@ from areal_kit.data.tiny_model import TinySpec, build
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import UserError
 from areal_kit.reward.plugins import reward_specs
-from areal_kit.rl.algo import batch as B
+from areal_kit.rl.algo.batch import check_rows
 from areal_kit.rl.workers.workflow import load as load_workflow
 
 
@@ -32,8 +32,13 @@ class RunState:
     timer: dict = field(default_factory=dict)
     last_save_time: float = 0.0
     last_ckpt_time: float = 0.0
-    recover_path: str = ""  # the recover checkpoint this state was read from (checkpoint/recover.py)
+    recover_path: str = ""  # the recover checkpoint this state was read from (Checkpointer.load)
     wandb_id: str = ""  # the wandb run the metrics go to: a resumed run continues it
+
+    @property
+    def resumed(self) -> bool:
+        """Read from a recover checkpoint, whose trainer state the workers load (Checkpointer.restore)."""
+        return bool(self.recover_path)
 
 
 @dataclass
@@ -46,7 +51,7 @@ class Job:
     loader: object  # data.prompts.PromptLoader
     total_steps: int
     n_dropped: int
-    recover_attempts: int = 0  # launch attempts so far (checkpoint/recover.py: fault mode, relaunch messages)
+    recover_attempts: int = 0  # launch attempts so far (Checkpointer.count_attempt: fault mode, relaunch messages)
     eval_rows: list = field(default_factory=list)  # the in-training eval split, tokenized (validation.py)
     tokenizer: object = None  # the model's, to show samples as text
 
@@ -78,7 +83,7 @@ def prepare(cfg) -> Job:
     load_workflow(cfg.ppo.workflow)
     rows, eval_rows = split_eval(rows, cfg.dataset, cfg.seed)
     rows = mix_rows(rows, cfg.dataset.mix, cfg.seed)
-    B.check_rows(rows + eval_rows, cfg.ppo.reward_fns)
+    check_rows(rows + eval_rows, cfg.ppo.reward_fns)
     tok = load_tokenizer(model_path)  # refuses, in one line, a tokenizer that cannot read itself
     d = cfg.dataset
     rows, dropped = tokenize_rows(rows, tok, d.max_prompt_len, d.apply_chat_template, d.question_field)

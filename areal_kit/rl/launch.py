@@ -25,12 +25,13 @@ import time
 import ray.exceptions as rex
 import torch
 
-from areal_kit import logs
-from areal_kit.errors import RunFailed, UserError, describe
+from areal_kit import hardware, logs
+from areal_kit.config.alloc import parse_allocation
+from areal_kit.errors import ExitCode, RunFailed, UserError, describe
 from areal_kit.interrupts import Interrupted, interruption, raise_on_sigterm, sigterm_interrupts
-from areal_kit.rl.checkpoint import recover
-from areal_kit.rl.controller import Controller
-from areal_kit.rl.job import RunState, prepare
+from areal_kit.rl.checkpoint.checkpointer import Checkpointer
+from areal_kit.rl.controller import Controller, Ending, Outcome, start_ray
+from areal_kit.rl.job import prepare
 from areal_kit.rl.workers.watchdog import WorkerHang
 
 
@@ -59,7 +60,7 @@ class _Progress:
 
 def launch(cfg, fresh: bool = False) -> int:
     # The driver's tensors are a step's rewards, a few hundred numbers: an OpenMP pool would only
-    # wake threads on the cores the workers train and generate on (2 ms a reduction, measured).
+    # wake threads on the cores the workers train and generate on, and cost each reduction more.
     torch.set_num_threads(1)
     job = prepare(cfg)
     lock = hold_run_lock(job.paths.log_dir, f"{cfg.experiment_name}/{cfg.trial_name}")
@@ -68,13 +69,21 @@ def launch(cfg, fresh: bool = False) -> int:
              f"{job.loader.steps_per_epoch} per epoch, {len(job.loader.rows)} prompts"
              + (f" ({job.n_dropped} dropped: longer than max_prompt_len)" if job.n_dropped else "")
              + f"; logs in {job.paths.log_dir}")
+    actor = cfg.actor
+    for note in parse_allocation(cfg.allocation_mode).training_notes(actor.zero_stage, actor.gradient_checkpointing):
+        log.info(note)
+    for note in hardware.vllm_notes(cfg.actor.vllm):
+        log.warning(note)
     progress = _Progress(job.total_steps)
     retries = 0 if cfg.recover_mode == "disabled" else cfg.recover_retries
     sigterm = SigtermStop(log, graceful=cfg.exp_ctrl.on_sigterm == "checkpoint")
     previous = sigterm.install()
     try:
-        return relaunching(lambda attempt: _attempt(job, log, progress, sigterm, fresh and attempt == 0),
-                           retries, log)
+        end = relaunching(lambda attempt: _attempt(job, log, progress, sigterm, fresh and attempt == 0),
+                          retries, log)
+        if end.ending is Ending.STOPPED:  # as asked: it ends as any stop does, said below, exit code 143
+            raise sigterm.interrupted(end.global_step, end.checkpoint)
+        return ExitCode.OK
     except (KeyboardInterrupt, Interrupted) as e:
         stop = interruption(e)
         if stop.checkpoint:
@@ -141,48 +150,57 @@ class SigtermStop:
     def __init__(self, log, graceful: bool):
         self.log, self.graceful = log, graceful
         self.armed = False  # the loop runs and can stop between steps (set by _attempt)
-        self.pending: Interrupted | None = None  # the stop asked for, which the loop raises
+        self.signum = 0  # the SIGTERM that asked the loop to stop after its step; 0: none
 
     def install(self):
         """Put the handler in place (again after ray.init); returns the one it replaced, or None."""
         return sigterm_interrupts(self._on_sigterm)
 
+    def asked(self) -> bool:
+        """Whether a SIGTERM asked the loop to stop after its step: the Controller's should_stop."""
+        return bool(self.signum)
+
+    def interrupted(self, global_step: int = 0, checkpoint: str = "") -> Interrupted:
+        """The stop asked for, as the CLI reports it (ExitCode.TERMINATED)."""
+        return Interrupted("SIGTERM", ExitCode.TERMINATED, global_step, checkpoint)
+
     def _on_sigterm(self, signum, frame):
-        if self.graceful and self.armed and self.pending is None:
-            self.pending = Interrupted("SIGTERM", 128 + signum)
+        if self.graceful and self.armed and not self.signum:
+            self.signum = signum
             self.log.warning("SIGTERM: the run stops after this step, with its recover checkpoint; a second "
                              "SIGTERM stops it at once.")
             return
         raise_on_sigterm(signum, frame)
 
 
-def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool) -> int:
-    """One launch: start the workers (restored from the recover checkpoint if any), train to the end."""
-    state = recover.resume_state(job, log, fresh)
-    resumed = state is not None
-    state = state or RunState()
+def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool) -> Outcome:
+    """One launch: the run state, Ray, the workers (given the recover checkpoint's trainer state when
+    the run state came from one), then training to the end or to a stop asked for."""
+    checkpoints = Checkpointer(job, log)
+    state = checkpoints.load(fresh)
     state.wandb_id = log.resume_at(state.global_step, state.wandb_id)
-    ctrl = Controller(job, log, state, progress, stop_request=lambda: sigterm.pending)
+    ctrl = Controller(job, log, state, progress, should_stop=sigterm.asked, checkpoints=checkpoints)
     try:
-        ctrl.start_ray()
-        sigterm.install()
+        start_ray(job.cfg)
+        sigterm.install()  # again: ray.init put its own handler in place, one that aborts the process
         ctrl.start()
-        if resumed:
+        if state.resumed:
             ctrl.restore()
         sigterm.armed = True
         try:
-            last = ctrl.run()
+            end = ctrl.run()
         finally:
             sigterm.armed = False
-        log.info(f"Training finished: {ctrl.state.global_step} steps, "
-                 f"final task_reward {last.get('task_reward', float('nan')):.4f}.")
-        return 0
+        if end.ending is Ending.FINISHED:
+            log.info(f"Training finished: {end.global_step} steps, "
+                     f"final task_reward {end.last.get('task_reward', float('nan')):.4f}.")
+        return end
     except Exception as e:
         if (stop := interruption(e)) is not None:  # a signal that came back as another error
             raise stop from None
-        if sigterm.pending is not None:  # the stop was asked for: no relaunch, no failure report
+        if sigterm.asked():  # the stop was asked for: no relaunch, no failure report
             log.warning(f"After SIGTERM the step did not finish ({describe(e)}); no recover checkpoint of it.")
-            raise sigterm.pending from e
+            raise sigterm.interrupted() from e
         # A peer's death often reaches us first as a live worker's error: the trainer's gloo
         # broadcast fails when the engine at the other end was killed. Name the death.
         dead = 0 if worker_died(e) else ctrl.dead_workers()

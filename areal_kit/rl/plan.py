@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import os
 
-from areal_kit import hardware, logs, stack
-from areal_kit.cluster import doctor
+from areal_kit import hardware, logs, netfigures, stack
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 from areal_kit.rl.algo import varlen
@@ -63,7 +62,7 @@ def model_bytes(path: str) -> int | None:
 
 def sync_estimate(cfg) -> list[str]:
     """The weight sync's time a step from the bandwidth `areal-kit doctor` last measured, if it ran here."""
-    line = doctor.sync_estimate_line(model_bytes(cfg.actor.path), doctor.latest())
+    line = netfigures.sync_estimate_line(model_bytes(cfg.actor.path), netfigures.latest())
     return [line] if line else []
 
 
@@ -117,6 +116,8 @@ def plan_lines(cfg, plat=None) -> list[str]:
         f"training: {a.train_gpus} GPUs, DeepSpeed ZeRO-{cfg.actor.zero_stage} over {a.train.world} rank(s) ({a.train})"
         + (f" sharing the generation GPUs (CPU nodes only; on GPUs: {a.split() or 'vllm.GEN+TRAIN'})"
            if a.kind != "decoupled" else ""),
+        *a.training_notes(cfg.actor.zero_stage, cfg.actor.gradient_checkpointing),
+        *hardware.vllm_notes(cfg.actor.vllm),
         *device_lines(cfg, plat),
         f"model: {cfg.actor.path}" + (f"; reference: {cfg.ref.path or cfg.actor.path} (kl_ctl {p.kl_ctl}, "
                                        f"{p.kl_estimator}, in {p.kl_mode})" if p.kl_ctl > 0 else "; no reference model"),

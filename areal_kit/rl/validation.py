@@ -4,8 +4,8 @@ and with exp_ctrl.eval_n_samples = k also avg@k and pass@k of k sampled answers 
 The split is dataset.eval_path, or dataset.eval_size prompts held out of the training data
 (data/sources.split_eval). The rollout engines answer each prompt once at temperature 0 with
 the weights just trained (and k times at ppo.gen's temperature, seeded by the step), and each
-answer is graded by the grader of `areal-kit eval` (eval/evaluation.grade_completion) against
-the row's reference (`answer`, or any of AReaL's `solutions`). On a small eval set greedy pass@1
+answer is graded by the grader of `areal-kit eval` (reward/grading.grade_row) against the row's
+reference (`answer`, or any of AReaL's `solutions`). On a small eval set greedy pass@1
 moves in steps of 1/N; avg@k (the mean accuracy of the k samples) is the smoother curve, and
 pass@k (the unbiased estimator of eval/passk.py) tells whether the right answer is within reach.
 One log line a evaluation, and metrics keys eval/* in that step's row:
@@ -19,36 +19,11 @@ from __future__ import annotations
 
 import time
 
-from areal_kit.eval.evaluation import grade_completion
 from areal_kit.eval.passk import mean_pass_at_k
-from areal_kit.reward import gsm8k_reference
-from areal_kit.reward.registry import as_reference
 from areal_kit.rl.algo.batch import sample_seed
 from areal_kit.rl.schedule import Every
 
 EVAL_KEYS = ("eval/pass@1", "eval/n_prompts", "eval/avg_len", "eval/no_eos_ratio", "eval/time")
-
-
-def references(row: dict) -> list[str]:
-    """Final answers to grade against: each solution's last \\boxed{}, a gsm8k "#### N", or the answer."""
-
-    refs = row.get("solutions")
-    if refs is None:
-        refs = [row.get("answer")]
-    elif isinstance(refs, str):
-        refs = [refs]
-    out = []
-    for r in refs:
-        if r is None:
-            continue
-        r = gsm8k_reference(str(r)) if "####" in str(r) else as_reference(r)
-        if r:
-            out.append(r)
-    return out
-
-
-def grade_row(text: str, row: dict) -> bool:
-    return grade_completion(text, references(row))[1]
 
 
 class Validator:

@@ -58,7 +58,8 @@ def docker_cluster(testbed, cpu_image, tmp_path_factory):
     src = testbed.storage / "src" / "tiny-model.bin"
     src.parent.mkdir(parents=True, exist_ok=True)
     src.write_bytes(b"weights" * 1000)
-    shutil.rmtree(testbed.storage / "data", ignore_errors=True)
+    for name in ("tiny-model.bin", ".tiny-model.bin.areal-kit.json"):
+        (testbed.storage / "datasets" / name).unlink(missing_ok=True)
     kit.args = [*kit.conn_args(), *setup_args(testbed, "docker"),
                 "--data", f"file://{src}#sha256={hashlib.sha256(src.read_bytes()).hexdigest()}"]
     r = kit.run("setup", *kit.args)
@@ -86,9 +87,9 @@ def test_setup_docker_three_nodes(docker_cluster, testbed):
         ps = testbed.ssh(i, "docker ps --format '{{.Names}} {{.Image}}'").stdout
         assert "areal-kit:cpu-test" in ps
         assert ("areal-areal-head" if i == 1 else "areal-areal-worker") in ps
-    # the data step fetched the file once onto storage, with its manifest
-    assert (testbed.storage / "data" / "tiny-model.bin" / "tiny-model.bin").read_bytes() == b"weights" * 1000
-    assert (testbed.storage / "data" / "tiny-model.bin" / ".areal-kit-manifest.json").exists()
+    # the data step fetched the file once onto storage, as a file, with its record beside it
+    assert (testbed.storage / "datasets" / "tiny-model.bin").read_bytes() == b"weights" * 1000
+    assert (testbed.storage / "datasets" / ".tiny-model.bin.areal-kit.json").exists()
     assert any("] data: fetched" in ln for ln in lines(r, "changed"))
     # host keys were recorded (accept-new), one line per host
     assert len(kit.known_hosts.read_text().splitlines()) == 3

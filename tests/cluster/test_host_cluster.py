@@ -1,7 +1,8 @@
 """`--runtime host` (Ray straight on the hosts, no containers), and one host failing while the
 others go on: node3's shared storage is masked by a local tmpfs (as when NFS is not mounted
 on one machine), so node3 fails the storage check and the cluster forms from node1 and
-node2; after the mount is fixed, a re-run redoes only node3.
+node2; after the mount is fixed, a re-run redoes only node3, and doctor with the same hosts named
+again probes the host runtime setup saved.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def test_host_runtime_with_one_failing_host(testbed, kit, masked_node3):
         assert alive_nodes(testbed) == ips
         # raylets run inside each node (own PID namespace), with the cluster address
         assert testbed.ssh(2, "pgrep -af '[r]aylet'").stdout.count(f"--gcs-address={ips[0]}:6379") >= 1
+        # The same hosts named again, as a new user would: doctor probes the host runtime setup saved.
+        doc = kit.run("doctor", *kit.conn_args(), "--username", "root", "--min-shm-gb", "0.25", "--min-nofile",
+                      "10000", "--min-disk-gb", "1", "--net-mb", "1", "--json")
+        rep = json.loads(doc.stdout)
+        assert rep["fault"] == "" and set(rep["hosts"]) == set(ips), doc.stderr[-3000:]
+        assert not [f for f in rep["findings"] if f["check"] == "runtime"], rep["findings"]
     finally:
         d = kit.run("down", "--known-hosts", str(kit.known_hosts))
     assert d.returncode == 0

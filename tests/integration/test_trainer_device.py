@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from strict_device import HostTensorRefused, strict_collectives
 from areal_kit.config.loader import load_config
+from areal_kit.rl.workers.groups import shard_batch
 from areal_kit.rl.workers.trainer import TrainerWorker
 
 rank, zero, root, model, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
@@ -46,7 +47,7 @@ for i in range(8):  # uneven lengths: the ranks get different shards and micro-b
                     "logprobs": [-2.5] * len(out), "seq_reward": float(i % 2), "version": 0})
 result = {}
 with strict_collectives(label):
-    result["steps"] = [worker.train_step(samples) for _ in range(2)]
+    result["steps"] = [worker.train_step(shard_batch(samples, 2)[rank]) for _ in range(2)]
     worker.stage_weights()
     try:
         dist.all_reduce(torch.zeros(1))

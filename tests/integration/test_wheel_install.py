@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a wheel is built from: the files of a clean checkout (`git archive`), not the working tree.
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "areal_kit", "train_scripts", "evaluation")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "areal_kit", "train_scripts", "evaluation", "docker")
 
 
 def run(argv, cwd, env=None) -> str:
@@ -98,3 +98,15 @@ def test_the_eval_manifest_and_prompts_load(installed, elsewhere):
     shipped = {p.stem for p in (ROOT / "train_scripts").glob("*.yaml") if not p.stem.startswith("_")}
     assert {"tiny", "tiny_dapo", "1.5B_n1", "7B_n16"} <= shipped
     assert set(presets.split(",")) == shipped
+
+
+def test_the_gpu_tests_collect_in_the_image_way_against_the_installed_copy(installed):
+    """The README's in-image acceptance command: the package installed from a wheel, the checkout
+    mounted as the working directory, `python -m pytest tests/gpu` (which puts the working
+    directory first on sys.path). The checkout's areal_kit has no train_scripts/evaluation
+    subpackages (pyproject maps them in at install), so it must not shadow the installed one."""
+    venv, env = installed
+    env = {**env, "PYTHONDONTWRITEBYTECODE": "1"}
+    out = run([str(venv / "bin" / "python"), "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+               "tests/gpu"], cwd=ROOT, env=env)
+    assert "tests/gpu/test_gpu_acceptance.py::" in out, out[-2000:]

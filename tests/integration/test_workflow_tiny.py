@@ -12,7 +12,7 @@ import pytest
 
 from areal_kit import logs
 from areal_kit.config.loader import load_config
-from areal_kit.rl import controller as C
+from areal_kit.rl.controller import Controller, start_ray
 from areal_kit.rl.job import prepare
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,7 +30,8 @@ def run(tmp_path_factory):
         "exp_ctrl.eval_every=2", f"dataset.eval_size={EVAL_N}", "exp_ctrl.eval_max_new_tokens=1"])
     job = prepare(cfg)
     log = logs.RunLogger(job.paths, tensorboard=False, console=False)
-    ctrl = C.Controller(job, log)
+    ctrl = Controller(job, log)
+    start_ray(cfg)
     ctrl.start()
     try:
         ctrl.run()
@@ -83,16 +84,16 @@ def test_two_turn_samples_match_trainer_logprobs(run):
     ctrl, _, _ = run
     rows = [{**r, "seed": 5 + i} for i, r in enumerate(ctrl.job.loader.rows[:4])]
     out = ray.get(ctrl.workers.engines.actors[0].generate.remote(rows))
-    samples = out["samples"]
+    samples = out.samples
     assert len(samples) == 4 * ctrl.cfg.ppo.group_size
     hint = ray.get(ctrl.workers.engines.actors[0].__ray_call__.remote(lambda self: self.engine.encode("=")))
     for s in samples:
-        assert s["loss_mask"] == [1] + [0] * len(hint) + [1]
-        assert s["output_ids"][1:1 + len(hint)] == hint
-        assert s["logprobs"][1:1 + len(hint)] == [0.0] * len(hint)
-    lp = ray.get(ctrl.workers.trainers.actors[0].logprobs.remote([s["prompt_ids"] for s in samples],
-                                                          [s["output_ids"] for s in samples]))
-    diffs = [abs(a - b) for s, t in zip(samples, lp) for a, b, m in zip(s["logprobs"], t, s["loss_mask"]) if m]
+        assert s.loss_mask == [1] + [0] * len(hint) + [1]
+        assert s.output_ids[1:1 + len(hint)] == hint
+        assert s.logprobs[1:1 + len(hint)] == [0.0] * len(hint)
+    lp = ray.get(ctrl.workers.trainers.actors[0].logprobs.remote([s.prompt_ids for s in samples],
+                                                          [s.output_ids for s in samples]))
+    diffs = [abs(a - b) for s, t in zip(samples, lp) for a, b, m in zip(s.logprobs, t, s.loss_mask) if m]
     # The second turn's logprob, sampled after the inserted token, is the trainer's too.
     assert len(diffs) == 2 * len(samples)
     assert max(diffs) < 1e-4

@@ -7,6 +7,7 @@ import pytest
 
 from areal_kit.rl.controller import CannotLearn, Controller
 from areal_kit.rl.job import RunState
+from areal_kit.rl.sample import Generated
 
 
 def ctrl(limit: int) -> Controller:
@@ -17,7 +18,7 @@ def ctrl(limit: int) -> Controller:
 
 
 def step(c: Controller, n_samples: int, failures: dict) -> None:
-    c._check_rewards([{}] * n_samples, [{"reward_failures": failures}])
+    c._check_rewards([None] * n_samples, [Generated([], 0.0, 0.0, 0, 0, reward_failures=failures)])
 
 
 @pytest.mark.parametrize("loss", [float("nan"), float("inf"), float("-inf")])

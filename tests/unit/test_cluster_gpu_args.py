@@ -16,9 +16,11 @@ import pytest
 
 from areal_kit import hardware
 from areal_kit.cli import main
+from areal_kit.cluster import steps
 from areal_kit.cluster.options import Cluster, SetupOptions
 from areal_kit.cluster.parallel import HostState
 from areal_kit.cluster.ray_cluster import docker_run_args, host_env, probe_infiniband
+from areal_kit.cluster.remote import Result
 from areal_kit.config.cluster_spec import load_cluster_spec
 from areal_kit.errors import UserError
 
@@ -39,7 +41,7 @@ def cluster(tmp_path, text=INVENTORY, **opts) -> Cluster:
     p = tmp_path / "hosts.yaml"
     p.write_text(text)
     spec = load_cluster_spec(p)
-    return Cluster(opts=SetupOptions(spec=spec, log_dir=str(tmp_path / "logs"), **opts),
+    return Cluster(opts=SetupOptions(spec=spec, log_dir=str(tmp_path / "logs"), **opts), image="areal-kit:latest",
                    hosts=[HostState(spec=h, index=i) for i, h in enumerate(spec.hosts)])
 
 
@@ -191,3 +193,25 @@ def test_setup_with_a_bad_spec_env_exits_2_without_traceback(tmp_path, capsys, m
             "starting with NCCL_, TORCH_NCCL_, GLOO_, UCX_, TORCH_DISTRIBUTED_ (other variables: areal-kit setup "
             "--env KEY=VALUE)")
     assert err.strip().splitlines() == [line]
+
+
+class Facts:
+    """A host answering preflight's facts script with `gpus=<what nvidia-smi counted>`."""
+
+    user = "root"
+
+    def __init__(self, gpus: str):
+        self.gpus = gpus
+
+    def run(self, cmd, sudo=False, check=False, timeout=None):
+        return Result(cmd, 0, f"os=ubuntu 22.04\narch=x86_64\nsudo=root\ngpus={self.gpus}\ndisk_gb=100.0\napt=yes\n")
+
+
+@pytest.mark.parametrize("said, count", [("8", 8), ("none", 0)])
+def test_preflight_keeps_the_gpu_count_a_number(tmp_path, said, count):
+    """The later steps read facts["gpus"] as a number: it is one from the moment preflight stores it."""
+    c = cluster(tmp_path)
+    h = c.hosts[0]
+    h.remote = Facts(said)
+    assert steps.preflight(c, h).status == "ok"
+    assert h.facts["gpus"] == count and type(h.facts["gpus"]) is int

@@ -59,7 +59,6 @@ def test_defaults_are_valid_apart_from_the_model_path():
     (lambda: PPOConfig(ppo_n_minibatches=0), "ppo.ppo_n_minibatches=0"),
     (lambda: PPOConfig(discount=0.0), "ppo.discount=0.0"),
     (lambda: PPOConfig(discount=1.1), "ppo.discount=1.1"),
-    (lambda: PPOConfig(gae_lambda=1.5), "ppo.gae_lambda=1.5"),
     (lambda: PPOConfig(max_head_offpolicyness=-1), "ppo.max_head_offpolicyness=-1"),
     (lambda: PPOConfig(behav_imp_weight_cap=1.0), "ppo.behav_imp_weight_cap=1.0"),
     (lambda: PPOConfig(reward_fns=[]), "ppo.reward_fns is empty"),
@@ -139,6 +138,7 @@ def test_fileroot_defaults_under_cwd(tmp_path):
     ("ppo.gen.max_new_token=8", "did you mean 'ppo.gen.max_new_tokens'?"),
     ("ppo.group=4", "did you mean 'ppo.group_size'?"),
     ("max_head_offpolicyness=2", "did you mean 'ppo.max_head_offpolicyness'?"),
+    ("ppo.gae_lambda=0.95", "ppo.gae_lambda has no effect here: GAE needs a critic's value estimates"),
     ("actor.lr=abc", "actor.lr='abc' is not valid; expected float"),
     ("ppo.group_size=two", "ppo.group_size='two' is not valid; expected int"),
     ("ppo.group_size=1.5", "expected int"),
@@ -177,6 +177,7 @@ def test_yaml_file_preset_with_inherit(tmp_path):
 @pytest.mark.parametrize("text,message", [
     ("inherit: tiny\nactor:\n  lrr: 1\n", "unknown config key 'actor.lrr'; did you mean 'actor.lr'?"),
     ("inherit: tiny\nactor:\n  lr: abc\n", "actor.lr='abc' is not valid; expected float"),
+    ("inherit: tiny\nppo:\n  gae_lambda: 0.95\n", "ppo.gae_lambda has no effect here: GAE needs a critic"),
     ("inherit: nosuch\n", "inherit: unknown preset 'nosuch'"),
     ("- 1\n- 2\n", "expected a mapping of config keys at the top level"),
     ("actor: [\n", "not valid YAML at line 2"),
@@ -325,5 +326,5 @@ def test_all_keys_are_dotted_leaves():
     assert "ref_inf.mb_spec.max_tokens_per_mb" in keys
     assert "ppo" not in keys
     assert "ppo.gen" not in keys
-    assert loader.preset_names() == sorted(["tiny", "tiny_dapo", "1.5B_n1", "1.5B_n1_dapo", "1.5B_n4", "1.5B_n16", "7B_n4",
-                                            "7B_n16"])
+    assert loader.preset_names() == sorted(["tiny", "tiny_dapo", "tiny_storage", "1.5B_n1", "1.5B_n1_dapo", "1.5B_n4",
+                                            "1.5B_n16", "7B_n4", "7B_n16"])

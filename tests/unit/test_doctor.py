@@ -1,6 +1,8 @@
 """`areal-kit doctor`'s judgements from measured figures, without a cluster: which host a slow link
 belongs to, which host disagrees with the others, the one-line findings, the dry run's weight-sync
-estimate. The checks on a live 3-host cluster with injected faults are in tests/cluster/test_doctor_cluster.py.
+estimate (netfigures.py), and how the RL step is run: a command on the head, whose one JSON line
+doctor reads. The checks on a live 3-host cluster with injected faults are in
+tests/cluster/test_doctor_cluster.py.
 
     .venv/bin/python -m pytest tests/unit/test_doctor.py -q
 """
@@ -9,9 +11,11 @@ import json
 
 import pytest
 
+from areal_kit import netfigures
 from areal_kit.cluster import doctor
 from areal_kit.cluster.options import Cluster, SetupOptions
 from areal_kit.cluster.parallel import HostState, run_steps
+from areal_kit.cluster.remote import Result
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.console import make_console
 
@@ -56,14 +60,14 @@ def facts(**over):
 
 def test_the_host_that_differs_from_the_others_is_named():
     c = cluster()
-    c.doctor["hosts"] = {"node1": facts(), "node2": facts(versions={"ray": "2.59.0", "torch": "2.13.0",
+    c.doctor.hosts = {"node1": facts(), "node2": facts(versions={"ray": "2.59.0", "torch": "2.13.0",
                                                                     "docker": "20.10"}),
                          "node3": facts(gpus=[{"name": "H100", "memory_gb": 80.0, "driver": "570.1"}] * 7,
                                         clock_offset_s=3.0)}
     out = {h.name: doctor.agree_step(c, h, doctor.Limits()) for h in c.hosts}
     assert out["node1"].status == "ok"
     assert out["node2"].status == "failed" and not out["node2"].blocking
-    lines = [f.line() for f in c.doctor["findings"]]
+    lines = [f.line() for f in c.doctor.findings]
     assert lines[0] == ("node2 versions: ray 2.59.0, expected ray 2.60.0 as on the others; fix: one runtime image "
                         "(or environment) on every host: areal-kit setup --image ...")
     assert any(ln.startswith("node3 gpus: 7 GPUs, expected 8;") for ln in lines)
@@ -93,18 +97,18 @@ def test_a_failed_check_does_not_stop_the_hosts_later_checks():
 
 def test_the_dry_run_estimate_uses_the_measured_links(tmp_path, monkeypatch):
     monkeypatch.setenv("AREAL_KIT_HOME", str(tmp_path))
-    assert doctor.latest() is None
+    assert netfigures.latest() is None
     (tmp_path / "clusters").mkdir()
     rep = {"cluster": "c1", "time": 1.0e9, "network": {"links_gbps": links(C, fast=2.0, slow=0.5)}}
     (tmp_path / "clusters" / "c1.doctor.json").write_text(json.dumps(rep))
     (tmp_path / "clusters" / "c0.doctor.json").write_text(json.dumps({**rep, "cluster": "c0", "time": 1.0}))
-    got = doctor.latest()
+    got = netfigures.latest()
     assert got["cluster"] == "c1"
-    line = doctor.sync_estimate_line(3_000_000_000, got)
+    line = netfigures.sync_estimate_line(3_000_000_000, got)
     # 3 GB: 1.5 s at the median link (2 GB/s), 6 s at the slowest (0.5 GB/s)
     assert line.startswith("weight sync estimate: 3 GB a step, 1.5s at the median link, 6s at the slowest "
                            "(doctor of cluster c1 at "), line
-    assert "model size unknown" in doctor.sync_estimate_line(None, got)
+    assert "model size unknown" in netfigures.sync_estimate_line(None, got)
 
 
 def test_the_link_matrix_reads_from_row_to_column():
@@ -112,3 +116,43 @@ def test_the_link_matrix_reads_from_row_to_column():
     assert rows[0] == ["from \\ to", A, B, C]
     assert rows[1] == [A, "-", "2", "2"]
     assert rows[3] == [C, "0.5", "0.5", "-"]
+
+
+class Head:
+    """The head's connection: records the command, answers with the line the RL step prints."""
+
+    user = "root"
+
+    def __init__(self, line: str):
+        self.line, self.cmds = line, []
+
+    def run(self, cmd, sudo=False, timeout=None):
+        self.cmds.append(cmd)
+        return Result(cmd, 0, "some log line\n" + self.line + "\n")
+
+
+@pytest.mark.parametrize("runtime, prefix", [("docker", "docker exec areal-t-head python3 -m areal_kit.rl.preflight"),
+                                             ("host", "python3 -m areal_kit.rl.preflight")])
+def test_the_rl_step_is_a_command_on_the_head_whose_json_doctor_reads(runtime, prefix):
+    c = cluster()
+    c.opts.runtime = runtime
+    head = c.hosts[0]
+    got = {"rl_step": "", "logprob_gap": 2e-7, "trainer_ips": ["10.0.0.1", "10.0.0.2"], "engine_ips": ["10.0.0.3"],
+           "sync_time": 0.1, "seconds": 42.0, "log": "/storage/train.log", "gpu": False}
+    head.remote = Head("PROBE " + json.dumps(got))
+    out = doctor.rl_step_step(c, head, doctor.Limits(rl_step=True))
+    assert out.status == "ok", out.message
+    [cmd] = head.remote.cmds
+    assert prefix in cmd and "rlstep --fileroot /storage/.areal-kit/doctor" in cmd
+    assert doctor.report(c, True)["rl_step"] == got
+
+
+def test_a_failed_rl_step_is_a_finding_that_names_its_log():
+    c = cluster()
+    head = c.hosts[0]
+    head.remote = Head("PROBE " + json.dumps({"rl_step": "RuntimeError: boom", "log": "/storage/train.log"}))
+    out = doctor.rl_step_step(c, head, doctor.Limits(rl_step=True))
+    assert out.status == "failed"
+    [f] = doctor.report(c, False)["findings"]
+    assert doctor.Finding(**f).line() == ("node1 rl-step: the tiny RL step failed: RuntimeError: boom, expected one "
+                                          "step to finish; fix: read its log /storage/train.log")

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import RunFailed
-from areal_kit.eval import engine as E
+from areal_kit.eval import engine as eval_engine
 from areal_kit.eval.evaluation import EvalConfig, run
 
 ROWS = [{"idx": i, "question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}
@@ -35,7 +35,7 @@ class DiesOnChunk:
         self.calls += 1
         if self.calls == self.dies:
             raise self.error
-        return [E.GenResult(r.key, BOXED_ZERO, "stop") for r in requests]
+        return [eval_engine.GenResult(r.key, BOXED_ZERO, "stop") for r in requests]
 
     def close(self):
         self.closed = True
@@ -59,7 +59,7 @@ def test_a_failed_engine_keeps_what_was_graded_and_a_rerun_resumes(model, tmp_pa
     cfg = EvalConfig(model_path=model, output_path=str(out), data_dir=str(tmp_path / "data"), data_names=["gsm8k"],
                      num_samples=0, max_gen_tokens=4, prompt_type="plain", chunk_size=4)  # 4 graded, then death
     engine = DiesOnChunk(dies=2)
-    monkeypatch.setattr(E, "open_engines", lambda *a, **k: engine)
+    monkeypatch.setattr(eval_engine, "open_engines", lambda *a, **k: engine)
     with pytest.raises(RunFailed) as got:
         run(cfg, console=Console(file=io.StringIO()))
     assert str(got.value) == (f"eval failed: RuntimeError: EngineCore died unexpectedly (traceback in "
@@ -70,7 +70,7 @@ def test_a_failed_engine_keeps_what_was_graded_and_a_rerun_resumes(model, tmp_pa
     assert not (out / "aggregate.json").exists()
 
     engine = DiesOnChunk(dies=None)
-    monkeypatch.setattr(E, "open_engines", lambda *a, **k: engine)
+    monkeypatch.setattr(eval_engine, "open_engines", lambda *a, **k: engine)
     printed = io.StringIO()
     agg = run(cfg, console=Console(file=printed, width=200))
     assert "4 already done, 2 to generate" in printed.getvalue()
@@ -85,7 +85,7 @@ def test_ctrl_c_during_generation_says_so(model, tmp_path, monkeypatch, capsys):
     data = tmp_path / "data" / "gsm8k"
     data.mkdir(parents=True)
     (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    monkeypatch.setattr(E, "open_engines", lambda *a, **k: DiesOnChunk(dies=1, error=KeyboardInterrupt()))
+    monkeypatch.setattr(eval_engine, "open_engines", lambda *a, **k: DiesOnChunk(dies=1, error=KeyboardInterrupt()))
     with pytest.raises(SystemExit) as got:
         main(["eval", "--model_path", model, "--output_path", str(tmp_path / "out"), "--data_dir",
               str(tmp_path / "data"), "--data_names", "gsm8k", "--num_samples", "0", "--prompt_type", "plain"])
@@ -118,7 +118,7 @@ def test_sigterm_during_generation_stops_the_engines_and_keeps_the_graded_sample
     cfg = EvalConfig(model_path=model, output_path=str(out), data_dir=str(tmp_path / "data"), data_names=["gsm8k"],
                      num_samples=0, max_gen_tokens=4, prompt_type="plain", chunk_size=4)
     engine = SigtermOnChunk(dies=None)
-    monkeypatch.setattr(E, "open_engines", lambda *a, **k: engine)
+    monkeypatch.setattr(eval_engine, "open_engines", lambda *a, **k: engine)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted) as got, stops_say_so():
         run(cfg, console=Console(file=io.StringIO()))

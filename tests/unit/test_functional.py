@@ -9,6 +9,7 @@ from areal_kit.config.schema import PPOConfig
 from areal_kit.errors import UserError
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo.batch import check_rows, shape_rewards
+from areal_kit.rl.sample import Sample
 
 T = torch.tensor
 
@@ -291,7 +292,7 @@ def test_loss_averaged_over_the_global_batch_matches_one_big_batch():
 
 # ------------------------------------------------------------------ reward shaping (rl/algo/batch.py)
 def samples(rewards, group):
-    out = [{"id": f"p{i // group}", "group": i % group, "task_reward": r} for i, r in enumerate(rewards)]
+    out = [Sample(f"p{i // group}", i % group, [0], [1], [0.0], False, 0, r) for i, r in enumerate(rewards)]
     return list(reversed(out))  # arrive out of order, as from several engines
 
 
@@ -299,29 +300,39 @@ def test_shape_rewards_grpo():
     ppo = PPOConfig(group_size=2, group_adv_norm=True, reward_output_scaling=5.0, reward_output_bias=-0.5)
     ss = samples([1, 0, 1, 1, 0, 0], 2)
     out = shape_rewards(ss, ppo)
-    assert [s["id"] for s in ss] == ["p0", "p0", "p1", "p1", "p2", "p2"]
-    assert [s["final_reward"] for s in ss] == [4.5, -0.5, 4.5, 4.5, -0.5, -0.5]
-    close([s["seq_reward"] for s in ss], [1, -1, 0, 0, 0, 0], tol=1e-5)
-    assert out["perc_zero_adv"] == pytest.approx(2 / 3)
-    assert out["final_reward_mean"] == pytest.approx((4.5 * 3 - 0.5 * 3) / 6)
-    assert len(out["_train_samples"]) == 6
+    assert [s.id for s in out.samples] == ["p0", "p0", "p1", "p1", "p2", "p2"]
+    assert [s.final_reward for s in out.samples] == [4.5, -0.5, 4.5, 4.5, -0.5, -0.5]
+    close([s.seq_reward for s in out.samples], [1, -1, 0, 0, 0, 0], tol=1e-5)
+    assert out.perc_zero_adv == pytest.approx(2 / 3)
+    assert out.final_reward_mean == pytest.approx((4.5 * 3 - 0.5 * 3) / 6)
+    assert out.train == out.samples
+
+
+def test_shaping_returns_new_samples_and_leaves_what_it_was_given():
+    ppo = PPOConfig(group_size=2, group_adv_norm=True, overlong_filter=True)
+    ss = samples([1, 0, 1, 1], 2)
+    given = list(ss)
+    out = shape_rewards(ss, ppo)
+    assert ss == given  # the same order, the same (frozen) samples, no rewards written into them
+    assert all(s.seq_reward is None and s.final_reward is None for s in ss)
+    assert {s.id for s in out.samples} == {"p0", "p1"}
 
 
 def test_shape_rewards_skip_zero_adv_groups():
     ppo = PPOConfig(group_size=2, group_adv_norm=True, skip_zero_adv_groups=True)
     out = shape_rewards(samples([1, 0, 1, 1, 0, 1], 2), ppo)
-    assert sorted(s["id"] for s in out["_train_samples"]) == ["p0", "p0", "p2", "p2"]
+    assert sorted(s.id for s in out.train) == ["p0", "p0", "p2", "p2"]
+    assert len(out.samples) == 6  # the dropped group keeps its rewards, for the dumps
     # all groups zero-advantage: nothing would remain, so nothing is dropped
     out = shape_rewards(samples([1, 1, 0, 0], 2), ppo)
-    assert out["perc_zero_adv"] == 1.0
-    assert len(out["_train_samples"]) == 4
+    assert out.perc_zero_adv == 1.0
+    assert len(out.train) == 4
 
 
 def test_shape_rewards_ppo_math_no_group_norm():
     ppo = PPOConfig(group_size=2, group_adv_norm=False, reward_output_scaling=5.0)
-    ss = samples([1, 0], 2)
-    shape_rewards(ss, ppo)
-    assert [s["seq_reward"] for s in ss] == [5.0, 0.0]
+    out = shape_rewards(samples([1, 0], 2), ppo)
+    assert [s.seq_reward for s in out.samples] == [5.0, 0.0]
 
 
 def test_check_rows():

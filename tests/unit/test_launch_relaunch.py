@@ -9,9 +9,11 @@ from typing import ClassVar
 import pytest
 import ray.exceptions as rex
 
+from areal_kit.config.loader import load_config
 from areal_kit.errors import RunFailed, UserError
 from areal_kit.interrupts import Interrupted
-from areal_kit.rl import launch as L
+from areal_kit.rl import launch
+from areal_kit.rl.controller import Ending, Outcome
 from areal_kit.rl.job import RunState
 
 
@@ -82,18 +84,18 @@ BUGS = {
 
 @pytest.mark.parametrize("make", DEATHS.values(), ids=DEATHS.keys())
 def test_worker_deaths_count_as_worker_failures(make):
-    assert L.worker_died(make()) is True
+    assert launch.worker_died(make()) is True
 
 
 @pytest.mark.parametrize("make", BUGS.values(), ids=BUGS.keys())
 def test_errors_raised_by_code_do_not(make):
-    assert L.worker_died(make()) is False
+    assert launch.worker_died(make()) is False
 
 
 def test_a_cause_cycle_ends():
     a, b = RuntimeError("a"), RuntimeError("b")
     a.__cause__, b.__cause__ = b, a
-    assert L.worker_died(a) is False
+    assert launch.worker_died(a) is False
 
 
 def attempts_raising(*errors):
@@ -113,7 +115,7 @@ def attempts_raising(*errors):
 def test_a_worker_death_relaunches(make):
     run_once, calls = attempts_raising(make(), make())
     log = Log()
-    assert L.relaunching(run_once, retries=2, log=log, pause=0) == 0
+    assert launch.relaunching(run_once, retries=2, log=log, pause=0) == 0
     assert calls == [0, 1, 2]
     assert "(retry 2/2)" in log.warnings[-1]
     assert len(log.warnings) == 2
@@ -125,7 +127,7 @@ def test_a_bug_surfaces_at_once_with_its_message(make):
     run_once, calls = attempts_raising(err)
     log = Log()
     with pytest.raises(BaseException) as got:
-        L.relaunching(run_once, retries=3, log=log, pause=0)
+        launch.relaunching(run_once, retries=3, log=log, pause=0)
     assert got.value is err
     assert calls == [0]
     assert log.warnings == []
@@ -134,13 +136,13 @@ def test_a_bug_surfaces_at_once_with_its_message(make):
 def test_the_bug_message_reaches_the_user():
     run_once, _ = attempts_raising(_bug())
     with pytest.raises(ValueError, match="packed batch has 3 rows, expected 4"):
-        L.relaunching(run_once, retries=3, log=Log(), pause=0)
+        launch.relaunching(run_once, retries=3, log=Log(), pause=0)
 
 
 def test_a_bug_after_a_relaunch_is_not_retried_either():
     run_once, calls = attempts_raising(rex.ActorDiedError(), _bug())
     with pytest.raises(rex.RayTaskError):
-        L.relaunching(run_once, retries=5, log=Log(), pause=0)
+        launch.relaunching(run_once, retries=5, log=Log(), pause=0)
     assert calls == [0, 1]
 
 
@@ -148,7 +150,7 @@ def test_deaths_beyond_the_retries_raise_the_last_one():
     last = rex.ActorDiedError()
     run_once, calls = attempts_raising(rex.ActorDiedError(), last)
     with pytest.raises(rex.ActorDiedError) as got:
-        L.relaunching(run_once, retries=1, log=Log(), pause=0)
+        launch.relaunching(run_once, retries=1, log=Log(), pause=0)
     assert got.value is last
     assert calls == [0, 1]
 
@@ -160,15 +162,12 @@ class FakeController:
 
     dead: ClassVar[int] = 0  # what dead_workers() reports after a failure
 
-    def __init__(self, job, log, state, progress, stop_request):
-        self.state, self.stopped, self.stop_request = state, False, stop_request
+    def __init__(self, job, log, state, progress, should_stop, checkpoints):
+        self.state, self.stopped, self.should_stop = state, False, should_stop
         FakeController.made.append(self)
 
     def dead_workers(self):
         return FakeController.dead
-
-    def start_ray(self):
-        pass
 
     def start(self):
         pass
@@ -177,7 +176,7 @@ class FakeController:
         if FakeController.failures:
             raise FakeController.failures.pop(0)
         self.state.global_step = 4
-        return {"task_reward": 0.5}
+        return Outcome(Ending.FINISHED, 4, last={"task_reward": 0.5})
 
     def restore(self):
         pass
@@ -191,23 +190,27 @@ def fake_run(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from areal_kit import logs
-    from areal_kit.rl.checkpoint import recover
 
-    job = SimpleNamespace(total_steps=4, n_dropped=0, rows=[],
+    job = SimpleNamespace(cfg=None, total_steps=4, n_dropped=0, rows=[],
                           paths=SimpleNamespace(log_dir=str(tmp_path), log_file=str(tmp_path / "train.log")),
                           loader=SimpleNamespace(steps_per_epoch=4, rows=[1]))
     fresh_flags = []
 
-    def resume_state(job, log, fresh):
-        fresh_flags.append(fresh)
-        return RunState()  # what a checkpoint of step 0 would give
+    class FakeCheckpointer:
+        def __init__(self, job, log):
+            pass
 
-    monkeypatch.setattr(L, "prepare", lambda cfg: job)
-    monkeypatch.setattr(L, "Controller", FakeController)
+        def load(self, fresh):
+            fresh_flags.append(fresh)
+            return RunState()  # a start at global step 1
+
+    monkeypatch.setattr(launch, "prepare", lambda cfg: job)
+    monkeypatch.setattr(launch, "Controller", FakeController)
+    monkeypatch.setattr(launch, "Checkpointer", FakeCheckpointer)
+    monkeypatch.setattr(launch, "start_ray", lambda cfg: None)
     log = Log()
     monkeypatch.setattr(logs, "RunLogger", lambda *a: log)
-    monkeypatch.setattr(recover, "resume_state", resume_state)
-    monkeypatch.setattr(L.time, "sleep", lambda s: None)
+    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
     FakeController.made = []
     FakeController.dead = 0
     return SimpleNamespace(fresh=fresh_flags, log=log, dir=tmp_path)
@@ -217,12 +220,27 @@ def cfg(mode="auto", retries=1, on_sigterm="checkpoint"):
     from types import SimpleNamespace
 
     return SimpleNamespace(recover_mode=mode, recover_retries=retries, tensorboard=False, wandb_project=None,
-                           experiment_name="e", trial_name="t", exp_ctrl=SimpleNamespace(on_sigterm=on_sigterm))
+                           experiment_name="e", trial_name="t", exp_ctrl=SimpleNamespace(on_sigterm=on_sigterm),
+                           allocation_mode="vllm.d1p1m1+d1p1m1", actor=load_config("tiny").actor)
+
+
+def test_the_run_log_says_once_what_replaces_the_guides_knobs(fake_run):
+    """Training pipeline parallelism and actor.vllm.swap_space: one line each at the start, not one a relaunch."""
+    c = cfg()
+    c.allocation_mode, c.actor = "vllm.d16p1m1+d8p2m1", load_config("1.5B_n4", ["actor.vllm.swap_space=64"]).actor
+    FakeController.failures = [rex.ActorDiedError()]
+    assert launch.launch(c) == 0
+    assert len(FakeController.made) == 2
+    line = ("training part d8m1p2: areal-kit trains with ZeRO data parallelism over its 16 GPUs; pipeline/tensor "
+            "parallelism of training is not used; for memory: actor.zero_stage=3, a smaller "
+            "actor_train.mb_spec.max_tokens_per_mb, more training GPUs")  # the preset trains under ZeRO-2
+    assert [m for m in fake_run.log.infos if m.startswith("training part")] == [line]
+    assert len([m for m in fake_run.log.warnings if m.startswith("actor.vllm.swap_space=64 has no effect")]) == 1
 
 
 def test_launch_relaunches_after_a_death_and_fresh_applies_to_the_first_attempt_only(fake_run):
     FakeController.failures = [rex.ActorDiedError()]
-    assert L.launch(cfg(), fresh=True) == 0
+    assert launch.launch(cfg(), fresh=True) == 0
     assert fake_run.fresh == [True, False]
     assert [c.stopped for c in FakeController.made] == [True, True]
 
@@ -233,7 +251,7 @@ def test_launch_does_not_retry_a_bug_and_names_the_call_it_came_from(fake_run):
     bug = _bug()
     FakeController.failures = [bug]
     with pytest.raises(RunFailed) as got:
-        L.launch(cfg(retries=3))
+        launch.launch(cfg(retries=3))
     assert len(FakeController.made) == 1
     assert FakeController.made[0].stopped
     msg = str(got.value)
@@ -248,7 +266,7 @@ def test_launch_does_not_retry_a_bug_and_names_the_call_it_came_from(fake_run):
 def test_launch_with_recover_disabled_does_not_retry_a_death(fake_run):
     FakeController.failures = [rex.ActorDiedError()]
     with pytest.raises(RunFailed, match="ActorDiedError") as got:
-        L.launch(cfg(mode="disabled", retries=3))
+        launch.launch(cfg(mode="disabled", retries=3))
     assert isinstance(got.value.__cause__, rex.ActorDiedError)
     assert len(FakeController.made) == 1
 
@@ -257,7 +275,7 @@ def test_launch_passes_bad_input_through_as_it_is(fake_run):
     """A UserError (say, a recover checkpoint of another format) keeps its exit code 2 and text."""
     FakeController.failures = [UserError("the recover checkpoint has format 9")]
     with pytest.raises(UserError, match="format 9"):
-        L.launch(cfg())
+        launch.launch(cfg())
     assert fake_run.log.failures == []
 
 
@@ -267,7 +285,7 @@ def test_launch_relaunches_when_an_error_came_from_a_dead_peer(fake_run):
     FakeController.failures = [remote(RuntimeError("Connection closed by peer [10.0.0.2]:1234"),
                                       "TrainerWorker.send_weights")]
     FakeController.dead = 1
-    assert L.launch(cfg()) == 0
+    assert launch.launch(cfg()) == 0
     assert len(FakeController.made) == 2
     warning = fake_run.log.warnings[0]
     assert "WorkerDied" in warning
@@ -277,14 +295,14 @@ def test_launch_relaunches_when_an_error_came_from_a_dead_peer(fake_run):
 def test_launch_does_not_retry_a_bug_when_every_worker_is_alive(fake_run):
     FakeController.failures = [remote(RuntimeError("Connection closed by peer"))]
     with pytest.raises(RunFailed, match="Trainer.train_step: RuntimeError: Connection closed"):
-        L.launch(cfg(retries=3))
+        launch.launch(cfg(retries=3))
     assert len(FakeController.made) == 1
 
 
 def test_ctrl_c_stops_the_workers_and_the_log_says_so(fake_run):
     FakeController.failures = [KeyboardInterrupt()]
     with pytest.raises(Interrupted) as got:
-        L.launch(cfg(retries=3))
+        launch.launch(cfg(retries=3))
     assert (got.value.signame, got.value.exit_code) == ("Ctrl-C", 130)
     assert len(FakeController.made) == 1
     assert FakeController.made[0].stopped  # no relaunch
@@ -318,7 +336,7 @@ def test_sigterm_with_on_sigterm_stop_unwinds_at_once_and_the_handler_is_put_bac
     monkeypatch.setattr(FakeController, "run", lambda self: stop_here())
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted) as got:
-        L.launch(cfg(on_sigterm="stop"))
+        launch.launch(cfg(on_sigterm="stop"))
     assert (got.value.signame, got.value.exit_code, got.value.checkpoint) == ("SIGTERM", 143, "")
     assert str(got.value) == "interrupted (SIGTERM)"
     assert FakeController.made[0].stopped
@@ -330,11 +348,10 @@ def test_sigterm_with_on_sigterm_stop_unwinds_at_once_and_the_handler_is_put_bac
 
 def _train_until_asked(ctrl, checkpoint="/r/globalstep3"):
     """The loop's side (Controller.run): go on after the SIGTERM, then stop between steps as asked."""
+    assert not ctrl.should_stop()
     _sigterm()
-    stop = ctrl.stop_request()
-    assert stop is not None, "SIGTERM did not ask the loop to stop"
-    stop.global_step, stop.checkpoint = 3, checkpoint
-    raise stop
+    assert ctrl.should_stop(), "SIGTERM did not ask the loop to stop"
+    return Outcome(Ending.STOPPED, 3, checkpoint, {"task_reward": 0.5})
 
 
 def test_sigterm_during_training_asks_the_loop_to_stop_after_the_step_with_its_checkpoint(fake_run, monkeypatch):
@@ -343,7 +360,7 @@ def test_sigterm_during_training_asks_the_loop_to_stop_after_the_step_with_its_c
     monkeypatch.setattr(FakeController, "run", _train_until_asked)
     FakeController.failures = []
     with pytest.raises(Interrupted) as got:
-        L.launch(cfg())
+        launch.launch(cfg())
     assert got.value.exit_code == 143
     assert len(FakeController.made) == 1
     assert FakeController.made[0].stopped
@@ -355,6 +372,19 @@ def test_sigterm_during_training_asks_the_loop_to_stop_after_the_step_with_its_c
                               "same command resumes from it")
 
 
+def test_a_stop_asked_for_without_recover_checkpoints_says_so(fake_run, monkeypatch):
+    """recover_mode=disabled: the loop stops after the step without a checkpoint; the log and the
+    CLI line say the run stopped, exit code 143, and no relaunch follows."""
+    monkeypatch.setattr(FakeController, "run", lambda ctrl: _train_until_asked(ctrl, checkpoint=""))
+    with pytest.raises(Interrupted) as got:
+        launch.launch(cfg(mode="disabled"))
+    assert (got.value.exit_code, str(got.value)) == (143, "interrupted (SIGTERM)")
+    assert len(FakeController.made) == 1
+    assert fake_run.log.warnings[-1] == ("Run interrupted (SIGTERM); the same command resumes it from the last "
+                                         "recover checkpoint.")
+    assert not [m for m in fake_run.log.infos if m.startswith("Training finished")]
+
+
 def test_a_second_sigterm_stops_at_once(fake_run, monkeypatch):
     def run(self):
         _sigterm(2)
@@ -362,7 +392,7 @@ def test_a_second_sigterm_stops_at_once(fake_run, monkeypatch):
 
     monkeypatch.setattr(FakeController, "run", run)
     with pytest.raises(Interrupted) as got:
-        L.launch(cfg())
+        launch.launch(cfg())
     assert got.value.checkpoint == ""
     assert len(fake_run.log.warnings) == 2
     assert fake_run.log.warnings[-1].startswith("Run interrupted (SIGTERM); the same command resumes")
@@ -376,7 +406,7 @@ def test_sigterm_before_training_runs_stops_at_once(fake_run, monkeypatch):
 
     monkeypatch.setattr(FakeController, "start", start)
     with pytest.raises(Interrupted) as got:
-        L.launch(cfg())
+        launch.launch(cfg())
     assert got.value.checkpoint == ""
     assert fake_run.log.warnings[0].startswith("Run interrupted (SIGTERM);")
 
@@ -390,7 +420,7 @@ def test_a_worker_death_after_sigterm_stops_the_run_without_a_relaunch(fake_run,
 
     monkeypatch.setattr(FakeController, "run", run)
     with pytest.raises(Interrupted) as got:
-        L.launch(cfg(retries=3))
+        launch.launch(cfg(retries=3))
     assert len(FakeController.made) == 1
     assert isinstance(got.value.__cause__, rex.ActorDiedError)
     assert fake_run.log.failures == []
@@ -404,10 +434,10 @@ def test_a_second_driver_of_a_running_run_is_refused_before_it_writes(fake_run):
     import json
 
     (fake_run.dir / "driver.json").write_text(json.dumps({"pid": 4242, "host": "node-a"}))
-    first = L.hold_run_lock(str(fake_run.dir), "e/t")
+    first = launch.hold_run_lock(str(fake_run.dir), "e/t")
     try:
         with pytest.raises(UserError) as got:
-            L.launch(cfg())
+            launch.launch(cfg())
         assert str(got.value) == ("run e/t is already running (driver pid 4242 on node-a); stop it first, or give "
                                   "this one another trial_name=")
         assert FakeController.made == []
@@ -416,8 +446,8 @@ def test_a_second_driver_of_a_running_run_is_refused_before_it_writes(fake_run):
         import os
 
         os.close(first)
-    assert L.launch(cfg()) == 0  # the lock died with its holder
-    assert L.launch(cfg()) == 0  # and each launch gives its own back
+    assert launch.launch(cfg()) == 0  # the lock died with its holder
+    assert launch.launch(cfg()) == 0  # and each launch gives its own back
 
 
 def test_a_filesystem_without_locks_does_not_stop_a_run(tmp_path, monkeypatch):
@@ -429,8 +459,8 @@ def test_a_filesystem_without_locks_does_not_stop_a_run(tmp_path, monkeypatch):
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(L.fcntl, "flock", no_locks)
-    fd = L.hold_run_lock(str(tmp_path), "e/t")
+    monkeypatch.setattr(launch.fcntl, "flock", no_locks)
+    fd = launch.hold_run_lock(str(tmp_path), "e/t")
     os.close(fd)
 
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_kit import logs as L
-from areal_kit import monitor
+from areal_kit import logs, monitor
 from areal_kit.cli import main
 
 T0 = 1_700_000_000.0
@@ -19,7 +18,7 @@ T0 = 1_700_000_000.0
 
 def make_run(root, steps=6, resumed_at=None, finished=False, pid=None, recover_step=4, saves=(2, 4), failed="",
              interrupted=""):
-    p = L.run_paths(str(root), "tiny", "run0", "u")
+    p = logs.run_paths(str(root), "tiny", "run0", "u")
     os.makedirs(p.log_dir)
     lines = [f"20231114-22:13:20 INFO Run tiny/run0: 10 steps, 100 per epoch, 3200 prompts; logs in {p.log_dir}"]
     rows = []
@@ -153,7 +152,7 @@ def test_plot_writes_a_png(tmp_path, capsys):
 
 
 def test_plot_without_steps_is_one_line(tmp_path, capsys):
-    p = L.run_paths(str(tmp_path), "e", "t", "u")
+    p = logs.run_paths(str(tmp_path), "e", "t", "u")
     os.makedirs(p.log_dir)
     open(p.log_file, "w").close()
     with pytest.raises(SystemExit):
@@ -205,10 +204,8 @@ def test_logs_samples_shows_the_latest_dump_whole_in_a_pipe(tmp_path):
     import subprocess
     import sys
 
-    from areal_kit import logs as L
-
-    p = L.run_paths(str(tmp_path), "tiny", "run0", "u")
-    log = L.RunLogger(p, tensorboard=False, console=False)
+    p = logs.run_paths(str(tmp_path), "tiny", "run0", "u")
+    log = logs.RunLogger(p, tensorboard=False, console=False)
     row = {"id": "q1", "prompt": "3 + 4 =", "answer": "7<eos>", "task_reward": 1.0, "advantage": 0.935,
            "no_eos": False, "n_tokens": 2, "version": 9}
     log.samples(10, [row, {**row, "answer": "1 2 3", "task_reward": 0.0, "advantage": -0.935, "no_eos": True}])

@@ -28,7 +28,7 @@ def _cwd(tmp_path, monkeypatch):
 
 
 def test_the_presets_exist():
-    assert sorted(preset_names()) == sorted(["tiny", *GPU_PRESETS, *DAPO_PRESETS])
+    assert sorted(preset_names()) == sorted(["tiny", "tiny_storage", *GPU_PRESETS, *DAPO_PRESETS])
 
 
 DAPO_PRESETS = ["tiny_dapo", "1.5B_n1_dapo"]
@@ -47,7 +47,7 @@ def test_dapo_variants_turn_the_recipe_on_over_their_base(name):
     assert cfg.experiment_name != base.experiment_name  # its runs never resume the base's checkpoints
 
 
-@pytest.mark.parametrize("name", ["tiny", *GPU_PRESETS])
+@pytest.mark.parametrize("name", ["tiny", "tiny_storage", *GPU_PRESETS])
 def test_preset_loads(name):
     cfg = load_config(name)
     assert cfg.actor.path
@@ -110,7 +110,7 @@ def test_gpu_preset_dry_run_on_cpu(name, capsys, tmp_path):
     need = f"{a.gen_gpus}+{a.train_gpus}={a.total_gpus}" if a.kind == "decoupled" else str(a.total_gpus)
     assert f"{cfg.allocation_mode} needs {need} GPUs, cluster has {n}x8={8 * n}: ok" in out
     assert f"generation: {a.gen_gpus} GPUs as {a.gen.dp} vLLM engine(s), tensor parallel {a.gen.tp}" in out
-    assert f"training: {a.train_gpus} GPUs, DeepSpeed ZeRO-3 over {a.train.world} rank(s)" in out
+    assert f"training: {a.train_gpus} GPUs, DeepSpeed ZeRO-{cfg.actor.zero_stage} over {a.train.world} rank(s)" in out
     assert f"batch: 1024 prompts x {p.group_size} answers = {n_seqs} sequences" in out
     assert f"{p.ppo_n_minibatches} optimizer step(s) per batch" in out
     assert "tokens: prompt <= 2048, answer <= 16384; micro-batches <= 19456 tokens" in out
@@ -127,7 +127,7 @@ def test_a_shared_gpu_preset_says_where_it_runs(capsys, monkeypatch):
     on CPU nodes; on GPU nodes it is refused before anything starts, with the split that runs. The
     GPU is forced with AREAL_DEVICE=cuda (none here), the same switch a run's platform check reads."""
     out = dry_run(["train", "1.5B_n1", "--dry-run"], capsys)
-    assert ("training: 8 GPUs, DeepSpeed ZeRO-3 over 8 rank(s) (d4m1p2) sharing the generation GPUs (CPU nodes "
+    assert ("training: 8 GPUs, DeepSpeed ZeRO-2 over 8 rank(s) (d4m1p2) sharing the generation GPUs (CPU nodes "
             "only; on GPUs: vllm.d2p1m2+d4p1m1)") in out
     monkeypatch.setenv("AREAL_DEVICE", "cuda")
     with pytest.raises(SystemExit) as got:
@@ -148,7 +148,7 @@ def test_dry_run_numbers_for_1p5b_n4(capsys):
     out = dry_run(["train", "1.5B_n4", "--dry-run"], capsys)
     assert "needs 16+16=32 GPUs, cluster has 4x8=32: ok" in out
     assert "generation: 16 GPUs as 16 vLLM engine(s), tensor parallel 1" in out
-    assert "training: 16 GPUs, DeepSpeed ZeRO-3 over 16 rank(s)" in out
+    assert "training: 16 GPUs, DeepSpeed ZeRO-2 over 16 rank(s)" in out
     assert "batch: 1024 prompts x 8 answers = 8192 sequences" in out
     assert "weight sync: broadcast: trainer rank 0 broadcasts to 16 engine worker(s) in 32 MB buckets" in out
 

@@ -16,9 +16,9 @@ from areal_kit.data.prompts import PromptLoader, mix_rows
 from areal_kit.errors import UserError
 from areal_kit.monitor import extra_panels, write_png
 from areal_kit.rl.algo import functional as Fn
-from areal_kit.rl.algo.batch import informative_groups, overlong_penalty, shape_rewards, step_stats
-from areal_kit.rl.checkpoint import recover
+from areal_kit.rl.algo.batch import Shaped, informative_groups, overlong_penalty, shape_rewards, step_stats
 from areal_kit.rl.job import RunState
+from areal_kit.rl.sample import Sample
 
 pytestmark = pytest.mark.unit
 
@@ -28,8 +28,7 @@ def ppo(**kw):
 
 
 def sample(pid, group, reward, n_tokens, no_eos=False, **extra):
-    return {"id": pid, "group": group, "task_reward": reward, "prompt_ids": [1, 2], "output_ids": [5] * n_tokens,
-            "no_eos": no_eos, **extra}
+    return Sample(pid, group, [1, 2], [5] * n_tokens, [0.0] * n_tokens, no_eos, 0, reward, **extra)
 
 
 # ------------------------------------------------------------------ overlong shaping
@@ -44,9 +43,9 @@ def test_shaped_reward_adds_the_penalty_and_the_metric_is_its_mean():
     p = ppo(overlong_buffer=4, overlong_penalty_factor=1.0)
     ss = [sample("a", 0, 1.0, 8), sample("a", 1, 1.0, 3)]
     out = shape_rewards(ss, p)
-    assert [s["final_reward"] for s in ss] == [0.5, 1.0]  # 1 - (8 - 6) / 4, and 1
-    assert out["overlong_penalty"] == pytest.approx(-0.25)
-    assert out["perc_zero_adv"] == 0.0  # equal task rewards, unequal shaped ones: a signal
+    assert [s.final_reward for s in out.samples] == [0.5, 1.0]  # 1 - (8 - 6) / 4, and 1
+    assert out.overlong_penalty == pytest.approx(-0.25)
+    assert out.perc_zero_adv == 0.0  # equal task rewards, unequal shaped ones: a signal
     row = step_stats(ss, out, {})
     assert row["overlong_penalty"] == pytest.approx(-0.25)
 
@@ -60,11 +59,11 @@ def test_a_bad_buffer_is_one_line():
 def test_overlong_filter_keeps_truncated_answers_in_the_baseline_but_not_in_the_loss():
     ss = [sample("a", 0, 1.0, 3), sample("a", 1, 0.0, 10, no_eos=True)]
     out = shape_rewards(ss, ppo(overlong_filter=True))
-    by_group = {s["group"]: s for s in out["_train_samples"]}
-    assert by_group[1]["loss_mask"] == [0] * 10
-    assert "loss_mask" not in by_group[0]
-    assert by_group[0]["seq_reward"] > 0 > by_group[1]["seq_reward"]  # normalized over both answers
-    assert out["overlong_masked"] == 0.5
+    by_group = {s.group: s for s in out.train}
+    assert by_group[1].loss_mask == [0] * 10
+    assert by_group[0].loss_mask is None
+    assert by_group[0].seq_reward > 0 > by_group[1].seq_reward  # normalized over both answers
+    assert out.overlong_masked == 0.5
 
 
 @pytest.mark.parametrize(("mode", "expected"), [
@@ -84,7 +83,7 @@ def test_informative_groups_judge_the_raw_task_reward_only():
           sample("b", 1, 0.0, 2), sample("b", 1, 1.0, 2),
           sample("c", 2, 0.0, 2), sample("c", 2, 0.0, 2)]
     keep, dropped = informative_groups(ss)
-    assert [[s["id"] for s in g] for g in keep] == [["b", "b"]]
+    assert [[s.id for s in g] for g in keep] == [["b", "b"]]
     assert dropped == 2
 
 
@@ -92,7 +91,7 @@ def test_a_group_is_the_prompt_and_its_engine_group_number():
     # Two engines number their groups from 0: the same number under another prompt is another group.
     ss = [sample("a", 0, 1.0, 2), sample("b", 0, 0.0, 2), sample("a", 0, 0.0, 2), sample("b", 0, 0.0, 2)]
     keep, dropped = informative_groups(ss)
-    assert [g[0]["id"] for g in keep] == ["a"] and dropped == 1
+    assert [g[0].id for g in keep] == ["a"] and dropped == 1
 
 
 def test_dynamic_sampling_needs_groups():
@@ -162,13 +161,13 @@ def test_mix_entries_take_unset_keys_from_dataset():
 def test_step_stats_report_each_sources_task_reward():
     ss = [sample("a", 0, 1.0, 2, source="math"), sample("a", 0, 0.0, 2, source="math"),
           sample("b", 1, 1.0, 2, source="code")]
-    row = step_stats(ss, {"final_reward_mean": 0.0, "advantage": 0.0, "perc_zero_adv": 0.0}, {})
+    row = step_stats(ss, Shaped(ss, ss, perc_zero_adv=0.0, advantage=0.0, final_reward_mean=0.0), {})
     assert row["task_reward/math"] == 0.5 and row["task_reward/code"] == 1.0
 
 
 # ------------------------------------------------------------------ recover of a multi-batch step
 def test_the_loader_position_is_the_batches_taken_not_the_steps(tmp_path):
-    from test_recover_checkpoint import Ctrl, dump, make_job
+    from test_recover_checkpoint import Ctrl, dump, load, make_job
 
     job = make_job(tmp_path)
     c = Ctrl(job, 2)
@@ -176,7 +175,7 @@ def test_the_loader_position_is_the_batches_taken_not_the_steps(tmp_path):
     st = json.loads(Path(dump(c), "state.json").read_text())
     assert st["batches"] == 5 and st["sampling"]["next_step_index"] == 5
     assert st["loader"] == job.loader.state_at(5)
-    state = recover.resume_state(make_job(tmp_path), c.log, fresh=False)
+    state = load(make_job(tmp_path), c.log)
     assert (state.global_step, state.batches) == (2, 5)
     assert isinstance(state, RunState)
 

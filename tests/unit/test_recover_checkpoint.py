@@ -67,6 +67,11 @@ def dump(c: Ctrl) -> str:
     return recover.write(c.job, c.state, c.timer.state_dict(), c.trainers, c.log)
 
 
+def load(job, log=None, fresh=False) -> RunState:
+    """What a launch attempt starts from (rl/launch.py)."""
+    return Checkpointer(job, log or Log()).load(fresh)
+
+
 def make_job(tmp_path, *overrides, n_rows=64, total=10):
     cfg = load_config("tiny", [f"fileroot={tmp_path}", *overrides])
     model = tmp_path / "model"
@@ -107,12 +112,41 @@ def test_a_write_killed_midway_leaves_the_previous_checkpoint(tmp_path):
     names = sorted(os.listdir(job.paths.recover_dir))
     assert names == [".tmp-globalstep4", "globalstep2"]
     log = Log()
-    state = recover.resume_state(job, log, fresh=False)
+    state = load(job, log)
     assert state.global_step == 2
     assert state.recover_path.endswith("globalstep2")
     assert any(m.startswith("Will recover from: ") and "global step 2" in m and "global step 3 of 10" in m
                for m in log.lines)
     assert sorted(os.listdir(job.paths.recover_dir)) == ["globalstep2"]  # the torn write is cleaned up
+
+
+def test_a_resume_is_these_steps_in_this_order(tmp_path):
+    dump(Ctrl(make_job(tmp_path), 2))
+    done = []
+
+    class Recorded(Checkpointer):
+        pass
+
+    for name in ("count_attempt", "record_driver", "prune_torn", "prune_all", "seek_loader", "restore_rng"):
+        def step(self, *args, _name=name):
+            done.append(_name)
+            return getattr(Checkpointer, _name)(self, *args)
+        setattr(Recorded, name, step)
+    assert Recorded(make_job(tmp_path), Log()).load().global_step == 2
+    assert done == ["count_attempt", "record_driver", "prune_torn", "seek_loader", "restore_rng"]
+    done.clear()
+    assert not Recorded(make_job(tmp_path), Log()).load(fresh=True).resumed
+    assert done == ["count_attempt", "record_driver", "prune_torn", "prune_all", "seek_loader"]
+
+
+def test_a_checkpoint_that_does_not_match_is_kept_and_the_attempt_still_counted(tmp_path):
+    dump(Ctrl(make_job(tmp_path), 2))
+    job = make_job(tmp_path, "ppo.group_size=4")
+    with pytest.raises(UserError, match="does not match"):
+        load(job)
+    assert job.recover_attempts == 1
+    assert json.loads(Path(job.paths.log_dir, "driver.json").read_text())["attempt"] == 0
+    assert recover.latest(job.paths.recover_dir).global_step == 2
 
 
 def test_a_failed_write_is_one_line_and_keeps_the_previous(tmp_path):
@@ -133,7 +167,7 @@ def test_mismatch_names_every_difference_and_how_to_proceed(tmp_path):
     job = make_job(tmp_path, "ppo.group_size=4", "dataset.train_bs_n_seqs=16", "actor.zero_stage=2", "n_nodes=2",
                    "allocation_mode=vllm.d3p1m1+d1p1m1")
     with pytest.raises(UserError) as e:
-        recover.resume_state(job, Log(), fresh=False)
+        load(job)
     msg = str(e.value)
     assert "\n" not in msg
     for part in ("ppo.group_size was 8, now 4", "dataset.train_bs_n_seqs was 32, now 16", "actor.zero_stage was 0, now 2",
@@ -150,7 +184,7 @@ def test_a_layout_change_resumes_and_says_so(tmp_path):
     in tests/integration/test_elastic_resume.py."""
     dump(Ctrl(make_job(tmp_path, "n_gpus_per_node=5", "allocation_mode=vllm.d2p1m1+d3p1m1"), 2))
     log = Log()
-    state = recover.resume_state(make_job(tmp_path, "n_gpus_per_node=2"), log, fresh=False)
+    state = load(make_job(tmp_path, "n_gpus_per_node=2"), log)
     assert state.global_step == 2
     [line] = [m for m in log.lines if m.startswith("Resuming on")]
     assert line == ("Resuming on 1 trainer rank and 1 rollout engine (vllm.d1p1m1+d1p1m1), written by 3 trainer "
@@ -159,7 +193,7 @@ def test_a_layout_change_resumes_and_says_so(tmp_path):
     same.mkdir()
     dump(Ctrl(make_job(same), 2))
     log = Log()
-    recover.resume_state(make_job(same), log, fresh=False)
+    load(make_job(same), log)
     assert not [m for m in log.lines if m.startswith("Resuming on")], "the same layout says nothing"
 
 
@@ -169,14 +203,14 @@ def test_a_different_model_is_a_mismatch(tmp_path):
     (tmp_path / "model" / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"],
                                                                 "hidden_size": 128}))
     with pytest.raises(UserError, match=r"model was .*hidden 64.*now .*hidden 128.*the same model"):
-        recover.resume_state(job, Log(), fresh=False)
+        load(job)
 
 
 def test_fresh_discards_and_starts_at_step_one(tmp_path):
     dump(Ctrl(make_job(tmp_path), 2))
     job = make_job(tmp_path, "ppo.group_size=4")
     log = Log()
-    assert recover.resume_state(job, log, fresh=True) is None
+    assert not load(job, log, fresh=True).resumed
     assert recover.latest(job.paths.recover_dir) is None
     assert job.loader.position == 0
     assert any("--fresh: discarding" in m for m in log.lines)
@@ -185,15 +219,15 @@ def test_fresh_discards_and_starts_at_step_one(tmp_path):
 def test_modes(tmp_path):
     job = make_job(tmp_path, "recover_mode=resume")
     with pytest.raises(UserError, match="recover_mode=resume but there is no recover checkpoint"):
-        recover.resume_state(job, Log(), fresh=False)
-    assert recover.resume_state(make_job(tmp_path), Log(), fresh=False) is None  # auto, nothing yet
+        load(job)
+    assert load(make_job(tmp_path)) == RunState()  # auto, nothing yet: global step 1
     dump(Ctrl(make_job(tmp_path), 2))
     fault = make_job(tmp_path, "recover_mode=fault")
-    assert recover.resume_state(fault, Log(), fresh=False) is None  # first launch: start over
+    assert not load(fault).resumed  # first launch: start over
     dump(Ctrl(fault, 2))
-    assert recover.resume_state(fault, Log(), fresh=False).global_step == 2  # relaunch: resume
+    assert load(fault).global_step == 2  # relaunch: resume
     disabled = make_job(tmp_path, "recover_mode=disabled")
-    assert recover.resume_state(disabled, Log(), fresh=False) is None
+    assert not load(disabled).resumed
     assert recover.latest(disabled.paths.recover_dir) is not None  # left alone
 
 
@@ -203,7 +237,7 @@ def test_relaunch_repositions_a_loader_that_ran_ahead(tmp_path):
     for _ in range(5):  # queued batches of the failed attempt
         job.loader.next_batch()
     job.recover_attempts = 1
-    state = recover.resume_state(job, Log(), fresh=False)
+    state = load(job)
     assert state.global_step == 2
     assert job.loader.state_dict() == job.loader.state_at(2)
 
@@ -215,8 +249,8 @@ def test_a_finished_run_says_so(tmp_path):
     os.makedirs(save)
     Path(save, "config.json").write_text("{}")
     with pytest.raises(UserError, match="already finished its 4 steps.*total_train_steps"):
-        recover.resume_state(make_job(tmp_path, total=4), Log(), fresh=False)
-    assert recover.resume_state(make_job(tmp_path, total=8), Log(), fresh=False).global_step == 4
+        load(make_job(tmp_path, total=4))
+    assert load(make_job(tmp_path, total=8)).global_step == 4
 
 
 def test_due_schedule(tmp_path):
@@ -224,7 +258,8 @@ def test_due_schedule(tmp_path):
     job = make_job(tmp_path, "exp_ctrl.ckpt_freq_steps=3", "exp_ctrl.ckpt_freq_secs=0", "exp_ctrl.ckpt_freq_epochs=0",
                    "exp_ctrl.save_freq_steps=0", "exp_ctrl.save_freq_epochs=0", "exp_ctrl.save_freq_secs=0", total=10)
     state, trainers = RunState(), FakeTrainers()
-    ckpt = Checkpointer(job, state, logs.StepTimer({}), Log(), trainers)
+    ckpt = Checkpointer(job, Log())
+    ckpt.connect(state, logs.StepTimer({}), trainers)
     for g in range(1, 11):
         state.global_step = state.version = g
         ckpt.after_step(0, g - 1)
@@ -255,8 +290,7 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     dump(_with_state(job, state))
     first.close()
 
-    resumed = recover.resume_state(make_job(tmp_path, "wandb_project=areal-test", "tensorboard=false"), Log(),
-                                   fresh=False)
+    resumed = load(make_job(tmp_path, "wandb_project=areal-test", "tensorboard=false"))
     assert resumed.wandb_id == state.wandb_id != ""
     again = logs.RunLogger(job.paths, tensorboard=False, wandb_project="areal-test", run_name="tiny/run0",
                            console=False)

@@ -13,6 +13,7 @@ from areal_kit.errors import UserError
 from areal_kit.reward import plugins
 from areal_kit.reward.scoring import RewardScorer, as_reward
 from areal_kit.rl.algo.batch import shape_rewards, step_stats
+from areal_kit.rl.sample import Sample
 
 PLUGIN = textwrap.dedent("""
     import os, signal, time
@@ -121,14 +122,8 @@ def test_config_fields_validated_and_file_paths_made_absolute(monkeypatch, tmp_p
 
 
 def _samples(task, no_eos, fmt=None):
-    out = []
-    for i, (t, e) in enumerate(zip(task, no_eos)):
-        s = {"id": f"p{i // 2}", "group": i // 2, "task_reward": t, "no_eos": e, "output_ids": [1, 2],
-             "prompt_ids": [0]}
-        if fmt is not None:
-            s["format_reward"] = fmt[i]
-        out.append(s)
-    return out
+    return [Sample(f"p{i // 2}", i // 2, [0], [1, 2], [0.0, 0.0], e, 0, t, format_reward=None if fmt is None else fmt[i])
+            for i, (t, e) in enumerate(zip(task, no_eos))]
 
 
 def test_format_reward_and_non_stop_penalty_in_shaping():
@@ -136,14 +131,14 @@ def test_format_reward_and_non_stop_penalty_in_shaping():
                     non_stop_penalty_value=-1.0)
     ss = _samples([1.0, 0.0, 1.0, 1.0], [False, False, True, False], fmt=[0.5, 0.0, 0.5, 0.0])
     shaped = shape_rewards(ss, ppo)
-    assert [s["final_reward"] for s in ss] == [1.5, 0.0, -1.0, 1.0]
-    row = step_stats(ss, shaped, {})
+    assert [s.final_reward for s in shaped.samples] == [1.5, 0.0, -1.0, 1.0]
+    row = step_stats(shaped.samples, shaped, {})
     assert row["format_reward"] == 0.25
     assert row["task_reward"] == 0.75  # task_reward stays the verifier's
     off = PPOConfig(group_size=2, adv_norm=False)
-    ss = _samples([1.0, 0.0], [True, False])
-    shape_rewards(ss, off)
-    assert [s["final_reward"] for s in ss] == [1.0, 0.0]
+    shaped = shape_rewards(_samples([1.0, 0.0], [True, False]), off)
+    assert [s.final_reward for s in shaped.samples] == [1.0, 0.0]
+    assert "format_reward" not in step_stats(shaped.samples, shaped, {})
 
 
 def test_default_format_pattern_matches_r1_style_answers():

@@ -5,6 +5,10 @@ transformers) must stay out of that set, which is why those modules import insid
 commands. Every other module imports at the top, so that its dependencies are visible and a
 cycle cannot hide inside a function; the exceptions are libraries whose import must wait for
 the environment a worker sets first (vLLM, DeepSpeed) and optional ones (inside try or if).
+
+The packages lean one way: the CLI starts the commands' packages, training may run the
+evaluator for its in-training eval, and what two of them share (checkpoint naming, grading,
+doctor's saved figures) sits in the modules below them all, which import none of them.
 """
 
 import ast
@@ -52,6 +56,38 @@ def _imports(name: str, tree: ast.Module, known: set[str]) -> set[str]:
             out |= {f"{sub.module}.{a.name}" for a in sub.names if f"{sub.module}.{a.name}" in known}
     out.discard(name)
     return out
+
+
+# The packages that are commands, and which of the others each may import (anywhere in it,
+# function-level imports included). Everything else in areal_kit (config, data, reward, and the
+# modules at the top: checkpoints, netfigures, logs, ...) is below them and imports none of them.
+MAY_IMPORT = {
+    "cli": {"cluster", "rl", "eval", "monitor"},
+    "rl": {"eval"},  # in-training validation runs the evaluator's pass@k
+    "cluster": {"eval"},  # setup --data fetches the eval datasets onto the cluster's storage
+    "monitor": {"rl"},  # `areal-kit logs` reads the recover checkpoints' state (rl/checkpoint/store.py)
+    "eval": set(),  # eval reads checkpoints, never the trainer
+}
+
+
+def _package(module: str) -> str:
+    """The top-level part of areal_kit a module belongs to: `rl` for areal_kit.rl.workers.trainer."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_packages_import_only_the_packages_below_them():
+    """cluster and rl never import each other (doctor runs the training through a command, the dry
+    run reads doctor's figures from netfigures.py), nor eval rl; the shared modules import no command."""
+    mods = _modules()
+    wrong = []
+    for name, tree in mods.items():
+        src = _package(name)
+        for dep in sorted(_imports(name, tree, set(mods))):
+            dst = _package(dep)
+            if dst in MAY_IMPORT and dst != src and dst not in MAY_IMPORT.get(src, set()):
+                wrong.append(f"{name} imports {dep}")
+    assert not wrong, "imports against the packages' direction: " + "; ".join(wrong)
 
 
 def _help_modules() -> set[str]:

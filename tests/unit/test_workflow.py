@@ -11,7 +11,7 @@ import pytest
 
 from areal_kit.errors import UserError
 from areal_kit.rl.algo.packing import Answers
-from areal_kit.rl.workers import workflow as W
+from areal_kit.rl.workers import workflow
 from areal_kit.rl.workers.trainer import loss_masks
 
 
@@ -31,14 +31,14 @@ class FakeLLM:
 
     def __call__(self, requests):
         self.batches.append([(list(r.prompt_ids), r.n, r.max_tokens) for r in requests])
-        return [[W.Completion([sum(r.prompt_ids) % 50 + k], [-0.5], "length" if r.max_tokens == 1 else "stop")
+        return [[workflow.Completion([sum(r.prompt_ids) % 50 + k], [-0.5], "length" if r.max_tokens == 1 else "stop")
                  for k in range(r.n)] for r in requests]
 
 
 def _engine(group_size=2, max_len=64):
     llm = FakeLLM()
     gen = SimpleNamespace(max_new_tokens=8, temperature=1.0)
-    return llm, W.Engine(llm, FakeTok(), gen, group_size, max_len)
+    return llm, workflow.Engine(llm, FakeTok(), gen, group_size, max_len)
 
 
 ROWS = [{"id": f"r{i}", "prompt_ids": [10 + i, 20], "seed": i} for i in range(3)]
@@ -46,7 +46,7 @@ ROWS = [{"id": f"r{i}", "prompt_ids": [10 + i, 20], "seed": i} for i in range(3)
 
 def test_single_turn_is_one_batched_call():
     llm, eng = _engine()
-    groups = W.run_episodes(W.single_turn, eng, ROWS)
+    groups = workflow.run_episodes(workflow.single_turn, eng, ROWS)
     assert len(llm.batches) == 1
     assert [b[1] for b in llm.batches[0]] == [2, 2, 2]
     assert [[t.output_ids for t in g] for g in groups] == [[[30], [31]], [[31], [32]], [[32], [33]]]
@@ -59,14 +59,14 @@ async def two_turn(engine, row):
     out = []
     for c in first:
         [second] = await engine.generate(row["prompt_ids"] + c.token_ids + hint, max_tokens=1)
-        out.append(W.Trajectory(c.token_ids + hint + second.token_ids, c.logprobs + [0.0] + second.logprobs,
+        out.append(workflow.Trajectory(c.token_ids + hint + second.token_ids, c.logprobs + [0.0] + second.logprobs,
                                 loss_mask=[1, 0, 1], no_eos=second.no_eos, reward=float(len(row["id"]))))
     return out
 
 
 def test_two_turn_episodes_batch_each_turn_across_prompts():
     llm, eng = _engine()
-    groups = W.run_episodes(two_turn, eng, ROWS)
+    groups = workflow.run_episodes(two_turn, eng, ROWS)
     # turn 1: the 3 prompts together; turn 2: each episode's completions one at a time, but all
     # episodes' first follow-ups in one batch, then all second follow-ups
     assert [len(b) for b in llm.batches] == [3, 3, 3]
@@ -86,37 +86,37 @@ class ClassFlow:
     async def arun_episode(self, engine, row):
         self.calls += 1
         await asyncio.sleep(0.001)  # waiting on something else (a tool) is fine
-        return await W.single_turn(engine, row)
+        return await workflow.single_turn(engine, row)
 
 
 def test_load_default_function_and_class(tmp_path):
-    assert W.load("") is W.single_turn
+    assert workflow.load("") is workflow.single_turn
     (tmp_path / "flows.py").write_text(
         "from areal_kit.rl.workers.workflow import single_turn\n"
         "class Flow:\n    async def arun_episode(self, engine, row):\n        return await single_turn(engine, row)\n"
         "def sync_flow(engine, row):\n    return []\n")
-    fn = W.load(f"{tmp_path}/flows.py:Flow")
+    fn = workflow.load(f"{tmp_path}/flows.py:Flow")
     _, eng = _engine()
-    assert len(W.run_episodes(fn, eng, ROWS[:1])[0]) == 2
+    assert len(workflow.run_episodes(fn, eng, ROWS[:1])[0]) == 2
     with pytest.raises(UserError, match="is not an async function"):
-        W.load(f"{tmp_path}/flows.py:sync_flow")
+        workflow.load(f"{tmp_path}/flows.py:sync_flow")
     with pytest.raises(UserError, match="does not import"):
-        W.load("no_such_pkg.flows:f")
+        workflow.load("no_such_pkg.flows:f")
 
 
 def test_episodes_waiting_on_other_things_still_finish():
     flow = ClassFlow()
     _, eng = _engine()
-    groups = W.run_episodes(flow.arun_episode, eng, ROWS)
+    groups = workflow.run_episodes(flow.arun_episode, eng, ROWS)
     assert flow.calls == 3
     assert all(len(g) == 2 for g in groups)
 
 
 @pytest.mark.parametrize("make, msg", [
-    (lambda c: [W.Trajectory(c.token_ids, c.logprobs)], "expected a list of ppo.group_size=2"),
-    (lambda c: [W.Trajectory(c.token_ids, [])] * 2, "but 0 logprobs"),
-    (lambda c: [W.Trajectory(c.token_ids, c.logprobs, loss_mask=[0])] * 2, "loss_mask is all 0"),
-    (lambda c: [W.Trajectory([], [])] * 2, "no output tokens"),
+    (lambda c: [workflow.Trajectory(c.token_ids, c.logprobs)], "expected a list of ppo.group_size=2"),
+    (lambda c: [workflow.Trajectory(c.token_ids, [])] * 2, "but 0 logprobs"),
+    (lambda c: [workflow.Trajectory(c.token_ids, c.logprobs, loss_mask=[0])] * 2, "loss_mask is all 0"),
+    (lambda c: [workflow.Trajectory([], [])] * 2, "no output tokens"),
 ])
 def test_bad_trajectories_fail_clearly(make, msg):
     async def flow(engine, row):
@@ -124,7 +124,7 @@ def test_bad_trajectories_fail_clearly(make, msg):
         return make(c)
 
     with pytest.raises(ValueError, match=msg):
-        W.run_episodes(flow, _engine()[1], ROWS[:1])
+        workflow.run_episodes(flow, _engine()[1], ROWS[:1])
 
 
 def test_prompt_too_long_for_the_engine():
@@ -132,7 +132,7 @@ def test_prompt_too_long_for_the_engine():
         await engine.generate(list(range(64)))
 
     with pytest.raises(ValueError, match="leaves no room"):
-        W.run_episodes(flow, _engine(max_len=64)[1], ROWS[:1])
+        workflow.run_episodes(flow, _engine(max_len=64)[1], ROWS[:1])
 
 
 def test_trainer_loss_masks_are_flat_over_the_shard():

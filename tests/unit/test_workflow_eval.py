@@ -1,5 +1,5 @@
-"""In-training eval (rl/validation.py): references from each row format, the `areal-kit eval` grader,
-when it runs, and its config checks."""
+"""In-training eval (rl/validation.py): references from each row format and the `areal-kit eval`
+grader it shares (reward/grading.py), when it runs, and its config checks."""
 
 from __future__ import annotations
 
@@ -7,23 +7,22 @@ import pytest
 
 from areal_kit.config.loader import load_config
 from areal_kit.config.schema import ConfigError
-from areal_kit.rl import validation as E
+from areal_kit.reward.grading import grade_completion, grade_row, references
+from areal_kit.rl.validation import Validator
 
 
 def test_references_from_each_row_format():
-    assert E.references({"solutions": ["The answer: \\boxed{\\frac12}.", "\\boxed{0.5}"]}) == ["\\frac12", "0.5"]
-    assert E.references({"answer": "She pays 9 * 2 = 18.\n#### 1,018"}) == ["1018"]
-    assert E.references({"answer": "7"}) == ["7"]
-    assert E.references({"answer": None}) == []
+    assert references({"solutions": ["The answer: \\boxed{\\frac12}.", "\\boxed{0.5}"]}) == ["\\frac12", "0.5"]
+    assert references({"answer": "She pays 9 * 2 = 18.\n#### 1,018"}) == ["1018"]
+    assert references({"answer": "7"}) == ["7"]
+    assert references({"answer": None}) == []
 
 
 def test_grade_row_is_the_eval_grader():
-    from areal_kit.eval.evaluation import grade_completion
-
     row = {"solutions": ["\\boxed{4}", "\\boxed{-4}"]}
-    assert E.grade_row("so x = \\boxed{-4}", row)
-    assert not E.grade_row("so x = \\boxed{5}", row)
-    assert E.grade_row("... #### 18", {"answer": "#### 18"})
+    assert grade_row("so x = \\boxed{-4}", row)
+    assert not grade_row("so x = \\boxed{5}", row)
+    assert grade_row("... #### 18", {"answer": "#### 18"})
     assert grade_completion("so \\boxed{1/2}", ["0.5"]) == ("1/2", True)
     assert grade_completion("no answer", ["0.5"]) == (None, False)
 
@@ -31,9 +30,9 @@ def test_grade_row_is_the_eval_grader():
 def test_due_every_n_steps_and_at_the_end():
     cfg = load_config("tiny", ["exp_ctrl.eval_every=3", "dataset.eval_size=8"])
     rows = [{"id": "q"}]
-    assert [s for s in range(1, 11) if E.Validator(cfg, rows, None, None, 10).due(s)] == [3, 6, 9, 10]
-    assert not any(E.Validator(load_config("tiny"), rows, None, None, 10).due(s) for s in range(1, 11))
-    assert not any(E.Validator(cfg, [], None, None, 10).due(s) for s in range(1, 11)), "no eval rows: never due"
+    assert [s for s in range(1, 11) if Validator(cfg, rows, None, None, 10).due(s)] == [3, 6, 9, 10]
+    assert not any(Validator(load_config("tiny"), rows, None, None, 10).due(s) for s in range(1, 11))
+    assert not any(Validator(cfg, [], None, None, 10).due(s) for s in range(1, 11)), "no eval rows: never due"
 
 
 @pytest.mark.parametrize("overrides, msg", [

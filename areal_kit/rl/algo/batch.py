@@ -12,10 +12,13 @@ informative_groups.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
 from areal_kit.errors import UserError
 from areal_kit.rl.algo import functional as Fn
+from areal_kit.rl.sample import Sample
 
 # What each built-in reward reads from a dataset row.
 REWARD_FIELDS = {"toy": ("answer",), "math": ("answer", "solutions"), "gsm8k": ("answer",)}
@@ -38,14 +41,14 @@ def sample_seed(seed: int, step: int, index: int) -> int:
     return (seed * 1_000_003 + step * 10_007 + index) % (2**31 - 1)
 
 
-def informative_groups(samples: list[dict]) -> tuple[list[list[dict]], int]:
+def informative_groups(samples: list[Sample]) -> tuple[list[list[Sample]], int]:
     """(groups whose task rewards are not all equal, how many groups were dropped), in arrival
     order. The verifier's reward decides, never the shaped one: a format bonus or an overlong
     penalty that differs within a group of equally right answers is no signal about the task."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[Sample]] = {}
     for s in samples:
-        groups.setdefault((s["id"], s["group"]), []).append(s)
-    keep = [g for g in groups.values() if len({s["task_reward"] for s in g}) > 1]
+        groups.setdefault((s.id, s.group), []).append(s)
+    keep = [g for g in groups.values() if len({s.task_reward for s in g}) > 1]
     return keep, len(groups) - len(keep)
 
 
@@ -58,71 +61,82 @@ def overlong_penalty(n_tokens: int, ppo) -> float:
     return min(0.0, (limit - buf - n_tokens) / buf * ppo.overlong_penalty_factor)
 
 
-def shape_rewards(samples: list[dict], ppo) -> dict:
-    """Set seq_reward on every sample; return stats and the samples to train on."""
+@dataclass(frozen=True)
+class Shaped:
+    """What reward shaping makes of a step's samples."""
+
+    samples: list[Sample]  # every sample given, with final_reward and seq_reward, each group contiguous
+    train: list[Sample]  # the ones to train on: all, or those of groups with a signal under skip_zero_adv_groups
+    perc_zero_adv: float  # the fraction of groups whose rewards are all equal
+    advantage: float  # the mean seq_reward
+    final_reward_mean: float
+    overlong_penalty: float | None = None  # the mean overlong penalty, under ppo.overlong_buffer
+    overlong_masked: float | None = None  # the fraction of `train` whose loss is masked, under ppo.overlong_filter
+
+
+def shape_rewards(samples: list[Sample], ppo) -> Shaped:
+    """The step's samples with their shaped rewards, the ones to train on, and the stats."""
     g = ppo.group_size
     # Samples arrive per engine; regroup by (prompt id, group) so groups are contiguous.
-    samples.sort(key=lambda s: (s["id"], s["group"]))
-    task = torch.tensor([_raw_reward(s, ppo) for s in samples], dtype=torch.float32)
+    ordered = sorted(samples, key=lambda s: (s.id, s.group))
+    task = torch.tensor([_raw_reward(s, ppo) for s in ordered], dtype=torch.float32)
     reward = task * ppo.reward_output_scaling + ppo.reward_output_bias
     zero = Fn.zero_adv_groups(reward, g)
     seq = Fn.group_normalize(reward, g) if ppo.group_adv_norm else reward
-    for s, r, rr in zip(samples, seq.tolist(), reward.tolist()):
-        s["seq_reward"] = r
-        s["final_reward"] = rr
-    keep = samples
+    shaped = [replace(s, seq_reward=r, final_reward=rr) for s, r, rr in zip(ordered, seq.tolist(), reward.tolist())]
+    keep = shaped
     if ppo.skip_zero_adv_groups and not bool(zero.all()):
         drop = set(torch.nonzero(zero).flatten().tolist())
-        keep = [s for i, s in enumerate(samples) if i // g not in drop]
-    out = {"perc_zero_adv": float(zero.float().mean()), "advantage": float(seq.mean()),
-           "final_reward_mean": float(reward.mean()), "_train_samples": keep}
+        keep = [s for i, s in enumerate(shaped) if i // g not in drop]
+    penalty = masked = None
     if ppo.overlong_buffer:
-        out["overlong_penalty"] = sum(overlong_penalty(len(s["output_ids"]), ppo) for s in samples) / len(samples)
+        penalty = sum(overlong_penalty(len(s.output_ids), ppo) for s in ordered) / len(ordered)
     if ppo.overlong_filter:
-        masked = [s for s in keep if s["no_eos"]]
-        for s in masked:
-            s["loss_mask"] = [0] * len(s["output_ids"])
-        out["overlong_masked"] = len(masked) / max(len(keep), 1)
-    return out
+        masked = sum(s.no_eos for s in keep) / max(len(keep), 1)
+        keep = [replace(s, loss_mask=[0] * len(s.output_ids)) if s.no_eos else s for s in keep]
+    return Shaped(shaped, keep, perc_zero_adv=float(zero.float().mean()), advantage=float(seq.mean()),
+                  final_reward_mean=float(reward.mean()), overlong_penalty=penalty, overlong_masked=masked)
 
 
-def _raw_reward(s: dict, ppo) -> float:
-    if ppo.non_stop_penalty and s["no_eos"]:
+def _raw_reward(s: Sample, ppo) -> float:
+    if ppo.non_stop_penalty and s.no_eos:
         return ppo.non_stop_penalty_value
-    shaped = s["task_reward"] + s.get("format_reward", 0.0)
-    return shaped + overlong_penalty(len(s["output_ids"]), ppo) if ppo.overlong_buffer else shaped
+    shaped = s.task_reward + (0.0 if s.format_reward is None else s.format_reward)
+    return shaped + overlong_penalty(len(s.output_ids), ppo) if ppo.overlong_buffer else shaped
 
 
-def step_stats(samples: list[dict], shaped: dict, train: dict) -> dict:
+def step_stats(samples: list[Sample], shaped: Shaped, train: dict) -> dict:
+    """A step's metrics row: of the samples it generated, of their shaping, and of the trainer's stats (train)."""
     n = len(samples)
-    out_lens = [len(s["output_ids"]) for s in samples]
-    prompt_lens = [len(s["prompt_ids"]) for s in samples]
+    out_lens = [len(s.output_ids) for s in samples]
+    prompt_lens = [len(s.prompt_ids) for s in samples]
     row = {
         "ppo_approx_kl": train.get("ppo_approx_kl", 0.0),
         "actor_loss": train.get("actor_loss", 0.0),
         "actor_clip_ratio": train.get("actor_clip_ratio", 0.0),
         "importance_weight": train.get("importance_weight", 1.0),
-        "task_reward": sum(s["task_reward"] for s in samples) / n,
+        "task_reward": sum(s.task_reward for s in samples) / n,
         "kl_reward": train.get("kl_reward", 0.0),
-        "final_reward": shaped["final_reward_mean"] + train.get("kl_reward", 0.0),
-        "advantage": shaped["advantage"],
+        "final_reward": shaped.final_reward_mean + train.get("kl_reward", 0.0),
+        "advantage": shaped.advantage,
         "avg_seq_len": sum(out_lens) / n,
         "avg_prompt_len": sum(prompt_lens) / n,
         "n_tokens": sum(out_lens) + sum(prompt_lens),
         "n_valid_tokens": int(train.get("n_valid_tokens", sum(out_lens))),
         "n_seqs": n,
-        "no_eos_ratio": sum(s["no_eos"] for s in samples) / n,
-        "perc_zero_adv": shaped["perc_zero_adv"],
+        "no_eos_ratio": sum(s.no_eos for s in samples) / n,
+        "perc_zero_adv": shaped.perc_zero_adv,
     }
-    if any("format_reward" in s for s in samples):
-        row["format_reward"] = sum(s.get("format_reward", 0.0) for s in samples) / n
-    for k in ("overlong_penalty", "overlong_masked"):
-        if k in shaped:
-            row[k] = shaped[k]
+    if any(s.format_reward is not None for s in samples):
+        row["format_reward"] = sum(0.0 if s.format_reward is None else s.format_reward for s in samples) / n
+    if shaped.overlong_penalty is not None:
+        row["overlong_penalty"] = shaped.overlong_penalty
+    if shaped.overlong_masked is not None:
+        row["overlong_masked"] = shaped.overlong_masked
     by_source: dict[str, list[float]] = {}
     for s in samples:
-        if "source" in s:
-            by_source.setdefault(s["source"], []).append(s["task_reward"])
+        if s.source is not None:
+            by_source.setdefault(s.source, []).append(s.task_reward)
     for src, rewards in sorted(by_source.items()):
         row[f"task_reward/{src}"] = sum(rewards) / len(rewards)
     for k in ("entropy", "grad_norm", "lr"):

@@ -126,6 +126,13 @@ def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
 KEEP_LOGITS = 4 << 20
 
 
+def vocab_size(head: torch.nn.Module) -> int:
+    """Rows of the output head's weight. Outside the head's forward, ZeRO-3 leaves a partitioned
+    weight empty (its data is torch.empty(0)) and keeps the real shape as ds_shape."""
+    weight = head.weight
+    return int(getattr(weight, "ds_shape", weight.shape)[0])
+
+
 def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
                      temperature: float = 1.0, chunk: int = 1024):
     """gather_logprobs over hidden states [T, H] in chunks of `chunk` tokens.
@@ -137,7 +144,7 @@ def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.
     and the gradients are the same either way.
     """
     outs_lp, outs_ent = [], []
-    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] * head.weight.shape[0] > KEEP_LOGITS
+    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] * vocab_size(head) > KEEP_LOGITS
 
     def one(h, y):
         return gather_logprobs(head(h), y, temperature)

@@ -8,15 +8,24 @@ then masks most of it away: quadratic in the row's length, which ate packing's g
 attention runs per sequence (one batched causal SDPA call per distinct length), so it costs
 sum(len_i^2) like flash-attn varlen; every other layer still runs on the packed row.
 
+Where the sequences lie is worked out once a micro-batch, on the host, from the lengths the packer
+knows (`layout_kwargs`), and handed to every layer through the model's forward: read back from the
+position ids in each layer, it would be a device-to-host sync per layer on a GPU. The same goes
+for flash-attn, whose transformers wrapper otherwise derives its varlen arguments per layer.
+
     from areal_kit.rl.algo import varlen
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=varlen.choose("cpu"))
-    model(input_ids=ids[None], position_ids=pos[None], use_cache=False)   # pos restarts per sequence
+    attn = varlen.choose("cpu")
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn)
+    model(input_ids=ids[None], position_ids=pos[None], use_cache=False,    # pos restarts per sequence
+          **varlen.layout_kwargs(attn, seq_lens, device))                  # optional: no per-layer sync
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import itertools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +80,43 @@ def _mask(**kw):
     return None if flash_attention_mask(**kw) is None else sdpa_mask(**kw)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where a packed row's sequences lie, for `attention`: (token indices, count, length) per
+    distinct length, indices sequence-major, and the permutation that puts the groups' outputs
+    back in the row's order (None when one group is the whole row, in order already)."""
+
+    groups: tuple[tuple[torch.Tensor, int, int], ...]
+    inverse: torch.Tensor | None
+
+
+def layout(segs: list[tuple[int, int]], device) -> Layout:
+    """The Layout of a row whose sequences span segs ((start, end) each)."""
+    by_len: dict[int, list[int]] = {}
+    for s, e in segs:
+        by_len.setdefault(e - s, []).append(s)
+    groups = tuple(((torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)).flatten(),
+                    len(starts), length) for length, starts in by_len.items())
+    if len(groups) == 1:
+        return Layout(groups, None)
+    perm = torch.cat([idx for idx, _, _ in groups])
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    return Layout(groups, inverse)
+
+
+def layout_kwargs(attn: str, seq_lens: list[int], device) -> dict:
+    """The model forward's keyword arguments that tell attention `attn` where the sequences of a
+    packed row of seq_lens lie: flash-attn's varlen arguments (cumulative lengths, longest), or
+    our Layout. Once a micro-batch, from host-side lengths: no layer reads anything back."""
+    if attn == FLASH:
+        cu = torch.tensor([0, *itertools.accumulate(seq_lens)], dtype=torch.int32, device=device)
+        longest = max(seq_lens)
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    ends = list(itertools.accumulate(seq_lens))
+    return {"packed_layout": layout(list(zip([0, *ends[:-1]], ends)), device)}
+
+
 def segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     """(start, end) of each packed sequence of a [T] position row (a new one starts at 0)."""
     starts = (position_ids == 0).nonzero().flatten().tolist()
@@ -81,8 +127,9 @@ def segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-              position_ids=None, **kwargs):
-    """transformers attention interface: q/k/v [B, H, T, D] -> ([B, T, H, D], None)."""
+              position_ids=None, packed_layout: Layout | None = None, **kwargs):
+    """transformers attention interface: q/k/v [B, H, T, D] -> ([B, T, H, D], None). Without
+    packed_layout (`layout_kwargs`) the sequences are found from the position ids, in every layer."""
     if attention_mask is not None or query.shape[0] != 1 or position_ids is None or query.shape[2] != key.shape[2]:
         # Padding, a real batch or a KV cache: not a packed row, so the stock SDPA path is right.
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -92,32 +139,19 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     gqa = key.shape[1] != query.shape[1]
     p = dropout if module.training else 0.0
     q, k, v = query[0], key[0], value[0]  # [H, T, D]
-    pieces, order = [], []
+    lay = packed_layout if packed_layout is not None else layout(segments(position_ids[0]), q.device)
+    pieces = []
     # Sequences of equal length run as one batched call: an RL batch repeats lengths a lot (a
     # group's short answers, the tiny task's fixed length), and per-call overhead dominates there.
-    for idx, n, length in _groups(segments(position_ids[0]), q.device):
+    for idx, n, length in lay.groups:
         def grab(x, idx=idx, n=n, length=length):  # [n, H, L, D]
             return x[:, idx].unflatten(1, (n, length)).transpose(0, 1)
 
         o = F.scaled_dot_product_attention(grab(q), grab(k), grab(v), dropout_p=p, is_causal=True,
                                            scale=scaling, enable_gqa=gqa)
         pieces.append(o.transpose(0, 1).flatten(1, 2))  # [H, n * L, D]
-        order.append(idx)
     out = torch.cat(pieces, dim=1)
-    if len(pieces) > 1:  # one group is the whole row in order already
-        perm = torch.cat(order)
-        inverse = torch.empty_like(perm)
-        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-        out = out[:, inverse]
+    if lay.inverse is not None:
+        out = out[:, lay.inverse]
     return out.transpose(0, 1)[None].contiguous(), None
-
-
-def _groups(segs: list[tuple[int, int]], device):
-    """(token indices, count, length) per distinct sequence length, indices sequence-major."""
-    by_len: dict[int, list[int]] = {}
-    for s, e in segs:
-        by_len.setdefault(e - s, []).append(s)
-    for length, starts in by_len.items():
-        idx = (torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)).flatten()
-        yield idx, len(starts), length
 

@@ -1,10 +1,12 @@
-"""When the run saves, and what: Hugging Face folders and recover checkpoints, one due rule.
+"""Resume, and when the run saves what: Hugging Face folders and recover checkpoints, one due rule.
 
-    ckpt = Checkpointer(job, state, timer, log, trainers)
+    ckpt = Checkpointer(job, log)
+    state = ckpt.load(fresh)             # before any worker starts: the run state to continue
+    ckpt.connect(state, timer, trainers) # once the workers run
+    ckpt.restore(weights)                # if state.resumed: trainer state from the checkpoint, weights to engines
     ckpt.after_step(epoch, epoch_step)   # each step: an HF save and/or a recover checkpoint, if due
     ckpt.dump()                          # a recover checkpoint now (a requested stop)
     ckpt.final_save()                    # the model at the end of the run
-    ckpt.restore(weights)                # at start: trainer state from the checkpoint, weights to engines
 
 exp_ctrl.save_freq_{steps,epochs,secs} time the HF saves (not after the last step: final_save
 writes that one); exp_ctrl.ckpt_freq_{steps,epochs,secs} the recover checkpoints, which are also
@@ -14,19 +16,79 @@ written after global step 2 (a crash early in a long run loses little) and after
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 
-from areal_kit.rl.checkpoint import hf, recover
+from areal_kit.checkpoints import save_dir
+from areal_kit.rl.checkpoint import hf, recover, rng
+from areal_kit.rl.checkpoint.store import Checkpoint, list_checkpoints, remove_tmp
+from areal_kit.rl.job import RunState
 from areal_kit.rl.schedule import Every
 
 
 class Checkpointer:
-    def __init__(self, job, state, timer, log, trainers):
-        self.job, self.state, self.timer, self.log, self.trainers = job, state, timer, log, trainers
+    def __init__(self, job, log):
+        self.job, self.log = job, log
         ec = job.cfg.exp_ctrl
         self.saves = Every(ec.save_freq_steps, ec.save_freq_epochs, ec.save_freq_secs)
         self.checkpoints = Every(ec.ckpt_freq_steps, ec.ckpt_freq_epochs, ec.ckpt_freq_secs)
         self.recover_enabled = job.cfg.recover_mode != "disabled"
+        self.state: RunState | None = None  # the loop's, from connect()
+        self.timer = self.trainers = None
+
+    # ------------------------------------------------------------ resume, before any worker starts
+    def load(self, fresh: bool = False) -> RunState:
+        """The run state this launch attempt continues: the newest recover checkpoint's, or a new
+        run's (global step 1), as recover_mode, --fresh and the attempt decide. Everything it
+        changes is one of the steps below, in this order; a checkpoint that does not match the run
+        raises UserError at recover.plan, before any is deleted."""
+        attempt = self.count_attempt()
+        self.record_driver(attempt)
+        self.prune_torn()
+        plan = recover.plan(self.job, attempt, fresh, self.log)
+        if plan.discard:
+            self.prune_all()
+        self.seek_loader(plan.batches)
+        if plan.resume is None:
+            return RunState()
+        self.restore_rng(plan.resume)
+        recover.say_resuming(self.job, plan.resume, attempt, self.log)
+        return recover.run_state(plan.resume)
+
+    def count_attempt(self) -> int:
+        """This launch attempt's number, counted: 0 the first, more a relaunch after a worker failure."""
+        attempt = self.job.recover_attempts
+        self.job.recover_attempts += 1
+        return attempt
+
+    def record_driver(self, attempt: int) -> None:
+        """driver.json in the log folder: which process runs this run (`areal-kit logs` reads it)."""
+        recover.write_driver_info(self.job, attempt)
+
+    def prune_torn(self) -> None:
+        """Delete a checkpoint whose write a crash cut short: it is never complete."""
+        remove_tmp(self.job.paths.recover_dir)
+
+    def prune_all(self) -> None:
+        """Delete every recover checkpoint: the run starts over (--fresh, recover_mode=fault)."""
+        for old in list_checkpoints(self.job.paths.recover_dir):
+            shutil.rmtree(old.path, ignore_errors=True)
+
+    def seek_loader(self, batches: int) -> None:
+        """Put the prompt loader after `batches` batches. A failed attempt may have left it ahead of
+        training (queued batches), so its position always comes from the trained steps."""
+        self.job.loader.seek(batches)
+
+    def restore_rng(self, ck: Checkpoint) -> None:
+        """The driver's random state as the checkpoint saved it."""
+        rng.load(os.path.join(ck.path, recover.DRIVER_RNG))
+
+    # ------------------------------------------------------------ once the workers run
+    def connect(self, state: RunState, timer, trainers) -> None:
+        """The state the loop advances and its step timer (what a checkpoint records), and the
+        trainer group that writes and loads the trainers' part."""
+        self.state, self.timer, self.trainers = state, timer, trainers
 
     def after_step(self, epoch: int, epoch_step: int) -> None:
         st, total = self.state, self.job.total_steps
@@ -45,7 +107,7 @@ class Checkpointer:
             st.last_ckpt_time = now
 
     def save_model(self, epoch: int, epoch_step: int) -> str:
-        path = hf.save_dir(self.job.paths.ckpt_dir, epoch, epoch_step, self.state.global_step)
+        path = save_dir(self.job.paths.ckpt_dir, epoch, epoch_step, self.state.global_step)
         hf.save(self.trainers, path, self.job.cfg.exp_ctrl.keep_last_n)
         self.log.info(f"Saved model to {path}")
         return path

@@ -9,16 +9,12 @@ it only when complete. When a save is due is the Checkpointer's call (checkpoint
 from __future__ import annotations
 
 import os
-import re
 import shutil
 
 from ray.exceptions import RayTaskError
 
-from areal_kit.errors import UserError
-
-
-def save_dir(ckpt_dir: str, epoch: int, epoch_step: int, global_step: int) -> str:
-    return os.path.join(ckpt_dir, "actor", f"epoch{epoch + 1}epochstep{epoch_step + 1}globalstep{global_step}")
+from areal_kit.checkpoints import step_of
+from areal_kit.errors import UserError, describe
 
 
 def save(trainers, path: str, keep_last_n: int) -> str:
@@ -28,17 +24,10 @@ def save(trainers, path: str, keep_last_n: int) -> str:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         trainers.save_hf(path)
     except (OSError, RayTaskError) as e:  # here, or the trainer's, wrapped by Ray
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise UserError(f"saving the model to {path} failed ({reason}); earlier saves are intact. "
+        raise UserError(f"saving the model to {path} failed ({describe(e)}); earlier saves are intact. "
                         "Free space or fix permissions on fileroot, then re-run to resume") from None
     prune(os.path.dirname(path), keep_last_n)
     return path
-
-
-def step_of(name: str) -> int:
-    """The global step of a save's folder name; -1 for any other name (a save under way ends .tmp)."""
-    m = re.search(r"globalstep(\d+)$", name)
-    return int(m.group(1)) if m else -1
 
 
 def prune(actor_dir: str, keep_last_n: int) -> None:

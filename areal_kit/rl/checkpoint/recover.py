@@ -14,11 +14,14 @@ When: after global step 2, then whenever exp_ctrl.ckpt_freq_steps / ckpt_freq_ep
 ckpt_freq_secs is due, and after the final step (so a finished run can be extended).
 recover_mode: auto (resume a matching checkpoint), resume (a checkpoint must exist), fault
 (start over on first launch, resume only on relaunches after a failure), disabled.
-A checkpoint that does not match the run (model, batch size, group size, nodes, allocation,
-dataset) stops the run with one line naming each difference, unless --fresh.
+A checkpoint that does not match the run (model, batch size, group size, ZeRO stage, seed,
+dataset) stops the run with one line naming each difference, unless --fresh. The layout may
+change (nodes, GPUs, allocation_mode): the trainers load the checkpoint in DeepSpeed's universal
+format when their number changed.
 
-rl/launch.py calls resume_state before each launch; the Checkpointer (checkpointer.py) calls
-restore, and write when a checkpoint is due. Folder-level helpers are in store.py.
+The Checkpointer (checkpointer.py) owns them: its load() resumes, before each launch attempt,
+from what plan() decides here; it calls restore once the workers run, and write when a
+checkpoint is due. Folder-level helpers are in store.py.
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ import os
 import shutil
 import socket
 import time
+from dataclasses import dataclass
 
 from ray.exceptions import RayTaskError
 
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.durable import fsync_dir, fsync_tree, write_json
-from areal_kit.errors import UserError
+from areal_kit.errors import UserError, describe
 from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.checkpoint.store import (
     FORMAT,
@@ -123,35 +127,42 @@ def _override_value(v) -> str:
 
 
 # ------------------------------------------------------------------ start: which state
-def resume_state(job, log, fresh: bool):
-    """The RunState to continue from (None = start at step 0); also positions job.loader.
+@dataclass(frozen=True)
+class Plan:
+    """What a launch does with the recover folder (Checkpointer.load carries it out)."""
 
-    Called before every launch attempt; attempt > 0 means a relaunch after a worker failure.
-    """
-    cfg = job.cfg
-    attempt = job.recover_attempts
-    job.recover_attempts += 1
-    _write_driver_info(job, attempt)
-    # The loader may have run ahead of training (queued batches) in a failed attempt: its
-    # position is always re-derived from the trained step, never kept.
-    job.loader.seek(0)
-    rdir = job.paths.recover_dir
-    remove_tmp(rdir)  # a crash mid-write leaves one; it is never complete
+    resume: Checkpoint | None = None  # the checkpoint it continues; None: it starts at global step 1
+    discard: bool = False  # delete the existing checkpoints first (--fresh, recover_mode=fault's first launch)
+
+    @property
+    def batches(self) -> int:
+        """Prompt batches the resumed steps took (0 for a start)."""
+        return batches_taken(self.resume) if self.resume else 0
+
+
+def batches_taken(ck: Checkpoint) -> int:
+    """Prompt batches the checkpoint's steps took: more than its global step under dynamic sampling."""
+    return ck.state.get("batches", ck.global_step)
+
+
+def plan(job, attempt: int, fresh: bool, log) -> Plan:
+    """Which checkpoint this launch continues, as recover_mode, --fresh and the attempt (0: the
+    first launch, more: a relaunch after a worker failure) decide. It logs the decision and raises
+    UserError for a checkpoint that does not match the run, but changes nothing on disk."""
+    rdir, mode = job.paths.recover_dir, job.cfg.recover_mode
     ck = latest(rdir)
-    mode = cfg.recover_mode
     if mode == "disabled":
         if ck is not None and attempt == 0:
             log.info(f"recover_mode=disabled: not resuming the recover checkpoint {ck.path} "
                      f"(global step {ck.global_step}); starting at global step 1.")
-        return None
+        return Plan()
     if attempt == 0 and (fresh or mode == "fault"):
-        if ck is not None:
-            why = "--fresh" if fresh else "recover_mode=fault (resume only after a failure)"
-            log.info(f"{why}: discarding the recover checkpoint {ck.path} (global step {ck.global_step}); "
-                     "starting at global step 1.")
-            for old in list_checkpoints(rdir):
-                shutil.rmtree(old.path, ignore_errors=True)
-        return None
+        if ck is None:
+            return Plan()
+        why = "--fresh" if fresh else "recover_mode=fault (resume only after a failure)"
+        log.info(f"{why}: discarding the recover checkpoint {ck.path} (global step {ck.global_step}); "
+                 "starting at global step 1.")
+        return Plan(discard=True)
     if ck is None:
         if mode == "resume" and attempt == 0:
             raise UserError(f"recover_mode=resume but there is no recover checkpoint in {rdir}; expected a run "
@@ -159,18 +170,25 @@ def resume_state(job, log, fresh: bool):
         if attempt > 0:
             log.warning("No recover checkpoint yet (the first is written after global step 2); "
                         "relaunching from global step 1.")
-        return None
+        return Plan()
+    _check(job, ck, attempt)
+    return Plan(ck)
+
+
+def _check(job, ck: Checkpoint, attempt: int) -> None:
+    """UserError unless the checkpoint continues this run: its format, signature and prompt order,
+    and, on a first launch, steps left to train."""
+    cfg = job.cfg
     if ck.state.get("format") != FORMAT:
         raise UserError(f"the recover checkpoint {ck.path} has format {ck.state.get('format')!r}, this version "
                         f"reads {FORMAT}; re-run with --fresh to start over")
     diffs = differences(ck.state["signature"], signature(job))
-    g = ck.global_step
-    batches = ck.state.get("batches", g)  # prompt batches taken: more than g under dynamic sampling
-    expected = job.loader.state_at(batches)
+    expected = job.loader.state_at(batches_taken(ck))
     if not diffs and expected["used_ids"] != ck.state["loader"]["used_ids"]:
         diffs = [("dataset order", "the checkpoint's prompts", "different prompts at the same position")]
     if diffs:
         raise UserError(mismatch_message(ck, diffs))
+    g = ck.global_step
     if g >= job.total_steps and attempt == 0:
         done = _final_save(job, g)
         if done:
@@ -178,19 +196,24 @@ def resume_state(job, log, fresh: bool):
                             f"(recover checkpoint {ck.path}, model saved in {done}); raise "
                             "exp_ctrl.total_train_steps or total_train_epochs to continue it, or use --fresh "
                             "to start over")
-    job.loader.seek(batches)
-    rng.load(os.path.join(ck.path, DRIVER_RNG))
+
+
+def run_state(ck: Checkpoint) -> RunState:
+    """The loop's state as the checkpoint recorded it."""
     s = ck.state
-    state = RunState(global_step=g, version=s["version"], batches=batches, loader=s["loader"], timer=s["timer"],
-                     last_save_time=0.0, last_ckpt_time=time.time(), recover_path=ck.path,
-                     wandb_id=s.get("wandb_id", ""))
-    loader = s["loader"]
+    return RunState(global_step=ck.global_step, version=s["version"], batches=batches_taken(ck), loader=s["loader"],
+                    timer=s["timer"], last_save_time=0.0, last_ckpt_time=time.time(), recover_path=ck.path,
+                    wandb_id=s.get("wandb_id", ""))
+
+
+def say_resuming(job, ck: Checkpoint, attempt: int, log) -> None:
+    """The resume's log line (users grep for it), and on a first launch a changed layout's."""
+    g, loader = ck.global_step, ck.state["loader"]
     log.info(f"Will recover from: {ck.path} (global step {g}, epoch {loader['epoch'] + 1} step "
-             f"{loader['position']}, written {_ago(s.get('time'))}); resuming at global step "
+             f"{loader['position']}, written {_ago(ck.state.get('time'))}); resuming at global step "
              f"{g + 1} of {job.total_steps}.")
     if attempt == 0:
         _log_layout_change(ck, job, log)
-    return state
 
 
 def _final_save(job, g: int) -> str | None:
@@ -202,7 +225,7 @@ def _final_save(job, g: int) -> str | None:
     return None
 
 
-def _write_driver_info(job, attempt: int) -> None:
+def write_driver_info(job, attempt: int) -> None:
     """driver.json in the log folder: which process runs this run (`areal-kit logs` checks it)."""
     try:
         os.makedirs(job.paths.log_dir, exist_ok=True)
@@ -229,7 +252,7 @@ def restore(path: str, trainers) -> dict:
     try:
         return trainers.load_recover(engine)
     except RayTaskError as e:
-        raise UserError(f"loading the recover checkpoint {path} failed ({_last_line(e)}); re-run with --fresh "
+        raise UserError(f"loading the recover checkpoint {path} failed ({describe(e)}); re-run with --fresh "
                         "to start over") from None
 
 
@@ -259,7 +282,7 @@ def write(job, state, timer_state: dict, trainers, log) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         prev = latest(rdir)
         kept = f"the previous one ({prev.path}) is intact" if prev else "there is no earlier one"
-        raise UserError(f"writing the recover checkpoint {final} failed ({_last_line(e)}); {kept}. Free space or "
+        raise UserError(f"writing the recover checkpoint {final} failed ({describe(e)}); {kept}. Free space or "
                         "fix permissions on fileroot, then re-run the same command to resume") from None
     for old in list_checkpoints(rdir):
         if old.path != final:
@@ -299,11 +322,6 @@ def _state_record(job, state, timer_state: dict) -> dict:
         "experiment": f"{cfg.experiment_name}/{cfg.trial_name}",
         "wandb_id": state.wandb_id,
     }
-
-
-def _last_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[-1][:300] if text else type(e).__name__
 
 
 # ------------------------------------------------------------------ test hook

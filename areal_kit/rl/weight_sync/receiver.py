@@ -33,14 +33,15 @@ class WeightReceiver:
     def use_shared(self, names: list[str]) -> list:
         return self.llm.collective_rpc("use_shared", args=(names,))
 
-    def receive_weights(self, version: int, shared: bool = False) -> dict:
+    def receive_weights(self, version: int, *ready, shared: bool = False) -> dict:
         """Seconds of the whole receive and load, and of its slowest worker's parts: on the wire,
-        copying into the parameters, re-packing CPU kernels."""
-        return self._load(version, "receive_weights", (version, shared))
+        copying into the parameters, re-packing CPU kernels. `ready`: the refs the sender waits
+        for too (WeightSync.push), which Ray resolves before this starts."""
+        return self._load(version, "receive_weights", (shared,))
 
     def load_from_disk(self, path: str, version: int) -> dict:
         """The same, from a Hugging Face folder (weight_sync=disk)."""
-        return self._load(version, "load_weights_from_disk", (path, version))
+        return self._load(version, "load_weights_from_disk", (path,))
 
     def _load(self, version: int, method: str, args: tuple) -> dict:
         t0 = time.time()

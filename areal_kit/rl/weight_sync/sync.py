@@ -54,14 +54,14 @@ class WeightSync:
             staged = [t.stage_weights.remote() for t in trainers]  # every rank: ZeRO-3 gathers
             # get_version queues behind an engine's pending generations: the send starts once the
             # weights are staged and every engine is free to receive, on the trainer's second
-            # thread while it trains on. No one waits inside the collective during a generation
-            # (a long one would meet its timeout). With shared memory the trainer writes into the
-            # engines' parameters from then on: safe, as each engine's next call is the
-            # receive_weights queued here.
-            free = [e.get_version.remote() for e in engines]
-            send = trainers[0].send_weights.options(concurrency_group="weights").remote(*staged, *free,
-                                                                                         shared=shared)
-            loads = [e.receive_weights.remote(version, shared) for e in engines]
+            # thread while it trains on, and so does every engine's receive, not as soon as its own
+            # generation ends. No one waits inside the collective for a generation, the slowest
+            # engine's included: the group's timeout bounds the transfer. With shared memory the
+            # trainer writes into the engines' parameters from then on: safe, as each engine's
+            # next call is the receive_weights queued here.
+            ready = [*staged, *(e.get_version.remote() for e in engines)]
+            send = trainers[0].send_weights.options(concurrency_group="weights").remote(*ready, shared=shared)
+            loads = [e.receive_weights.remote(version, *ready, shared=shared) for e in engines]
             self.in_flight = self.trainers.watchdog.label([send] + loads, [self.trainers.names[0]] + self.engines.names)
         else:
             path = weight_sync_dir(self.cfg)

@@ -132,7 +132,7 @@ def _broadcast(group, buf: torch.Tensor):
 
 
 # Tensors smaller than this travel together in one broadcast (a copy is cheaper than a
-# broadcast's fixed latency: ~0.5 ms on loopback gloo, for norms and biases of a few KB).
+# broadcast's fixed latency, for norms and biases of a few KB).
 SMALL_BYTES = 1 << 20
 
 

@@ -75,7 +75,7 @@ class WeightSyncExtension:
         self._areal_shared = frozenset(names)
         return len(self._areal_shared)
 
-    def receive_weights(self, version: int, shared: bool = False) -> dict:
+    def receive_weights(self, shared: bool = False) -> dict:
         """Load the next broadcast; returns seconds spent on the wire ("wait"), copying ("copy")
         and re-packing ("repack"), and how many tensors arrived straight in place ("placed")."""
         stats = _new_stats()
@@ -84,26 +84,15 @@ class WeightSyncExtension:
         self._areal_load(transport.receive(self._areal_group, self._areal_plan, _device(self), stats, into=places,
                                              shared=names), stats)
         hardware.synchronize(_device(self))  # on GPUs the copies were only queued: loaded means done
-        self._areal_version = version
         return stats
 
-    def load_weights_from_disk(self, path: str, version: int) -> dict:
+    def load_weights_from_disk(self, path: str) -> dict:
         """Load a Hugging Face folder; returns the same seconds as `receive_weights` ("wait" is 0:
         reading the files counts as "copy")."""
         stats = _new_stats()
         self._areal_load(_safetensors(path), stats)
         hardware.synchronize(_device(self))
-        self._areal_version = version
         return stats
-
-    def weights_checksum(self) -> float:
-        total = 0.0
-        for _, p in self.model_runner.model.named_parameters():
-            total += p.detach().double().sum().item()
-        return total
-
-    def weight_version(self) -> int:
-        return int(getattr(self, "_areal_version", 0))
 
     def _areal_load(self, buckets, stats: dict | None = None) -> None:
         """Load an iterable of buckets, each a list of (name, tensor); adds seconds to stats."""

@@ -45,6 +45,13 @@ def start_ray(cfg, n_slots: int) -> None:
     ray.init(num_cpus=ncpu, include_dashboard=False, log_to_driver=verbose, logging_level="WARNING")
 
 
+def shard_batch(samples: list[dict], world: int) -> list[list[dict]]:
+    """Each trainer rank's samples: round-robin over the samples sorted by answer length, longest
+    first, so every rank gets a similar token count."""
+    order = sorted(range(len(samples)), key=lambda i: -len(samples[i]["output_ids"]))
+    return [[samples[i] for i in order[rank::world]] for rank in range(world)]
+
+
 class TrainerGroup:
     """The DeepSpeed ranks of the actor. Every call goes to every rank (their collectives need
     all of them) and returns rank 0's answer."""
@@ -65,7 +72,10 @@ class TrainerGroup:
         return ray.get(self.actors[0].attention.remote())
 
     def train_step(self, samples: list[dict]) -> dict:
-        return self._all("train_step", ray.put(samples))[0]  # one copy in the object store for all ranks
+        """One step on the batch: each rank gets its own shard, one object in the store each, so
+        no rank unpickles the samples of the others."""
+        refs = [a.train_step.remote(ray.put(shard)) for a, shard in zip(self.actors, shard_batch(samples, len(self)))]
+        return self.watchdog.wait("train_step", self.watchdog.label(refs, self.names))[0]
 
     def save_hf(self, path: str) -> None:
         self._all("save_hf", path)

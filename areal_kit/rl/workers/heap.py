@@ -2,10 +2,9 @@
 
 A worker holds millions of Python objects once torch, transformers, DeepSpeed or vLLM are loaded
 and a model is built; they live as long as the process. Python's full collections walk all of
-them: in the tiny preset, a dozen steps a run stalled by about 0.2 s, in the trainer or the engine,
-and the other role waited. Frozen after set-up, they are no longer walked (one such step a run
-is left); what a step allocates is collected as before. vLLM freezes its engine's start-up
-objects the same way.
+them, and a step that hits one stalls in the trainer or the engine while the other role waits.
+Frozen after set-up, they are no longer walked; what a step allocates is collected as before.
+vLLM freezes its engine's start-up objects the same way.
 
     heap.freeze()   # at the end of a worker's setup, and in the driver once the workers are up
 """

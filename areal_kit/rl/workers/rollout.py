@@ -1,7 +1,7 @@
 """Rollout worker: one vLLM engine in a Ray actor; generates groups of answers and scores them.
 
 Prompts arrive as token ids (no re-tokenization drift between engine and trainer); answers go
-back as token ids with their behaviour logprobs (vLLM's processed logprobs: after temperature,
+back as Samples (areal_kit/rl/sample.py): token ids with their behaviour logprobs (vLLM's processed logprobs: after temperature,
 which is what the trainer recomputes), the weight version that produced them and the verifier's
 reward. New weights arrive in place through the worker extension (areal_kit/rl/weight_sync/vllm_ext.py).
 
@@ -18,13 +18,22 @@ import time
 
 from areal_kit import hardware
 from areal_kit.data.tokenizer import load_tokenizer
+from areal_kit.reward.grading import grade_row
 from areal_kit.reward.scoring import RewardScorer
-from areal_kit.rl.validation import grade_row
+from areal_kit.rl.sample import Generated, Sample
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
 from areal_kit.rl.workers import heap, workflow
 from areal_kit.rl.workers.watchdog import StackDumps
 
 EXTENSION = "areal_kit.rl.weight_sync.vllm_ext.WeightSyncExtension"
+
+
+def engine_kwargs(cfg, plat: hardware.Platform, model_path: str, index: int, tp: int) -> dict:
+    """vllm.LLM's arguments for rollout engine `index`: the device's settings, actor.vllm, and
+    what training needs of the engine (weights received in place, logprobs after temperature)."""
+    max_len = cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens
+    kw = hardware.vllm_kwargs(plat, model_path, max_len, seed=cfg.seed + index, tp=tp, engine=cfg.actor.vllm)
+    return {**kw, "worker_extension_cls": EXTENSION, "logprobs_mode": "processed_logprobs"}
 
 
 class RolloutWorker(WeightReceiver, StackDumps):
@@ -41,8 +50,7 @@ class RolloutWorker(WeightReceiver, StackDumps):
         from vllm import LLM
 
         max_len = self.cfg.dataset.max_prompt_len + self.cfg.ppo.gen.max_new_tokens
-        kw = hardware.vllm_kwargs(plat, self.model_path, max_len, seed=self.cfg.seed + self.index, tp=self.tp)
-        self.llm = LLM(**kw, worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs")
+        self.llm = LLM(**engine_kwargs(self.cfg, plat, self.model_path, self.index, self.tp))
         self.tokenizer = load_tokenizer(self.model_path, check=False)  # the driver checked it
         self.rewards = RewardScorer(self.cfg.ppo)
         self.episode = workflow.load(self.cfg.ppo.workflow)
@@ -71,8 +79,8 @@ class RolloutWorker(WeightReceiver, StackDumps):
         return [[workflow.Completion(list(o.token_ids), [lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)],
                                      o.finish_reason) for o in out.outputs] for out in outs]
 
-    def generate(self, rows: list[dict]) -> dict:
-        """Run the workflow on every row (group_size samples each) and score the samples.
+    def generate(self, rows: list[dict]) -> Generated:
+        """Run the workflow on every row (group_size samples each) and score the answers.
 
         Each row's `seed` makes its samples reproducible. Besides the samples: reward_failures
         {kind: (count, first message)} and reward_extras {key: mean} of the dict rewards.
@@ -81,46 +89,37 @@ class RolloutWorker(WeightReceiver, StackDumps):
         version = self.version
         groups = workflow.run_episodes(self.episode, self.engine, rows)
         gen_time = time.time() - t0
-        samples, texts = [], []
-        for gi, (row, group) in enumerate(zip(rows, groups)):
-            for t in group:
-                s = {"id": row["id"], "group": gi, "prompt_ids": row["prompt_ids"], "output_ids": list(t.output_ids),
-                     "logprobs": [float(x) for x in t.logprobs], "no_eos": bool(t.no_eos), "version": version}
-                if "source" in row:  # dataset.mix: the step's task reward per source
-                    s["source"] = row["source"]
-                if t.loss_mask is not None:
-                    s["loss_mask"] = [int(bool(x)) for x in t.loss_mask]
-                if t.reward is not None:
-                    s["task_reward"] = float(t.reward)
-                samples.append(s)
-                texts.append(t.text)
         t1 = time.time()
-        extras = self._score(rows, samples, texts)
-        return {"samples": samples, "gen_time": gen_time, "reward_time": time.time() - t1,
-                "version": version, "engine": self.index, "reward_failures": self.rewards.take_failures(),
-                "reward_extras": extras}
+        answers = [(gi, t, self._text(t.output_ids) if t.text is None else t.text)
+                   for gi, group in enumerate(groups) for t in group]
+        rewards, extras = self._task_rewards(rows, answers)
+        samples = [_sample(rows[gi], gi, t, version, reward, self._format_reward(text))
+                   for (gi, t, text), reward in zip(answers, rewards)]
+        return Generated(samples, gen_time, time.time() - t1, version, self.index, self.rewards.take_failures(),
+                         extras)
 
-    def _score(self, rows: list[dict], samples: list[dict], texts: list) -> dict:
-        """task_reward (the reward_fns' sum) of every sample a workflow left unscored, and its
-        format_reward; returns the means of the rewards' extra numbers."""
-        p = self.cfg.ppo
-        todo, items = [], []
-        for s, text in zip(samples, texts):
-            if text is None:
-                text = self._text(s["output_ids"])
-            if p.format_reward:
-                s["format_reward"] = p.format_reward if re.search(p.format_pattern, text, re.DOTALL) else 0.0
-            if "task_reward" not in s:
-                row = rows[s["group"]]
-                sample = {k: v for k, v in row.items() if k not in ("prompt_ids", "seed")}
-                todo.append(s)
-                items.append((row["prompt_text"], text, {**sample, "no_eos": s["no_eos"]}))
+    def _task_rewards(self, rows: list[dict], answers: list[tuple]) -> tuple[list[float], dict]:
+        """Each answer's task_reward: the workflow's own, else the reward_fns' sum on its text; and
+        the means of the rewards' extra numbers. answers: (row index, Trajectory, text)."""
+        rewards = [None if t.reward is None else float(t.reward) for _, t, _ in answers]
+        todo = [i for i, r in enumerate(rewards) if r is None]
+        items = []
+        for i in todo:
+            gi, t, text = answers[i]
+            fields = {k: v for k, v in rows[gi].items() if k not in ("prompt_ids", "seed")}
+            items.append((rows[gi]["prompt_text"], text, {**fields, "no_eos": bool(t.no_eos)}))
         sums: dict[str, float] = {}
-        for s, (reward, extra) in zip(todo, self.rewards.score(items)):
-            s["task_reward"] = reward
+        for i, (reward, extra) in zip(todo, self.rewards.score(items)):
+            rewards[i] = reward
             for k, v in extra.items():
                 sums[k] = sums.get(k, 0.0) + v
-        return {f"reward/{k}": v / len(todo) for k, v in sums.items()}
+        return rewards, {f"reward/{k}": v / len(todo) for k, v in sums.items()}
+
+    def _format_reward(self, text: str) -> float | None:
+        p = self.cfg.ppo
+        if not p.format_reward:
+            return None
+        return p.format_reward if re.search(p.format_pattern, text, re.DOTALL) else 0.0
 
     def evaluate(self, rows: list[dict], max_new_tokens: int, n_samples: int = 0) -> list[dict]:
         """In-training eval of rows, graded like `areal-kit eval`: the greedy answer of each
@@ -155,3 +154,13 @@ class RolloutWorker(WeightReceiver, StackDumps):
         for seq, o in zip(sequences, outs):
             res.append([d[t].logprob for d, t in zip(o.prompt_logprobs[1:], seq[1:])])
         return res
+
+
+def _sample(row: dict, group: int, t: workflow.Trajectory, version: int, task_reward: float,
+            format_reward: float | None) -> Sample:
+    """The Sample of one of a workflow's trajectories for `row`, scored."""
+    return Sample(id=row["id"], group=group, prompt_ids=row["prompt_ids"], output_ids=list(t.output_ids),
+                  logprobs=[float(x) for x in t.logprobs], no_eos=bool(t.no_eos), version=version,
+                  task_reward=task_reward, format_reward=format_reward,
+                  source=row.get("source"),  # dataset.mix: the step's task reward per source
+                  loss_mask=None if t.loss_mask is None else [int(bool(x)) for x in t.loss_mask])

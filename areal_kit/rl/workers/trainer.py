@@ -1,7 +1,7 @@
 """Trainer worker: one DeepSpeed rank of the actor (and the frozen reference model), in a Ray actor.
 
 Ranks form a torch.distributed world (gloo on CPU, NCCL on GPU, from areal_kit.hardware). Each
-step every rank gets the whole batch (one Ray object), takes its shard of sequences, packs it into
+step every rank gets its shard of the batch's sequences (one Ray object per rank), packs it into
 micro-batches of at most max_tokens_per_mb tokens, and accumulates gradients so that the loss is
 the mean over every answer token of the global batch, not a mean of micro-batch means.
 Rank 0 also owns the trainer's end of the weight sync (rl/weight_sync/sender.py).
@@ -9,10 +9,10 @@ Rank 0 also owns the trainer's end of the weight sync (rl/weight_sync/sender.py)
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +42,28 @@ def _pin_to_cores(cores: str) -> None:
     ids = [int(c) for c in cores.split(",")]
     os.sched_setaffinity(0, ids)
     torch.set_num_threads(len(ids))
+
+
+def deepspeed_config(actor, dtype: torch.dtype) -> dict:
+    """DeepSpeed's config for training `actor` (config.schema's ModelConfig) in dtype.
+
+    The trainer marks each micro-batch's accumulation boundary itself, so DeepSpeed is told of one
+    micro-batch a step. A bf16 model accumulates its gradients in fp32 under ZeRO 1-3: DeepSpeed
+    would otherwise accumulate in the model's dtype, and a GPU preset's step adds up hundreds of
+    micro-batches per rank, whose small late terms bf16's 8-bit mantissa rounds away. Without ZeRO
+    DeepSpeed has no fp32 accumulation for a bf16 model (it refuses the mix), so ZeRO-0 keeps bf16's.
+    """
+    cfg = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": actor.gradient_clipping,
+        "zero_optimization": {"stage": actor.zero_stage},
+        "steps_per_print": 10**9,
+        "bf16": {"enabled": dtype == torch.bfloat16},
+    }
+    if dtype == torch.bfloat16 and actor.zero_stage > 0:
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+    return cfg
 
 
 class TrainerWorker(WeightSender, StackDumps):
@@ -80,6 +102,7 @@ class TrainerWorker(WeightSender, StackDumps):
         # Which attention runs is decided on the trainer's node (flash-attn may be installed there
         # and not on the driver's): the controller asks for it and logs it (`attention()`).
         self.attention_note = varlen.explain(plat.device)
+        self.layout = functools.partial(varlen.layout_kwargs, attn)  # (seq_lens, device) -> forward kwargs
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, attn_implementation=attn)
         if self.cfg.actor.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -88,16 +111,8 @@ class TrainerWorker(WeightSender, StackDumps):
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=tuple(a.adam_betas),
                                 weight_decay=a.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, self._lr_lambda())
-        ds_cfg = {
-            "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 1,
-            "gradient_clipping": a.gradient_clipping,
-            "zero_optimization": {"stage": a.zero_stage},
-            "steps_per_print": 10**9,
-            "bf16": {"enabled": dtype == torch.bfloat16},
-        }
-        self.engine, _, _, self.scheduler = deepspeed.initialize(model=model, optimizer=opt,
-                                                                 lr_scheduler=sched, config=ds_cfg)
+        self.engine, _, _, self.scheduler = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched,
+                                                                 config=deepspeed_config(a, dtype))
         self.ref = None
         if self.cfg.ppo.kl_ctl > 0:
             ref_path = self.cfg.ref.path or self.model_path
@@ -133,13 +148,7 @@ class TrainerWorker(WeightSender, StackDumps):
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a port free on it (for rendezvous hosted by this rank)."""
-
-
-        s = socket.socket()
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-        s.close()
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), hardware.free_port()
 
     def set_master(self, addr: str, port: int) -> None:
         os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port)})
@@ -151,16 +160,12 @@ class TrainerWorker(WeightSender, StackDumps):
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         with torch.set_grad_enabled(grad):
             # use_cache=False: transformers only turns position ids into a packed (block-diagonal)
-            # mask when no KV cache is present.
-            hidden = base(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]
+            # mask when no KV cache is present. The layout spares every layer finding the sequences.
+            hidden = base(input_ids=ids, position_ids=pos, use_cache=False,
+                          **self.layout(pk.seq_lens, self.device)).last_hidden_state[0]
             lp, ent = Fn.chunked_logprobs(hidden, model.get_output_embeddings(),
                                           pk.labels().to(self.device), self.cfg.ppo.gen.temperature)
         return lp, ent
-
-    def _shard(self, samples: list[dict]) -> list[dict]:
-        # Round-robin over length-sorted samples: every rank gets a similar token count.
-        order = sorted(range(len(samples)), key=lambda i: -len(samples[i]["output_ids"]))
-        return [samples[i] for i in order[self.rank::self.world]]
 
     def _allreduce(self, values: list[float], op: str = "sum") -> list[float]:
         """Sum (or max) of values over the ranks, in float64 (token counts stay exact)."""
@@ -190,11 +195,11 @@ class TrainerWorker(WeightSender, StackDumps):
         return out
 
     # ---------------------------------------------------------------- train
-    def train_step(self, samples: list[dict]) -> dict:
+    def train_step(self, shard: list[dict]) -> dict:
+        """One PPO step on this rank's shard of the batch (groups.shard_batch)."""
         t0 = time.time()
         _test_stall(self.rank, self.version + 1)
         p = self.cfg.ppo
-        shard = self._shard(samples)
         # Every per-token quantity below is one flat tensor over the shard's answer tokens (ans).
         ans = Answers([len(s["output_ids"]) for s in shard])
         mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb

@@ -97,7 +97,7 @@ class Watchdog:
         left, got = list(refs), {}
         try:
             while left:
-                # Whatever is in already is read in one go (each read costs the driver ~1 ms);
+                # Whatever is in already is read in one go (each read is a round trip for the driver);
                 # else the first to come in, and the next round takes what came with it.
                 done, left = ray.wait(left, num_returns=len(left), timeout=0)
                 if not done:

@@ -60,7 +60,8 @@ class Completion:
 
 @dataclass
 class Trajectory:
-    """One sample of a group, as the trainer will see it."""
+    """One answer of a group, as a workflow returns it; the rollout worker scores it and makes it a
+    Sample (rl/sample.py), which carries it to the trainer."""
 
     output_ids: list[int]
     logprobs: list[float]

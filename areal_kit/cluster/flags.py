@@ -1,0 +1,101 @@
+"""Command-line options declared once, on the dataclass field they fill.
+
+A field made with `flag(default, "--name", help=...)` (or `many` for a repeatable option, or
+`argument`) holds the option's default, its type (the field's annotation) and its help. `command`
+gives a typer command the parameters of such fields, `build` makes the dataclass from the values
+typer passed: a default or a help text lives in one place, and `--help` cannot say something the
+code does not do. An option only one command has, and that fills no dataclass, is declared in that
+command's own signature, as typer does.
+
+    @dataclass
+    class Limits:
+        min_nofile: int = flag(65536, "--min-nofile", min=0, help="Open-file hard limit ...")
+
+    @command(params(Limits))
+    def doctor(as_json: bool = typer.Option(False, "--json", help="..."), **given) -> int:
+        limits = build(Limits, given)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import typing
+
+import typer
+
+_KEY = "cli"  # the field metadata that makes a dataclass field a command-line option
+
+
+def flag(default, *names: str, help: str, **typer_kw):
+    """A dataclass field that is also the command-line option `names` (typer.Option's keywords:
+    min, envvar, show_default, ...)."""
+    return dataclasses.field(default=default, metadata={_KEY: ("option", names, help, typer_kw)})
+
+
+def many(*names: str, help: str, **typer_kw):
+    """A list field given by repeating the option (empty when it is not given)."""
+    return dataclasses.field(default_factory=list, metadata={_KEY: ("option", names, help, typer_kw)})
+
+
+def argument(help: str, **typer_kw):
+    """A list field given as the command's positional arguments."""
+    return dataclasses.field(default_factory=list, metadata={_KEY: ("argument", (), help, typer_kw)})
+
+
+def _cli_type(hint):
+    """What typer parses a field as: `X | None` is X (None: the option was not given)."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0] if len(rest) == 1 else hint
+    return hint
+
+
+def params(cls, names: str | None = None) -> list[inspect.Parameter]:
+    """The command parameters of cls's option fields: all of them in field order, or the ones
+    names lists (space-separated), in that order."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if _KEY in f.metadata}
+    out = []
+    for name in names.split() if names is not None else fields:
+        f = fields[name]  # a KeyError here is a typo in the command's declaration
+        kind, decls, help_, kw = f.metadata[_KEY]
+        default = None if f.default is dataclasses.MISSING else f.default
+        info = typer.Argument(default, help=help_, show_default=False, **kw) if kind == "argument" else \
+            typer.Option(default, *decls, help=help_, **kw)
+        out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
+                                     annotation=_cli_type(hints[name])))
+    return out
+
+
+def command(*groups: list[inspect.Parameter]):
+    """Decorate `fn(own options..., **given)`: typer sees the groups' parameters, in order, then
+    fn's own; fn is called with all of them by name."""
+    def wrap(fn):
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+               for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        hints = typing.get_type_hints(fn)
+        own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own]
+        every = [p for group in groups for p in group] + own
+        names = [p.name for p in every]
+        if len(names) != len(set(names)):
+            raise TypeError(f"{fn.__name__}: an option is declared twice: {sorted(n for n in names if names.count(n) > 1)}")
+        fn.__signature__ = inspect.Signature(every, return_annotation=hints.get("return", inspect.Signature.empty))
+        fn.__annotations__ = {p.name: p.annotation for p in every} | {"return": hints.get("return")}
+        return fn
+    return wrap
+
+
+def build(cls, given: dict, **more):
+    """cls made from the values typer passed: every field of cls that given (or more, which wins)
+    names; a repeatable option that was not given takes the field's default."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in more:
+            values[f.name] = more[f.name]
+        elif f.name in given and not (given[f.name] is None and f.default_factory is not dataclasses.MISSING):
+            v = given[f.name]
+            values[f.name] = list(v) if isinstance(v, tuple) else v
+    return cls(**values)

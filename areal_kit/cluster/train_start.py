@@ -1,0 +1,188 @@
+"""setup's two questions about `--train_param PRESET`: can it run on these nodes, and did it start.
+
+    areal-kit setup --hostnames h1 h2 --train_param 1.5B_n4                      # waits up to 900 s
+    areal-kit setup --hostnames h1 h2 --train_param 1.5B_n4 --train-wait 0       # starts, does not wait
+
+Before connecting, `load_preset` loads the preset with the run's overrides (bad input: exit 2).
+Right after preflight, the `preset` step (a gate: its failure stops every host before anything
+is installed) checks that the nodes hold the GPUs the allocation needs, then runs
+`areal-kit train PRESET --dry-run` here with AREAL_DEVICE set to the nodes' device, so the run's
+own checks judge it (a subprocess: cluster/ does not import rl/). After the train step started
+the run, the `train_wait` step reads its log on the head until the log shows the workers ready
+or a step finished, or an error, or the driver is gone, or --train-wait seconds have passed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from areal_kit.cluster.options import Cluster, q
+from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
+from areal_kit.cluster.ray_cluster import driver_pattern, in_head, train_log_path, train_overrides
+from areal_kit.config.alloc import parse_allocation
+from areal_kit.config.loader import load_config
+from areal_kit.errors import UserError
+
+POLL_S = 5.0  # seconds between two reads of the training log
+DRY_RUN_TIMEOUT_S = 300
+
+
+# -- before: the preset against the nodes ------------------------------------------------------
+def load_preset(o):
+    """The preset's config as the run will load it (SetupOptions o); UserError (exit 2) when the
+    preset does not exist or an override does not parse."""
+    try:
+        return load_config(o.train_param, train_overrides(o))
+    except UserError as e:
+        given = " ".join(f"--train-arg {a}" for a in o.train_args)
+        raise UserError(f"--train_param {o.train_param}{' ' + given if given else ''}: {e}") from None
+
+
+def gpu_shortfall(allocation_mode: str, gpus: list[int]) -> str:
+    """Why nodes with these GPU counts cannot hold the allocation ("" when they can). The run lays
+    its workers out on whatever Ray cluster it joins, so a bigger cluster is fine: the dry run's
+    n_nodes x n_gpus_per_node, which must equal the allocation, is not the test here."""
+    a = parse_allocation(allocation_mode)
+    have = sum(gpus)
+    has = f"{len(gpus)}x{gpus[0]}={have}" if len(set(gpus)) == 1 else f"{'+'.join(map(str, gpus))}={have}"
+    need = f"{a.gen_gpus}+{a.train_gpus}={a.total_gpus}" if a.kind == "decoupled" else str(a.total_gpus)
+    if a.total_gpus > have:
+        return f"{a.text} needs {need} GPUs, the nodes have {has}"
+    if a.gen.tp > max(gpus):
+        return f"{a.text} needs {a.gen.tp} GPUs on one node for each generation engine (m{a.gen.tp}), " \
+               f"the nodes have {has}"
+    return ""
+
+
+def dry_run_args(o) -> list[str]:
+    return [sys.executable, "-m", "areal_kit.cli", "train", o.train_param, *train_overrides(o), "--dry-run"]
+
+
+def preset(c: Cluster, h: HostState, cfg) -> Outcome:
+    """The head's step after preflight: can the preset (cfg, loaded by load_preset) run on these nodes?"""
+    o = c.opts
+    gpus = [int(x.facts.get("gpus") or 0) for x in c.hosts if not x.failed]
+    device = "cuda" if h.facts.get("gpus") else "cpu"
+    refuse = f"preset {o.train_param} cannot run on these {'GPU' if device == 'cuda' else 'CPU'} nodes"
+    short = gpu_shortfall(cfg.allocation_mode, gpus) if device == "cuda" else ""
+    if short:
+        raise StepFailed(f"{refuse}: {short}; pick a preset for {sum(gpus)} GPUs, or --train-arg allocation_mode=...")
+    args = dry_run_args(o)
+    if o.dry_run:
+        h.remote.commands.append(("local", f"AREAL_DEVICE={device} {shlex.join(args)}"))
+        return Outcome("ok", "dry run")
+    try:
+        res = subprocess.run(args, env={**os.environ, "AREAL_DEVICE": device}, capture_output=True, text=True,
+                             timeout=DRY_RUN_TIMEOUT_S, check=False)
+        errors = [ln[len("error: "):] for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+        rc, tail = res.returncode, (res.stderr.strip().splitlines() or [""])[-1]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        errors, rc, tail = [], -1, str(e)
+    if errors:
+        raise StepFailed(f"{refuse}: {errors[-1]}")
+    uses = f"cuda, {parse_allocation(cfg.allocation_mode).total_gpus} of {sum(gpus)} GPUs" if device == "cuda" \
+        else "cpu"
+    if rc:  # no one-line refusal: the dry run itself could not run here (a controller without torch)
+        return Outcome("ok", f"{o.train_param} fits ({uses}); its dry run could not run here ({tail[:200]}): "
+                             "the run checks the rest when it starts")
+    return Outcome("ok", f"{o.train_param} can run here ({uses}; train --dry-run)")
+
+
+# -- after: the run's log ----------------------------------------------------------------------
+# What the run writes as it starts (the run's logger prefixes a time and the level; the CLI's one
+# error line starts the line). Each is an extended regex as grep -E reads it and Python's re.
+LAUNCH = r" INFO Run [^ ]+: [0-9]+ steps"  # rl/launch.py: the first line of every launch
+READY = r" INFO Workers ready in "  # rl/controller.py: trainers and engines up; generation is next
+STEP = r"\(global step ([0-9]+)\) finishes"  # logs.epoch_line
+FINISHED = r" INFO Training finished: ([0-9]+) steps"  # rl/launch.py
+FAILED = r"^error: |Run failed: |Run interrupted"  # the CLI's error line; the run's own failure lines
+MARKERS = (LAUNCH, READY, STEP, FINISHED, FAILED)
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a run stands in its log."""
+
+    state: str  # starting | started | failed
+    detail: str = ""  # started: how far ("engines generating", "at global step 3"); failed: the error
+
+
+def classify(lines: list[str], driver_running: bool = True, last_line: str = "") -> Start:
+    """The state the log's lines end in (each launch starts over); a driver gone without an error
+    line or the end of training has failed, with its log's last line as the error."""
+    now, done = Start("starting"), False
+    for line in lines:
+        if re.search(LAUNCH, line):
+            now, done = Start("starting"), False
+        elif m := re.search(FAILED, line):
+            now = Start("failed", line[m.start():].removeprefix("error: ").strip())
+        elif m := re.search(FINISHED, line):
+            now, done = Start("started", f"finished, {m.group(1)} steps"), True
+        elif m := re.search(STEP, line):
+            now = Start("started", f"at global step {m.group(1)}")
+        elif re.search(READY, line):
+            now = Start("started", "workers ready, engines generating")
+    if driver_running or now.state == "failed" or done:
+        return now
+    last = f"its log's last line: {last_line[:300]}" if last_line else "its log is empty"
+    if now.state == "started":
+        return Start("failed", f"the driver exited without finishing (its last sign: {now.detail}); {last}")
+    return Start("failed", f"the driver exited before its workers were ready; {last}")
+
+
+def poll_cmd(c: Cluster, h: HostState, start: int) -> str:
+    """Prints "DRIVER running|gone" (asked first, so a gone driver's log is whole), the marker lines
+    written after byte `start`, and "LAST " with the last non-empty one."""
+    log, new = q(train_log_path(c)), f"tail -c +{start + 1} {q(train_log_path(c))}"
+    return in_head(c, h, f"if pgrep -f {q(driver_pattern(c.opts))} >/dev/null; then echo DRIVER running; "
+                         f"else echo DRIVER gone; fi; [ -f {log} ] || exit 0; "
+                         f"{new} | grep -aE {q('|'.join(MARKERS))} | tail -n 50; "
+                         f"printf 'LAST %s\\n' \"$({new} | grep -av '^[[:space:]]*$' | tail -n 1)\"")
+
+
+def read_poll(stdout: str) -> tuple[bool | None, list[str], str]:
+    """(driver running, or None when the poll said nothing; marker lines; the log's last line)."""
+    lines = stdout.splitlines()
+    if not lines or not lines[0].startswith("DRIVER "):
+        return None, [], ""
+    last = next((ln[len("LAST "):] for ln in reversed(lines) if ln.startswith("LAST ")), "")
+    return lines[0] == "DRIVER running", [ln for ln in lines[1:] if not ln.startswith("LAST ")], last
+
+
+def wait(c: Cluster, h: HostState) -> Outcome:
+    """The head's step after train: the run's first sign of life or its error, within --train-wait."""
+    o = c.opts
+    if o.train_wait <= 0:
+        return Outcome("skipped", "--train-wait 0")
+    log, what = train_log_path(c), f"training {o.train_param}"
+    cmd, sudo = poll_cmd(c, h, h.facts.get("train_log_from", 0)), o.runtime == "docker"
+    if o.dry_run:
+        h.remote.commands.append((f"every {POLL_S:g}s, up to {o.train_wait:g}s", h.remote.wrap(cmd, sudo)))
+        return Outcome("ok", "dry run")
+    end, polls, misses, last = time.monotonic() + o.train_wait, 0, 0, ""
+    while True:
+        # The host's log gets the first poll, not one every few seconds.
+        res = h.remote.run(cmd, sudo=sudo, check=True, quiet=polls > 0, timeout=60)
+        polls += 1
+        running, lines, last = read_poll(res.stdout) if res.ok else (None, [], last)
+        misses = misses + 1 if running is None else 0
+        if misses >= 3:
+            raise StepFailed(f"could not read {what}'s log {log} on {h.name}", res)
+        if running is not None:
+            now = classify(lines, running, last)
+            if now.state == "started":
+                return Outcome("ok", f"{what}: {now.detail}; log {log}")
+            if now.state == "failed":
+                raise StepFailed(f"{what} failed: {now.detail}; log {log}")
+        if time.monotonic() >= end:
+            raise StepFailed(f"{what}: no sign of life within {o.train_wait:g}s (--train-wait): waited for "
+                             f"'Workers ready' or a finished step in {log}, and the run may still be starting: "
+                             "follow it with `areal-kit status` or `areal-kit logs`"
+                             + (f"; its log's last line: {last[:300]}" if last else ""))
+        time.sleep(POLL_S)

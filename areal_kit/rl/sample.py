@@ -1,0 +1,61 @@
+"""One answer on its way from a rollout engine to the trainer, and who writes each part of it.
+
+    rollout engine  (rl/workers/rollout.py, generate)    Sample: the tokens, behaviour logprobs,
+                    weight version, loss_mask (a workflow's), task_reward and format_reward
+    controller      (rl/controller.py, _gather)          under ppo.dynamic_sampling, fresh `group`
+                    numbers for the groups it keeps
+    reward shaping  (rl/algo/batch.py, shape_rewards)    final_reward and seq_reward; an all-zero
+                    loss_mask for a truncated answer under ppo.overlong_filter
+    trainer         (rl/workers/trainer.py, train_step)  reads trainer_rows(samples)
+
+A Sample is frozen: each stage returns new ones (dataclasses.replace) and never changes one it was
+given, so what a stage received is still what the stage before it made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Sample:
+    id: str  # the dataset row's id
+    group: int  # its prompt's index in the engine's batch; the samples of one prompt share it
+    prompt_ids: list[int]
+    output_ids: list[int]  # every token after the prompt, a workflow's inserted ones included
+    logprobs: list[float]  # the behaviour logprob of each output token (0.0 for inserted ones)
+    no_eos: bool  # truncated at max_new_tokens
+    version: int  # the weight version that generated it
+    task_reward: float  # the verifier's: the workflow's own, or ppo.reward_fns' sum
+    format_reward: float | None = None  # ppo.format_reward when the text matches format_pattern; None when off
+    source: str | None = None  # the dataset.mix source of its prompt
+    loss_mask: list[int] | None = None  # 1 = trained on; None = every output token
+    final_reward: float | None = None  # the shaped reward (scaled, biased), before group normalization
+    seq_reward: float | None = None  # the reward the trainer credits to the last token (group-normalized for GRPO)
+
+
+@dataclass
+class Generated:
+    """One engine's reply to a batch of prompts (RolloutWorker.generate)."""
+
+    samples: list[Sample]
+    gen_time: float
+    reward_time: float
+    version: int  # the weight version the engine held
+    engine: int  # the engine's index
+    reward_failures: dict = field(default_factory=dict)  # {kind: (count, first message)}
+    reward_extras: dict = field(default_factory=dict)  # {"reward/<key>": mean} of the dict rewards' extras
+
+
+def trainer_rows(samples: list[Sample]) -> list[dict]:
+    """What the trainer reads of each sample, as the dicts it takes: the tokens, the behaviour
+    logprobs, seq_reward, and loss_mask where a stage set one (a batch without any trains on every
+    token)."""
+    rows = []
+    for s in samples:
+        row = {"prompt_ids": s.prompt_ids, "output_ids": s.output_ids, "logprobs": s.logprobs,
+               "seq_reward": s.seq_reward}
+        if s.loss_mask is not None:
+            row["loss_mask"] = s.loss_mask
+        rows.append(row)
+    return rows
