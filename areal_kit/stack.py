@@ -87,6 +87,18 @@ def requirements(device: str) -> list[str]:
             if name not in skip]
 
 
+# The oldest NVIDIA driver each CUDA major version runs on, minor versions included (NVIDIA's CUDA
+# compatibility guide: "minor version compatibility"). A torch built for CUDA 13.0 does not start
+# on a 570 driver: torch.cuda.is_available() is False.
+MIN_DRIVER = {"13": 580, "12": 525, "11": 450}
+
+
+def min_driver(cuda: str) -> int | None:
+    """The oldest driver (its major version, e.g. 580) that runs code built for CUDA `cuda`
+    ("13.0"); None for a CUDA this table does not know."""
+    return MIN_DRIVER.get(str(cuda).split(".")[0])
+
+
 def vllm_package(device: str) -> str:
     """The distribution that provides the `vllm` module on device."""
     _check(device)

@@ -1,6 +1,7 @@
 """Run the CLI in-process for tests: `dry_run(argv, capsys)` -> what it printed, after checking it
 exited 0 with no traceback; `run_cli(argv, capsys)` -> (exit code, stdout, stderr) of a command that
-exits; `assert_one_line_error(code, err, *needles)` -> the bad-input contract (exit 2, one line)."""
+exits; `cli(capsys, *args)` -> the same for a command that may return instead;
+`assert_one_line_error(code, err, *needles)` -> the bad-input contract (exit 2, one line)."""
 
 import pytest
 
@@ -24,6 +25,15 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
         main(argv)
     out = capsys.readouterr()
     return e.value.code, out.out, out.err
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    try:
+        code = main(list(args)) or 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def assert_one_line_error(code, err, *needles) -> None:

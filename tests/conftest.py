@@ -1,4 +1,4 @@
-"""Shared pytest setup: markers by folder (unit, integration, cluster, gpu); the fake_model fixture."""
+"""Shared pytest setup: markers by folder (unit, integration, cluster, gpu); the fake_model and kit_home fixtures."""
 
 from pathlib import Path
 
@@ -21,3 +21,10 @@ def fake_model(tmp_path):
     d.mkdir()
     (d / "config.json").write_text("{}")
     return d
+
+
+@pytest.fixture
+def kit_home(tmp_path, monkeypatch):
+    """A private AREAL_KIT_HOME: cluster state saved by one test is never read by another."""
+    monkeypatch.setenv("AREAL_KIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"

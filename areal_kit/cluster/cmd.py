@@ -4,7 +4,7 @@
         --username root --ssh_port 22 --train_param 1.5B_n4
     areal-kit setup --inventory cluster_specs/hosts_4node.yaml --dry-run   # print every command
     areal-kit status            # the cluster set up last from this machine (--name to choose)
-    areal-kit doctor            # check it: limits, versions, storage, Ray, the network (cluster/doctor.py)
+    areal-kit doctor            # check it: limits, versions, storage, GPU stack, Ray, network (cluster/doctor.py)
     areal-kit down
 
 Steps (cluster/steps.py, cluster/ray_cluster.py, cluster/data.py) run on all hosts in parallel
@@ -89,8 +89,8 @@ def setup(
     wandb_key: str = typer.Option(None, "--wandb-key", envvar="WANDB_API_KEY", show_default=False, show_envvar=True,
                                   help="Weights & Biases API key for training; never printed or logged."),
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Skip doctor's fast checks at the end (host "
-                                     "limits, shared storage, versions, Ray), which otherwise keep a failed cluster "
-                                     "from training."),
+                                     "limits, shared storage, the GPU stack, versions, Ray), which otherwise keep a "
+                                     "failed cluster from training."),
     **given,
 ) -> int:
     """Provision bare hosts over SSH into a Ray cluster (containers or host), optionally start training."""

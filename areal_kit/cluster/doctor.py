@@ -9,7 +9,10 @@ Steps (run on every host in parallel with setup's live view and recap; a failed 
 stop a host's later checks, so one run finds every fault):
   host     inside the runtime (cluster/probe.py): /dev/shm, open-file limit, free disk on storage and
            Ray's temp dir, the storage holds the head's token (shared) and survives write, fsync,
-           rename; clock offset to this machine; Docker, Ray, torch, vLLM versions; GPUs
+           rename; clock offset to this machine; Docker, Ray, torch, vLLM versions; GPUs; on a host
+           with GPUs the GPU stack (cluster/gpu_stack.py): the driver against what the image's CUDA
+           needs, the runtime sees every GPU the host has, torch sees them, an NCCL all-reduce over
+           them with its bus bandwidth (skipped, with the reason, on a host without GPUs)
   agree    each host against the others: versions, GPU count, model, memory, driver, CUDA; clock skew
   ray      Ray counts the host alive, with the GPUs the preset needs
   network  (rl/preflight.py, run on the head) every ordered pair of nodes point to point and an
@@ -19,9 +22,10 @@ stop a host's later checks, so one run finds every fault):
   rl-step  (--rl-step; rl/preflight.py, run on the head) one tiny RL step across the cluster: 2
            trainer ranks and an engine placed apart, a weight sync, the engine's logprobs against
            the trainers'
-`areal-kit setup` runs host, agree and ray at its end and starts no training after a failed one
-(unless --skip-doctor). The figures are saved beside the cluster's state (netfigures.py), where
-`areal-kit train PRESET --dry-run` finds the measured bandwidth for its weight-sync estimate.
+`areal-kit setup` runs host (the GPU stack included), agree and ray at its end and starts no
+training after a failed one (unless --skip-doctor). The figures are saved beside the cluster's
+state (netfigures.py), where `areal-kit train PRESET --dry-run` finds the measured bandwidth for its
+weight-sync estimate.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ import time
 from collections import Counter
 from dataclasses import asdict, replace
 
+from areal_kit.cluster import gpu_stack
 from areal_kit.cluster.options import Cluster, Finding, Limits, q
 from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
 from areal_kit.cluster.ray_cluster import container_name, host_env, nodes_cmd, parse_nodes
+from areal_kit.cluster.steps import GPU_COUNT, parse_gpu_count
 
 # A host's best link below this fraction of the median host's best is named slow.
 SLOW_FRACTION = 0.5
@@ -80,15 +86,26 @@ def _fail(c: Cluster, h: HostState, found: list[Finding], ok: str) -> Outcome:
 
 
 # -- host -------------------------------------------------------------------------------------
+def host_gpus(h: HostState) -> int:
+    """The GPUs the host itself has (nvidia-smi -L outside the runtime): setup's preflight counted
+    them; doctor asks the host."""
+    if "gpus" not in h.facts:
+        h.facts["gpus"] = parse_gpu_count(h.remote.run(GPU_COUNT, check=True).stdout)
+    return h.facts["gpus"] or 0
+
+
 def host_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
     """This host's facts, checked against the limits (the head first: it writes the storage token)."""
     o = c.opts
-    args = ["host", "--storage", o.storage, *(["--write-token", c.token] if h.is_head else ["--read-token"])]
+    gpus_here = host_gpus(h)
+    args = ["host", "--storage", o.storage, *(["--write-token", c.token] if h.is_head else ["--read-token"]),
+            *(["--host-gpus", str(gpus_here)] if gpus_here else [])]
     t0 = time.time()
     clock = h.remote.run("date +%s.%N", check=True)
     t1 = time.time()
     try:
-        facts = _probe(c, h, HOST_PROBE, args, timeout=120)
+        # With GPUs the probe also spawns a process a GPU for the NCCL all-reduce.
+        facts = _probe(c, h, HOST_PROBE, args, timeout=300 if gpus_here else 120)
     except StepFailed as e:
         return _fail(c, h, [Finding(h.name, "runtime", f"{e} ({e.result.tail(1) if e.result else ''})",
                                     f"the {o.runtime} runtime to answer", "areal-kit setup (it restarts what is down)")], "")
@@ -121,10 +138,11 @@ def host_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
         f("shared-storage", f"{o.storage} does not hold the token the head wrote there",
           f"the same filesystem as on {c.head.name}", f"mount the shared storage at {o.storage} on {h.name} "
           "(areal-kit setup --nas-url server:/export), also inside the container (--mount)")
-    gpus = facts["gpus"]
+    gpus, stack_facts = facts["gpus"], facts.get("gpu_stack") or {}
+    found += gpu_stack.findings(h.name, stack_facts, o.runtime)
     return _fail(c, h, found, f"/dev/shm {facts['shm_gb']:.2g} GB, nofile {facts['nofile']}, "
                               f"{facts['storage_free_gb']} GB free on storage, {len(gpus)} GPUs, "
-                              f"clock {facts['clock_offset_s']:+.3f}s")
+                              f"clock {facts['clock_offset_s']:+.3f}s; {gpu_stack.summary(stack_facts)}")
 
 
 # -- agree ------------------------------------------------------------------------------------

@@ -57,6 +57,18 @@ def connect(c: Cluster, h: HostState) -> Outcome:
 
 
 # -- 2. preflight -----------------------------------------------------------------------------
+# The host's GPUs as nvidia-smi -L lists them, outside any container: "gpus=8", or "gpus=none"
+# without nvidia-smi. Preflight's count, and doctor's where setup did not run before it.
+GPU_COUNT = ("if command -v nvidia-smi >/dev/null 2>&1; then echo gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); "
+             "else echo gpus=none; fi")
+
+
+def parse_gpu_count(stdout: str) -> int:
+    """GPU_COUNT's answer as a number (0 for none)."""
+    raw = next((ln.split("=", 1)[1].strip() for ln in stdout.splitlines() if ln.startswith("gpus=")), "none")
+    return int(raw) if raw.isdigit() else 0
+
+
 def _facts_script(storage: str) -> str:
     s = shlex.quote(storage)
     return "; ".join([
@@ -65,8 +77,7 @@ def _facts_script(storage: str) -> str:
         ("if [ \"$(id -u)\" = 0 ]; then echo sudo=root; elif command -v sudo >/dev/null 2>&1; then "
          "if sudo -n true 2>/dev/null; then echo sudo=yes; else echo sudo=nopasswd-missing; fi; "
          "else echo sudo=not-installed; fi"),
-        ("if command -v nvidia-smi >/dev/null 2>&1; then echo gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); "
-         "else echo gpus=none; fi"),
+        GPU_COUNT,
         (f"if [ -d {s} ]; then echo disk_gb=$(df -Pk {s} | awk 'NR==2{{printf \"%.1f\", $4/1048576}}'); "
          "else echo disk_gb=missing; fi"),
         "command -v apt-get >/dev/null 2>&1 && echo apt=yes || echo apt=no",
@@ -79,8 +90,8 @@ def preflight(c: Cluster, h: HostState) -> Outcome:
     facts = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
     # The script prints a count or "none"; the host's facts hold a number from the start, as the
     # later steps (install, the image, Ray's flags) read it.
-    raw_gpus = facts.pop("gpus", "none")
-    gpus = o.spec.n_gpus_per_node if o.dry_run else 0 if raw_gpus == "none" else int(raw_gpus)
+    facts.pop("gpus", None)
+    gpus = o.spec.n_gpus_per_node if o.dry_run else parse_gpu_count(res.stdout)
     h.facts.update(facts, gpus=gpus)
     if o.dry_run:
         return Outcome("ok", "dry run")

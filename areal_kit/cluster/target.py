@@ -94,6 +94,9 @@ class Target:
     def options(self, dry_run: bool = False) -> SetupOptions:
         """The setup options of the cluster: as saved, with what the command line gives instead."""
         spec, name = self._named()
+        # Hosts named with their own ssh config take their route from it (its ProxyJump), not
+        # the jump host setup was given for the addresses it saved.
+        route_given = spec is not None and bool(self.ssh_config)
         # No host named and nothing saved: load_state says which name it looked for.
         saved = load_state(name) if spec is None or state_path(name).exists() else None
         if spec is None:
@@ -103,7 +106,7 @@ class Target:
         base = saved or SetupOptions(spec=spec)
         return dataclasses.replace(base, spec=spec, runtime=self.runtime or base.runtime,
                                    python=self.python or base.python, ssh_config=self.ssh_config or base.ssh_config,
-                                   gateway=self.gateway or base.gateway, dry_run=dry_run, log_dir=None)
+                                   gateway=self.gateway or (None if route_given else base.gateway), dry_run=dry_run, log_dir=None)
 
     def runtime_assumed(self) -> bool:
         """Whether the runtime and python this command uses are not the ones setup saved: others given

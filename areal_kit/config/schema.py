@@ -465,6 +465,9 @@ class TrainConfig:
     n_nodes: int = opt(1, "Nodes in the cluster.")
     n_gpus_per_node: int = opt(8,
         "GPUs per node (on CPU: worker slots per node, one per trainer rank or rollout engine).")
+    gpu_memory_gb: float = opt(0.0,
+        "Memory of each GPU in GB (1e9 bytes), for the dry run's memory plan, which refuses a preset that "
+        "cannot fit (0 = this machine's first GPU when it has one, else 80).")
     allocation_mode: str = opt("vllm.d1p1m1+d1p1m1",
         "Device allocation: d{DP}m{TP}p{PP}, actor_gen:...,*:..., or vllm.GEN+TRAIN (see config/alloc.py).")
     cluster: str = opt("",
@@ -519,6 +522,7 @@ class TrainConfig:
         check_choices(self, "")
         check_positive("n_nodes", self.n_nodes)
         check_positive("n_gpus_per_node", self.n_gpus_per_node)
+        check_positive("gpu_memory_gb", self.gpu_memory_gb, allow_zero=True)
         check(self.weight_sync_timeout_s > 0,
               f"weight_sync_timeout_s={self.weight_sync_timeout_s} is not valid; expected > 0 seconds")
         check_positive("recover_retries", self.recover_retries, allow_zero=True)

@@ -43,12 +43,16 @@ def train(
     console = make_console()
     if dry_run:
         from areal_kit import hardware
-        from areal_kit.rl.plan import plan_lines
+        from areal_kit.rl.plan import memory_refusal, plan_lines
         from areal_kit.rl.workers.placement import check_gpu_sharing
 
-        check_gpu_sharing(cfg, hardware.detect())  # where the run would fail: on this machine's device
-        for line in plan_lines(cfg):
+        plat = hardware.detect()
+        check_gpu_sharing(cfg, plat)  # where the run would fail: on this machine's device
+        for line in plan_lines(cfg, plat):
             console.out(line, highlight=False)
+        refusal = memory_refusal(cfg, plat)  # after the plan, whose lines show what does not fit
+        if refusal:
+            raise UserError(refusal)
         console.print("[green]dry run: configuration is valid[/green]")
         return
     from areal_kit.interrupts import stops_say_so

@@ -11,6 +11,7 @@ import os
 from areal_kit import hardware, logs, netfigures, stack
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
+from areal_kit.rl import memory
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.weight_sync.sync import weight_sync_dir
 from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
@@ -80,6 +81,54 @@ def device_lines(cfg, plat) -> list[str]:
         return lines + [f"placement: not on the configured {cfg.n_nodes} node(s): {e}"]
 
 
+# The GPUs' memory the plan assumes when the config does not say and this machine has no GPU: an
+# A100/H100 80 GB card.
+DEFAULT_GPU_GB = 80.0
+
+
+def gpu_capacity(cfg) -> tuple[float, str]:
+    """Bytes of each GPU for the memory plan, and where the figure comes from."""
+    if cfg.gpu_memory_gb:
+        return cfg.gpu_memory_gb * memory.GB, "gpu_memory_gb"
+    here = hardware.gpu_memory_bytes()
+    if here:
+        return float(here), "this machine's GPU"
+    return DEFAULT_GPU_GB * memory.GB, "gpu_memory_gb unset and no GPU here: the default"
+
+
+def memory_plan(cfg) -> memory.MemoryPlan | None:
+    """What one trainer GPU and one generation GPU hold under cfg; None when the model's shape is unknown."""
+    shape = memory.model_shape(cfg.actor.path)
+    if shape is None:
+        return None
+    a = parse_allocation(cfg.allocation_mode)
+    capacity, note = gpu_capacity(cfg)
+    return memory.plan_for(
+        shape, capacity=capacity, capacity_note=note, zero_stage=cfg.actor.zero_stage, ranks=a.train.world,
+        tokens=cfg.actor_train.mb_spec.max_tokens_per_mb, reference=cfg.ppo.kl_ctl > 0,
+        checkpointing=cfg.actor.gradient_checkpointing, dtype_bytes=4 if cfg.actor.dtype == "fp32" else 2,
+        tp=a.gen.tp, utilization=cfg.actor.vllm.gpu_memory_utilization,
+        max_model_len=cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens, shared=a.kind != "decoupled")
+
+
+def memory_lines(cfg, plat) -> list[str]:
+    """The memory plan on GPUs (CPU workers take what the machine has)."""
+    if plat.is_cpu:
+        return []
+    plan = memory_plan(cfg)
+    if plan is None:
+        why = "no config.json there, and not one of the presets' models in rl/memory.py"
+        return [f"memory plan: skipped: the shape of {cfg.actor.path} is unknown ({why})"]
+    return plan.lines()
+
+
+def memory_refusal(cfg, plat) -> str:
+    """'' when the run's GPUs hold what the plan says they must; else one line with the arithmetic."""
+    plan = None if plat.is_cpu else memory_plan(cfg)
+    refusal = plan.refusal() if plan else ""
+    return f"the memory plan does not fit: {refusal}" if refusal else ""
+
+
 def recipe_lines(cfg) -> list[str]:
     """The recipe options that change what a step trains on, and the in-training eval, when on."""
     p, x = cfg.ppo, cfg.exp_ctrl
@@ -119,6 +168,7 @@ def plan_lines(cfg, plat=None) -> list[str]:
         *a.training_notes(cfg.actor.zero_stage, cfg.actor.gradient_checkpointing),
         *hardware.vllm_notes(cfg.actor.vllm),
         *device_lines(cfg, plat),
+        *memory_lines(cfg, plat),
         f"model: {cfg.actor.path}" + (f"; reference: {cfg.ref.path or cfg.actor.path} (kl_ctl {p.kl_ctl}, "
                                        f"{p.kl_estimator}, in {p.kl_mode})" if p.kl_ctl > 0 else "; no reference model"),
         (f"batch: {d.train_bs_n_seqs} prompts x {p.group_size} answers = {n_seqs} sequences; "

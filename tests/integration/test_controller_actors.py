@@ -7,7 +7,6 @@ long generation never holds it inside the collective until the group's timeout, 
 to train meanwhile (the send waits on the trainer's second concurrency group).
 """
 
-import os
 import time
 
 import pytest
@@ -23,16 +22,6 @@ class Worker(StackDumps):
     def busy(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds
-
-
-@pytest.fixture()
-def ray_local():
-    # Workers import this module by name: put its folder on their path.
-    here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": here}})
-    yield
-    ray.shutdown()
 
 
 def test_dead_workers_counts_killed_actors_only(ray_local):

@@ -11,11 +11,9 @@ no engine may spend more than the transfer inside the collective.
     .venv/bin/python -m pytest tests/integration/test_weight_sync_wait.py
 """
 
-import os
 import time
 from types import SimpleNamespace
 
-import pytest
 import ray
 import torch
 
@@ -88,16 +86,6 @@ class Engine(WeightReceiver):
 
     def weights(self) -> dict:
         return {k: float(v.sum()) for k, v in self.llm.weights.items()}
-
-
-@pytest.fixture()
-def ray_local():
-    # Workers import this module by name: put its folder on their path.
-    here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": here}})
-    yield
-    ray.shutdown()
 
 
 def test_an_engine_that_finishes_early_does_not_wait_out_the_timeout_in_the_receive(ray_local):

@@ -19,8 +19,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from cli_run import cli
 
-from areal_kit.cli import main
 from areal_kit.cluster import image, steps
 from areal_kit.cluster.options import Cluster, SetupOptions
 from areal_kit.cluster.parallel import HostState, Step, run_steps
@@ -29,22 +29,8 @@ from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.console import make_console
 from areal_kit.errors import UserError
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("kit_home")]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def kit_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("AREAL_KIT_HOME", str(tmp_path / "home"))
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        code = main(list(args)) or 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def members(ctx: bytes) -> dict[str, bytes | None]:

@@ -13,9 +13,9 @@ import inspect
 import json
 
 import pytest
+from cli_run import cli
 
 from areal_kit import netfigures
-from areal_kit.cli import main
 from areal_kit.cluster import cmd, flags, steps
 from areal_kit.cluster import remote as remote_mod
 from areal_kit.cluster.options import Limits, SetupOptions, save_state
@@ -24,12 +24,7 @@ from areal_kit.cluster.remote import HostLog, Result
 from areal_kit.cluster.target import Target
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 
-pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(autouse=True)
-def kit_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("AREAL_KIT_HOME", str(tmp_path / "home"))
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("kit_home")]
 
 
 @pytest.fixture
@@ -46,15 +41,6 @@ def saved_host_cluster(key: str) -> SetupOptions:
     opts = SetupOptions(spec=spec, runtime="host", python="/opt/venv/bin/python", ray_port=6380)
     save_state(opts)
     return opts
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        code = main(list(args)) or 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_hosts_named_again_keep_what_setup_saved(key):
@@ -74,6 +60,17 @@ def test_the_command_line_wins_over_the_saved_state(key):
     # a cluster setup never saw: setup's defaults
     other = Target(name="other", hostnames=["X"]).options()
     assert (other.runtime, other.python, other.storage, other.spec.hosts[0].port) == ("docker", "python3", "/storage", None)
+
+
+def test_a_jump_host_setup_saved_is_the_route_unless_hosts_come_with_their_own_ssh_config(key, tmp_path):
+    opts = saved_host_cluster(key)
+    opts.gateway = "root@login"
+    save_state(opts)
+    assert Target().options().gateway == "root@login"
+    assert Target(ssh_config=str(tmp_path / "cfg")).options().gateway == "root@login"  # the saved hosts
+    # aliases of the user's ssh config: its ProxyJump is their route
+    assert Target(hosts=["n1", "n2"], ssh_config=str(tmp_path / "cfg")).options().gateway is None
+    assert Target(hosts=["n1"], ssh_config=str(tmp_path / "cfg"), gateway="me@jump").options().gateway == "me@jump"
 
 
 def test_down_with_the_hosts_named_again_stops_the_host_runtime(capsys, key):

@@ -16,9 +16,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cli_run import cli
 
 from areal_kit import logs
-from areal_kit.cli import main
 from areal_kit.cluster import steps, train_start
 from areal_kit.cluster.options import Cluster, SetupOptions
 from areal_kit.cluster.parallel import HostState, Outcome, Step, StepFailed, run_steps
@@ -28,25 +28,11 @@ from areal_kit.cluster.train_start import Start, classify
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.console import make_console
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("kit_home")]
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "Run ppo-r1-distill/1.5B_n4: 3 steps, 3 per epoch, 24 prompts; logs in /storage/logs/root/ppo/1.5B_n4"
 READY = ("Workers ready in 41.2s: 16 trainer rank(s) (setup 30.1s, attention sdpa), 16 rollout engine(s) "
          "(setup 38.9s), weight sync broadcast: nccl.")
-
-
-@pytest.fixture(autouse=True)
-def kit_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("AREAL_KIT_HOME", str(tmp_path / "home"))
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        code = main(list(args)) or 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def run_lines(tmp_path, *messages: tuple[str, str]) -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from areal_kit.rl.memory import LOGITS_CHUNK
+
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token KL(pi || ref) estimate from samples of pi (Schulman's k1, k2, k3).
@@ -134,7 +136,7 @@ def vocab_size(head: torch.nn.Module) -> int:
 
 
 def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
-                     temperature: float = 1.0, chunk: int = 1024):
+                     temperature: float = 1.0, chunk: int = LOGITS_CHUNK):
     """gather_logprobs over hidden states [T, H] in chunks of `chunk` tokens.
 
     Peak memory holds one [chunk, V] logits block instead of [T, V]: with a 150k vocabulary and

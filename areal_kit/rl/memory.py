@@ -1,0 +1,316 @@
+"""The memory plan of a GPU preset: what one trainer GPU and one generation GPU hold, from the
+model's shape, the ZeRO stage, the micro-batch's token budget and vLLM's share of its GPU.
+`areal-kit train PRESET --dry-run` prints it (rl/plan.py) and refuses a preset that cannot fit,
+with the arithmetic. Pure arithmetic: no GPU, no torch.
+
+    AREAL_DEVICE=cuda areal-kit train 7B_n4 --dry-run
+    AREAL_DEVICE=cuda areal-kit train 7B_n4 --dry-run actor.zero_stage=0     # refused, with the sums
+
+    from areal_kit.rl import memory
+    shape = memory.model_shape("/storage/models/DeepSeek-R1-Distill-Qwen-1.5B")
+    t = memory.trainer_plan(shape, zero_stage=2, ranks=16, tokens=19456, reference=True)
+    t.refusal(80e9, memory.trainer_fixes(2, True, 19456))   # "" when it fits
+
+What a trainer GPU holds (P parameters, N data-parallel trainer ranks, b bytes of the training dtype):
+  weights      b x P; / N under ZeRO-3
+  gradients    ZeRO-0: b x P (DeepSpeed has no fp32 accumulation without ZeRO); ZeRO-1: 4 x P (its bf16
+               optimizer accumulates every gradient in fp32); ZeRO-2/3: 4 x P / N (fp32 accumulation,
+               partitioned; b for an fp32 model is 4 anyway)
+  optimizer    AdamW: fp32 master weights and 2 moments, 12 B a parameter with bf16 weights (8 with fp32:
+               the weights are the master); / N under ZeRO 1-3
+  reference    b x P when ppo.kl_ctl > 0: the trainer loads it beside DeepSpeed, so no stage partitions it
+  activations  with gradient checkpointing, each layer's input (hidden x layers x tokens x b) and one
+               layer's working set recomputed in backward; without it, every layer's working set
+  logits       one chunk of chunked_logprobs (rl/algo/functional.py): chunk x vocab x 4 B, three times
+  buffers      DeepSpeed's gradient reduce and parameter all-gather buckets (ZeRO-3: the reduce bucket and
+               the most parameters it gathers at once)
+A generation GPU: vLLM takes gpu_memory_utilization of it; the weights take b x P / TP; what is left
+is the ceiling of its KV cache (vLLM's activations and CUDA graphs come out of it too), at
+2 x layers x KV heads per GPU x head_dim x b bytes a token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+
+from areal_kit.errors import UserError
+
+GB = 1e9
+# DeepSpeed's defaults (deepspeed/runtime/zero/config.py), in elements: the gradient reduce bucket,
+# the ZeRO 1/2 parameter all-gather bucket, and ZeRO-3's most parameters gathered at once.
+REDUCE_BUCKET = 500_000_000
+ALLGATHER_BUCKET = 500_000_000
+ZERO3_LIVE_PARAMS = 1_000_000_000
+# Tokens a chunk of chunked_logprobs turns into logits at once (its default there comes from here).
+LOGITS_CHUNK = 1024
+# A chunk's fp32 logits, their log-softmax and, in backward, the gradient of those are alive together.
+LOGITS_COPIES = 3
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder's shape (Qwen2/Llama layout: q, k, v, o; a gated MLP; two norms a layer)."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool = True
+    head_dim: int = 0  # 0: hidden / heads
+    source: str = ""  # where the shape came from, for the plan's header
+
+    @property
+    def dim(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def params(self) -> int:
+        kv = self.kv_heads * self.dim
+        q = self.heads * self.dim
+        attn = self.hidden * q + 2 * self.hidden * kv + q * self.hidden + ((q + 2 * kv) if self.qkv_bias else 0)
+        layer = attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        return self.layers * layer + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def layer_values_per_token(self) -> int:
+        """About the values one layer keeps a token for its backward: the norms' outputs and the
+        residual stream (6 x hidden), k and v, and the MLP's gate, up, activation and product."""
+        return 6 * self.hidden + 2 * self.kv_heads * self.dim + 4 * self.intermediate
+
+
+# The fallback where the model folder is not on this machine (a dry run on a laptop): the shapes of
+# the presets' models, as their config.json on the Hugging Face hub gives them. A folder's own
+# config.json always wins.
+KNOWN_MODELS = {
+    "DeepSeek-R1-Distill-Qwen-1.5B": ModelShape("DeepSeek-R1-Distill-Qwen-1.5B", hidden=1536, layers=28, heads=12,
+                                                kv_heads=2, intermediate=8960, vocab=151936, tied=False),
+    "DeepSeek-R1-Distill-Qwen-7B": ModelShape("DeepSeek-R1-Distill-Qwen-7B", hidden=3584, layers=28, heads=28,
+                                              kv_heads=4, intermediate=18944, vocab=152064, tied=False),
+}
+
+
+def shape_from_config(name: str, c: dict, source: str = "") -> ModelShape:
+    """The shape a Hugging Face config.json describes."""
+    return ModelShape(name, hidden=c["hidden_size"], layers=c["num_hidden_layers"], heads=c["num_attention_heads"],
+                      kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+                      intermediate=c["intermediate_size"], vocab=c["vocab_size"],
+                      tied=bool(c.get("tie_word_embeddings", False)),
+                      qkv_bias=c.get("model_type") == "qwen2" or bool(c.get("attention_bias", False)),
+                      head_dim=c.get("head_dim") or 0, source=source)
+
+
+def model_shape(path: str) -> ModelShape | None:
+    """The model's shape from its folder's config.json, else from KNOWN_MODELS by the folder's
+    name, else None."""
+    name = os.path.basename(str(path).rstrip("/"))
+    cfg_file = os.path.join(path, "config.json")
+    if os.path.isfile(cfg_file):
+        try:
+            with open(cfg_file) as f:
+                return shape_from_config(name, json.load(f), source=cfg_file)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{cfg_file} does not describe a model's shape ({type(e).__name__}: {e}); "
+                            "expected a Hugging Face config.json") from None
+    known = KNOWN_MODELS.get(name)
+    if known is None:
+        return None
+    return replace(known, source=f"rl/memory.py's table of the presets' models, as {path} is not here")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One thing a GPU holds: its name, its bytes, and how they were counted."""
+
+    name: str
+    nbytes: float
+    how: str
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """What one GPU of a role holds, part by part."""
+
+    title: str
+    parts: tuple[Part, ...]
+
+    @property
+    def total(self) -> float:
+        return sum(p.nbytes for p in self.parts)
+
+    def lines(self, capacity: float) -> list[str]:
+        head = f"  {self.title}: {gb(self.total)} of {gb(capacity)}"
+        return [head, *(f"    {p.name:<18} {gb(p.nbytes):>9}  {p.how}" for p in self.parts)]
+
+    def refusal(self, capacity: float, fixes: list[str]) -> str:
+        """'' when the parts fit capacity; else one line with the sum and what to change."""
+        if self.total <= capacity:
+            return ""
+        terms = " + ".join(f"{p.name} {p.nbytes / GB:.3g}" for p in self.parts if p.nbytes)
+        return (f"{self.title} needs {terms} = {self.total / GB:.3g} GB, more than the {gb(capacity)} it has; "
+                f"try {', or '.join(fixes)}")
+
+
+def gb(nbytes: float) -> str:
+    return f"{nbytes / GB:.3g} GB"
+
+
+def _billions(n: float) -> str:
+    return f"{n / 1e9:.3g}B"
+
+
+def _weights_and_state(s: ModelShape, zero_stage: int, ranks: int, b: int) -> list[Part]:
+    """The model's own bytes on one trainer GPU: weights, gradients, optimizer states."""
+    p, n = s.params, ranks
+    count = _billions(p)
+    if zero_stage == 3:
+        w = Part("weights", b * p / n, f"{b} B x {count} parameters / {n} ranks (ZeRO-3 partitions them)")
+    else:
+        w = Part("weights", b * p, f"{b} B x {count} parameters")
+    if zero_stage == 0:
+        g = Part("gradients", b * p, f"{b} B x {count}, in the weights' dtype (ZeRO-0 keeps them whole)")
+    elif zero_stage == 1:
+        g = Part("gradients", 4 * p, f"4 B x {count}, accumulated in fp32 (ZeRO-1 keeps them whole)")
+    else:
+        g = Part("gradients", 4 * p / n,
+                 f"4 B x {count} / {n} ranks, accumulated in fp32 (ZeRO-{zero_stage} partitions them)")
+    per = 12 if b == 2 else 8
+    what = "fp32 master weights + 2 moments" if b == 2 else "2 fp32 moments"
+    if zero_stage == 0:
+        o = Part("optimizer", per * p, f"AdamW {what}, {per} B x {count} (ZeRO-0 keeps them whole)")
+    else:
+        o = Part("optimizer", per * p / n, f"AdamW {what}, {per} B x {count} / {n} ranks")
+    return [w, g, o]
+
+
+def _activations(s: ModelShape, tokens: int, b: int, checkpointing: bool) -> list[Part]:
+    """A micro-batch of `tokens` tokens in training: the layers' activations and one logits chunk."""
+    per_layer = s.layer_values_per_token()
+    if checkpointing:
+        acts = [Part("activations", s.hidden * s.layers * tokens * b,
+                     f"each layer's input: {s.hidden} hidden x {s.layers} layers x {tokens} tokens x {b} B"),
+                Part("recomputed layer", per_layer * tokens * b,
+                     f"one layer in backward, about {per_layer} values a token x {tokens} tokens x {b} B")]
+    else:
+        acts = [Part("activations", s.layers * per_layer * tokens * b,
+                     f"no gradient checkpointing: {s.layers} layers x about {per_layer} values a token x "
+                     f"{tokens} tokens x {b} B")]
+    chunk = min(LOGITS_CHUNK, tokens)
+    logits = Part("logits chunk", LOGITS_COPIES * chunk * s.vocab * 4,
+                  f"{s.vocab} vocab x {chunk} tokens x 4 B x {LOGITS_COPIES} (logits, log-softmax, their gradient)")
+    return [*acts, logits]
+
+
+def _buffers(s: ModelShape, zero_stage: int, b: int) -> Part:
+    p = s.params
+    reduce, gather = min(REDUCE_BUCKET, p), min(ALLGATHER_BUCKET, p)
+    if zero_stage == 3:
+        live = min(ZERO3_LIVE_PARAMS, p)
+        return Part("DeepSpeed buffers", (live + reduce) * b,
+                    f"parameters gathered at once {_billions(live)} + reduce bucket {_billions(reduce)} "
+                    f"elements x {b} B")
+    if zero_stage == 0:
+        return Part("DeepSpeed buffers", reduce * b, f"gradient all-reduce bucket {_billions(reduce)} elements x {b} B")
+    return Part("DeepSpeed buffers", (reduce + gather) * b,
+                f"reduce bucket {_billions(reduce)} + all-gather bucket {_billions(gather)} elements x {b} B")
+
+
+def trainer_plan(s: ModelShape, zero_stage: int, ranks: int, tokens: int, reference: bool,
+                 checkpointing: bool = True, dtype_bytes: int = 2) -> GpuPlan:
+    """What one trainer GPU holds while it trains a micro-batch of `tokens` tokens."""
+    b = dtype_bytes
+    parts = _weights_and_state(s, zero_stage, ranks, b)
+    if reference:
+        parts.append(Part("reference model", b * s.params,
+                          f"{b} B x {_billions(s.params)}, a whole copy (kl_ctl > 0; loaded beside DeepSpeed, "
+                          "never partitioned)"))
+    parts += [*_activations(s, tokens, b, checkpointing), _buffers(s, zero_stage, b)]
+    dtype = "bf16" if b == 2 else "fp32"
+    return GpuPlan(f"trainer GPU (ZeRO-{zero_stage} over {ranks} rank(s), {dtype})", tuple(parts))
+
+
+def kv_bytes_per_token(s: ModelShape, tp: int, b: int = 2) -> int:
+    """KV cache bytes a token on one GPU of a TP group: vLLM splits the KV heads over it (each GPU
+    keeps at least one: with more GPUs than KV heads they are replicated)."""
+    return 2 * s.layers * max(1, s.kv_heads // tp) * s.dim * b
+
+
+def generation_plan(s: ModelShape, tp: int, gpu_bytes: float, utilization: float, max_model_len: int,
+                    b: int = 2) -> tuple[GpuPlan, int]:
+    """(vLLM's share of one generation GPU, the tokens of KV cache left in it)."""
+    share = utilization * gpu_bytes
+    weights = b * s.params / tp
+    per_token = kv_bytes_per_token(s, tp, b)
+    kv = max(share - weights, 0.0)
+    tokens = int(kv // per_token)
+    kv_heads = max(1, s.kv_heads // tp)
+    parts = (Part("weights", weights, f"{b} B x {_billions(s.params)} parameters / TP {tp}"),
+             Part("KV cache", kv, f"what is left: {tokens / 1e6:.3g}M tokens at {per_token} B a token (2 x "
+                  f"{s.layers} layers x {kv_heads} KV head(s) x {s.dim} head dim x {b} B); "
+                  f"{tokens // max_model_len} sequences of {max_model_len} tokens"))
+    return GpuPlan(f"generation GPU (vLLM, TP {tp}, gpu_memory_utilization {utilization:g})", parts), tokens
+
+
+def generation_refusal(plan: GpuPlan, tokens: int, max_model_len: int, share: float) -> str:
+    """'' when vLLM's share holds the weights and one whole sequence of KV cache (vLLM refuses to
+    start otherwise); else one line with the arithmetic and the fix."""
+    weights = plan.parts[0].nbytes
+    if weights < share and tokens >= max_model_len:
+        return ""
+    return (f"{plan.title}: its share {gb(share)} - weights {gb(weights)} leaves KV cache for {tokens} tokens, "
+            f"fewer than one sequence of {max_model_len} (dataset.max_prompt_len + ppo.gen.max_new_tokens); raise "
+            "actor.vllm.gpu_memory_utilization, or more tensor parallel in allocation_mode, or shorter answers")
+
+
+def trainer_fixes(zero_stage: int, checkpointing: bool, tokens: int) -> list[str]:
+    """What to change for a trainer GPU that does not fit, the likeliest first."""
+    return [*([] if zero_stage == 3 else ["actor.zero_stage=3"]),
+            *([] if checkpointing else ["actor.gradient_checkpointing=true"]),
+            f"a smaller actor_train.mb_spec.max_tokens_per_mb (now {tokens})",
+            "more training GPUs in allocation_mode" if zero_stage else "GPUs with more memory (gpu_memory_gb)"]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """A run's GPUs: one trainer GPU and one generation GPU, held to the GPUs' memory."""
+
+    shape: ModelShape
+    capacity: float
+    capacity_note: str  # where the GPUs' memory came from
+    trainer: GpuPlan
+    fixes: tuple[str, ...]  # what to change when the trainer GPU does not fit
+    generation: GpuPlan
+    kv_tokens: int
+    max_model_len: int
+    share: float  # vLLM's bytes of a generation GPU
+    shared: bool = False  # generation and training on the same GPUs
+
+    def lines(self) -> list[str]:
+        s = self.shape
+        head = (f"memory plan per GPU of {gb(self.capacity)} ({self.capacity_note}); {s.name}: "
+                f"{_billions(s.params)} parameters, shape from {s.source}")
+        out = [head, *self.trainer.lines(self.capacity), *self.generation.lines(self.capacity)]
+        if self.shared:
+            both = self.share + self.trainer.total
+            out.append(f"  generation and training share these GPUs: vLLM's {gb(self.share)} + the trainer's "
+                       f"{gb(self.trainer.total)} = {gb(both)} of {gb(self.capacity)} while both are resident")
+        return out
+
+    def refusal(self) -> str:
+        """'' when both GPUs fit; else one line: the one that does not, with its arithmetic and fix."""
+        return (self.trainer.refusal(self.capacity, list(self.fixes))
+                or generation_refusal(self.generation, self.kv_tokens, self.max_model_len, self.share))
+
+
+def plan_for(s: ModelShape, *, capacity: float, capacity_note: str, zero_stage: int, ranks: int, tokens: int,
+             reference: bool, checkpointing: bool, dtype_bytes: int, tp: int, utilization: float,
+             max_model_len: int, shared: bool = False) -> MemoryPlan:
+    """The memory plan of a run's settings (rl/plan.py reads them from its config)."""
+    trainer = trainer_plan(s, zero_stage, ranks, tokens, reference, checkpointing, dtype_bytes)
+    gen, kv_tokens = generation_plan(s, tp, capacity, utilization, max_model_len)
+    return MemoryPlan(s, capacity, capacity_note, trainer, tuple(trainer_fixes(zero_stage, checkpointing, tokens)),
+                      gen, kv_tokens, max_model_len, utilization * capacity, shared)
