@@ -13,7 +13,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from areal_kit.config.schema import VLLMConfig
+from areal_kit.config.vllm_args import VLLMConfig
 
 
 @dataclass(frozen=True)

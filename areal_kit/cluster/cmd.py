@@ -7,9 +7,10 @@
     areal-kit doctor            # check it: limits, versions, storage, GPU stack, Ray, network (cluster/doctor.py)
     areal-kit down
 
-Steps (cluster/steps.py, cluster/ray_cluster.py, cluster/data.py) run on all hosts in parallel
-via cluster/parallel.py; the exit code is an ExitCode (areal_kit/errors.py): OK when every host
-succeeded, FAILED when any failed, BAD_INPUT for bad input. Per-host logs go to --log-dir.
+Steps (cluster/steps.py, cluster/ray_cluster.py, cluster/data.py, cluster/train_start.py) run on
+all hosts in parallel via cluster/parallel.py; the exit code is an ExitCode (areal_kit/errors.py):
+OK when every host succeeded, FAILED when any failed, BAD_INPUT for bad input. Per-host logs go
+to --log-dir.
 Each option is declared once, on the field of the dataclass it fills (cluster/options.py,
 cluster/target.py), and the signatures below are made of those fields (cluster/flags.py); status,
 down and doctor find their cluster through one Target, filled from what setup saved.
@@ -144,7 +145,7 @@ def _setup_plan(opts: SetupOptions, assets, mirror: str, train_cfg, checks: Limi
             Step("ray", ray_cluster.ray, head_first=True), Step("ray_ready", ray_cluster.ray_ready, head_only=True)]
     if checks is not None:
         plan += doctor_steps(checks, network=False)
-    plan.append(Step("train", ray_cluster.train, head_only=True))
+    plan.append(Step("train", train_start.train, head_only=True))
     if opts.train_param:  # the preset against the nodes as soon as preflight knows them; its start, watched
         plan.insert(2, Step("preset", functools.partial(train_start.preset, cfg=train_cfg), head_only=True, gate=True))
         plan.append(Step("train_wait", train_start.wait, head_only=True))

@@ -1,6 +1,7 @@
 """The Ray steps: start head and workers (in containers or on the hosts), wait until every node
-has joined, optionally start training on the head; and the probes/teardown behind
-`areal-kit status` and `areal-kit down`.
+has joined; and the probes/teardown behind `areal-kit status` and `areal-kit down`, the
+training's state and its stop among them. setup's train step, which starts training on the head,
+is in cluster/train_start.py.
 
 Docker runtime: one container per host (``areal-<cluster>-head`` / ``-worker``) with
 ``--network host`` (Ray needs the hosts' real addresses), ``--shm-size`` for the object
@@ -270,64 +271,13 @@ def ray_ready(c: Cluster, h: HostState) -> Outcome:
     return Outcome("ok", f"Ray reports {len(alive)} nodes, {total:g} GPUs")
 
 
-# -- 7. training ------------------------------------------------------------------------------
-def train_log_path(c: Cluster) -> str:
-    o = c.opts
-    return f"{o.spec.fileroot.rstrip('/')}/logs/{o.spec.cluster_name}-{o.train_param}.log"
-
-
-def train_overrides(o) -> list[str]:
-    """What the run gets after its preset (SetupOptions o): setup's settings (storage_root: where the data
-    step put the preset's assets), then --train-arg (later wins)."""
-    return ["ray_address=auto", f"fileroot={o.spec.fileroot}", f"storage_root={o.storage}", *o.train_args]
-
-
-def driver_pattern(o) -> str:
-    """`pgrep -f` pattern of the driver setup starts for o.train_param ("[.]": the shell running it
-    does not match; the space after the preset: 1.5B_n1 does not match 1.5B_n16)."""
-    return f"areal_kit[.]cli train {o.train_param.replace('.', '[.]')} "
-
-
+# -- status and down --------------------------------------------------------------------------
 def in_head(c: Cluster, h: HostState, body: str) -> str:
     """A shell script as a command where training runs: the head's container, or the head host."""
     return q("docker", "exec", container_name(c, h), "sh", "-c", body) if c.opts.runtime == "docker" \
         else q("sh", "-c", body)
 
 
-def train(c: Cluster, h: HostState) -> Outcome:
-    o = c.opts
-    if not o.train_param:
-        return Outcome("skipped", "no --train_param")
-    checked = [x.name for x in c.hosts if any(x.outcomes.get(s, Outcome("ok")).status == "failed"
-                                              for s in ("host", "agree", "in-ray"))]
-    if checked:
-        raise StepFailed(f"doctor's checks failed on {', '.join(checked)} (see FAIL lines): training not started; "
-                         "fix them, or setup --skip-doctor")
-    log = train_log_path(c)
-    cmd = [o.python, "-m", "areal_kit.cli", "train", o.train_param, *train_overrides(o)]
-    logdir = log.rsplit("/", 1)[0]
-    sudo = o.runtime == "docker"
-    if h.remote.run(in_head(c, h, q("pgrep", "-f", driver_pattern(o))), sudo=sudo, check=True).ok:
-        h.facts["train_log_from"] = 0  # the run going on is read from its log's start (its last launch)
-        return Outcome("ok", f"training {o.train_param} already running; log {log}")
-    # What the new run writes comes after the log's bytes of now.
-    size = h.remote.run(in_head(c, h, f"if [ -f {q(log)} ]; then wc -c < {q(log)}; else echo 0; fi"), sudo=sudo,
-                        check=True, timeout=60).stdout.strip()
-    h.facts["train_log_from"] = int(size) if size.isdigit() else 0
-    if o.runtime == "docker":
-        inner = f"mkdir -p {shlex.quote(logdir)} && cd {shlex.quote(o.storage)} && exec {shlex.join(cmd)} " \
-                f">> {shlex.quote(log)} 2>&1"
-        must(c, h, q("docker", "exec", "-d", container_name(c, h), "sh", "-c", inner), "starting training", sudo=True)
-    else:
-        pidfile = f"{o.storage.rstrip('/')}/.areal-kit/train-{o.spec.cluster_name}.pid"
-        must(c, h, f"mkdir -p {shlex.quote(logdir)} && cd {shlex.quote(o.storage)} && "
-                   f"{{ {host_env(c, h)} setsid {shlex.join(cmd)} >> {shlex.quote(log)} 2>&1 < /dev/null & "
-                   f"echo $! > {shlex.quote(pidfile)}; }}", "starting training")
-    wait = f"; waiting up to {o.train_wait:g}s for a sign of life (--train-wait)" if o.train_wait else ""
-    return Outcome("changed", f"training {o.train_param} started; log {log}{wait}")
-
-
-# -- status and down --------------------------------------------------------------------------
 # The training driver however it was started (setup's `python -m areal_kit.cli`, or a user's
 # `areal-kit train`). "[.]" and "(" keep the shell running this pattern from matching itself.
 TRAIN_DRIVER = "areal(_kit[.]cli|-kit) train"

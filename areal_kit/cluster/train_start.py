@@ -1,4 +1,4 @@
-"""setup's two questions about `--train_param PRESET`: can it run on these nodes, and did it start.
+"""setup's `--train_param PRESET`: can it run on these nodes, its start on the head, and did it start.
 
     areal-kit setup --hostnames h1 h2 --train_param 1.5B_n4                      # waits up to 900 s
     areal-kit setup --hostnames h1 h2 --train_param 1.5B_n4 --train-wait 0       # starts, does not wait
@@ -7,8 +7,9 @@ Before connecting, `load_preset` loads the preset with the run's overrides (bad 
 Right after preflight, the `preset` step (a gate: its failure stops every host before anything
 is installed) checks that the nodes hold the GPUs the allocation needs, then runs
 `areal-kit train PRESET --dry-run` here with AREAL_DEVICE set to the nodes' device, so the run's
-own checks judge it (a subprocess: cluster/ does not import rl/). After the train step started
-the run, the `train_wait` step reads its log on the head until the log shows the workers ready
+own checks judge it (a subprocess: cluster/ does not import rl/). The `train` step starts the
+run's driver on the head (in its container, or on the host with its pid recorded); then the
+`train_wait` step reads its log on the head until the log shows the workers ready
 or a step finished, or an error, or the driver is gone, or --train-wait seconds have passed.
 """
 
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 
 from areal_kit.cluster.options import Cluster, q
 from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
-from areal_kit.cluster.ray_cluster import driver_pattern, in_head, train_log_path, train_overrides
+from areal_kit.cluster.ray_cluster import container_name, host_env, in_head
+from areal_kit.cluster.steps import must
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
 from areal_kit.errors import UserError
@@ -92,6 +94,59 @@ def preset(c: Cluster, h: HostState, cfg) -> Outcome:
         return Outcome("ok", f"{o.train_param} fits ({uses}); its dry run could not run here ({tail[:200]}): "
                              "the run checks the rest when it starts")
     return Outcome("ok", f"{o.train_param} can run here ({uses}; train --dry-run)")
+
+
+# -- start: the driver on the head -------------------------------------------------------------
+def train_log_path(c: Cluster) -> str:
+    o = c.opts
+    return f"{o.spec.fileroot.rstrip('/')}/logs/{o.spec.cluster_name}-{o.train_param}.log"
+
+
+def train_overrides(o) -> list[str]:
+    """What the run gets after its preset (SetupOptions o): setup's settings (storage_root: where the data
+    step put the preset's assets), then --train-arg (later wins)."""
+    return ["ray_address=auto", f"fileroot={o.spec.fileroot}", f"storage_root={o.storage}", *o.train_args]
+
+
+def driver_pattern(o) -> str:
+    """`pgrep -f` pattern of the driver setup starts for o.train_param ("[.]": the shell running it
+    does not match; the space after the preset: 1.5B_n1 does not match 1.5B_n16)."""
+    return f"areal_kit[.]cli train {o.train_param.replace('.', '[.]')} "
+
+
+def train(c: Cluster, h: HostState) -> Outcome:
+    """The head's step after ray_ready (and doctor's checks): start the preset's driver where Ray's
+    head runs, its output appended to train_log_path, unless one runs already."""
+    o = c.opts
+    if not o.train_param:
+        return Outcome("skipped", "no --train_param")
+    checked = [x.name for x in c.hosts if any(x.outcomes.get(s, Outcome("ok")).status == "failed"
+                                              for s in ("host", "agree", "in-ray"))]
+    if checked:
+        raise StepFailed(f"doctor's checks failed on {', '.join(checked)} (see FAIL lines): training not started; "
+                         "fix them, or setup --skip-doctor")
+    log = train_log_path(c)
+    cmd = [o.python, "-m", "areal_kit.cli", "train", o.train_param, *train_overrides(o)]
+    logdir = log.rsplit("/", 1)[0]
+    sudo = o.runtime == "docker"
+    if h.remote.run(in_head(c, h, q("pgrep", "-f", driver_pattern(o))), sudo=sudo, check=True).ok:
+        h.facts["train_log_from"] = 0  # the run going on is read from its log's start (its last launch)
+        return Outcome("ok", f"training {o.train_param} already running; log {log}")
+    # What the new run writes comes after the log's bytes of now.
+    size = h.remote.run(in_head(c, h, f"if [ -f {q(log)} ]; then wc -c < {q(log)}; else echo 0; fi"), sudo=sudo,
+                        check=True, timeout=60).stdout.strip()
+    h.facts["train_log_from"] = int(size) if size.isdigit() else 0
+    if o.runtime == "docker":
+        inner = f"mkdir -p {shlex.quote(logdir)} && cd {shlex.quote(o.storage)} && exec {shlex.join(cmd)} " \
+                f">> {shlex.quote(log)} 2>&1"
+        must(c, h, q("docker", "exec", "-d", container_name(c, h), "sh", "-c", inner), "starting training", sudo=True)
+    else:
+        pidfile = f"{o.storage.rstrip('/')}/.areal-kit/train-{o.spec.cluster_name}.pid"
+        must(c, h, f"mkdir -p {shlex.quote(logdir)} && cd {shlex.quote(o.storage)} && "
+                   f"{{ {host_env(c, h)} setsid {shlex.join(cmd)} >> {shlex.quote(log)} 2>&1 < /dev/null & "
+                   f"echo $! > {shlex.quote(pidfile)}; }}", "starting training")
+    wait = f"; waiting up to {o.train_wait:g}s for a sign of life (--train-wait)" if o.train_wait else ""
+    return Outcome("changed", f"training {o.train_param} started; log {log}{wait}")
 
 
 # -- after: the run's log ----------------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 Names follow the AReaL v0.1 guide where it has one (experiment_name, allocation_mode,
 ppo.gen.max_new_tokens, actor_train.mb_spec.max_tokens_per_mb, exp_ctrl.*). Each field is
-declared with `opt(default, help)` (or `section(Class, help)` for a group of options): its
-help, and its choices where the value is one of a fixed set, live in the field's metadata,
-where `areal-kit train PRESET --show-args [--json]` and the validation below read them.
+declared with `opt(default, help)` (or `section(Class, help)` for a group of options, both in
+config/fields.py): its help, and its choices where the value is one of a fixed set, live in the
+field's metadata, where `areal-kit train PRESET --show-args [--json]` and the validation below
+read them. Sections with a module of their own: dataset.* (config/dataset.py) and actor.vllm
+(config/vllm_args.py); config/assets.py checks the assets entries.
 Presets (train_scripts/*.yaml) and `key=value` overrides are merged by config/loader.py.
 
     from dataclasses import fields
@@ -17,49 +19,16 @@ Presets (train_scripts/*.yaml) and `key=value` overrides are merged by config/lo
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from areal_kit.config.alloc import parse_allocation
+from areal_kit.config.assets import asset
+from areal_kit.config.dataset import DatasetConfig
+from areal_kit.config.fields import check, check_choices, check_positive, opt, section
+from areal_kit.config.vllm_args import VLLMConfig
 from areal_kit.errors import ConfigError
-
-
-def check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def check_choice(name: str, value, choices) -> None:
-    check(value in choices, f"{name}={value!r} is not valid; expected one of {', '.join(map(str, choices))}")
-
-
-def check_positive(name: str, value, allow_zero: bool = False) -> None:
-    ok = value >= 0 if allow_zero else value > 0
-    check(ok, f"{name}={value} is not valid; expected a number {'>= 0' if allow_zero else '> 0'}")
-
-
-def opt(default, help_text: str, *, choices: tuple = ()):
-    """A config option: its default, its help and, if its value is one of a fixed set, the choices."""
-    meta = {"help": help_text, **({"choices": tuple(choices)} if choices else {})}
-    if isinstance(default, (list, dict)):  # each config gets its own copy of a mutable default
-        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def section(cls, help_text: str):
-    """A group of options (a nested dataclass, e.g. ppo.gen) with its help."""
-    return field(default_factory=cls, metadata={"help": help_text})
-
-
-def check_choices(obj, prefix: str) -> None:
-    """Every field of obj declared with choices holds one of them; prefix names obj's section."""
-    for f in dataclasses.fields(obj):
-        if "choices" in f.metadata:
-            check_choice(prefix + f.name, getattr(obj, f.name), f.metadata["choices"])
 
 
 @dataclass
@@ -206,62 +175,6 @@ def _abs_file_spec(spec: str) -> str:
     return spec
 
 
-# vllm.LLM arguments areal-kit sets itself -> where their value comes from (additional_engine_args
-# may not set them: a second source of the same setting).
-VLLM_RESERVED = {
-    "model": "actor.path", "seed": "seed", "max_model_len": "dataset.max_prompt_len + ppo.gen.max_new_tokens",
-    "tensor_parallel_size": "allocation_mode", "distributed_executor_backend": "allocation_mode",
-    "dtype": "the device", "worker_extension_cls": "the weight sync", "logprobs_mode": "the PPO loss",
-    **{k: f"actor.vllm.{k}" for k in ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-                                      "enforce_eager", "swap_space", "max_seq_len_to_capture")},
-}
-
-
-@dataclass
-class VLLMConfig:
-    """The guide's actor.vllm: arguments of the rollout engines' vllm.LLM (vLLM 0.32 names)."""
-    gpu_memory_utilization: float = opt(0.85,
-        "Share of each generation GPU vLLM may take (weights, activations, KV cache); lower it when "
-        "vLLM runs out of GPU memory. GPU only: on CPU the KV cache is sized from the model "
-        "(VLLM_CPU_KVCACHE_SPACE, in GiB, overrides it).")
-    max_num_seqs: int = opt(0,
-        "Most sequences one engine decodes at once (0 = vLLM's default: 1024 on H100-class GPUs, else 256). "
-        "Higher: more throughput while the KV cache holds them; lower: less memory, fewer preemptions.")
-    max_num_batched_tokens: int = opt(0,
-        "Most tokens one engine step processes, prefill chunks included (0 = vLLM's default); on CPU "
-        "at least dataset.max_prompt_len + ppo.gen.max_new_tokens, as prompts are prefilled whole there.")
-    enforce_eager: bool = opt(False,
-        "Run the model eagerly, without CUDA graphs: less memory and a faster start, slower decoding "
-        "(CPU engines always run eagerly).")
-    swap_space: float = opt(0.0,
-        "GiB of CPU swap per GPU in the guide's vLLM. Accepted for the guide's commands, with no effect: "
-        "vLLM 0.32 (its V1 engine) has no CPU swap and recomputes a sequence it preempts; for vLLM out of "
-        "memory lower gpu_memory_utilization or max_num_seqs (0 = unset).")
-    max_seq_len_to_capture: int = opt(0,
-        "Longest sequence run with CUDA graphs in the guide's vLLM. Accepted for the guide's commands, with "
-        "no effect: vLLM 0.32 captures graphs per batch size; enforce_eager turns them off (0 = unset).")
-    hybrid_train: bool = opt(False,
-        "The guide's switch for generation and training sharing GPUs. Accepted, with no effect: "
-        "allocation_mode decides (vllm.GEN+TRAIN keeps them apart, the other forms share).")
-    additional_engine_args: dict[str, Any] = opt({},
-        "Any other vllm.LLM argument by its vLLM 0.32 name, e.g. {cpu_offload_gb: 4, kv_cache_dtype: fp8}; "
-        "those areal-kit sets itself are refused.")
-
-    def __post_init__(self):
-        check(0 < self.gpu_memory_utilization <= 1, f"actor.vllm.gpu_memory_utilization="
-              f"{self.gpu_memory_utilization} is not valid; expected a fraction 0 < x <= 1, e.g. 0.85")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "swap_space", "max_seq_len_to_capture"):
-            check_positive(f"actor.vllm.{name}", getattr(self, name), allow_zero=True)
-        check(not self.max_num_batched_tokens or self.max_num_batched_tokens >= self.max_num_seqs,
-              f"actor.vllm.max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "
-              f"actor.vllm.max_num_seqs={self.max_num_seqs}; expected >= max_num_seqs (vLLM refuses less)")
-        for key in self.additional_engine_args:
-            check(str(key).isidentifier(), f"actor.vllm.additional_engine_args has key {key!r}; expected "
-                  "vllm.LLM argument names, e.g. cpu_offload_gb")
-            check(key not in VLLM_RESERVED, f"actor.vllm.additional_engine_args.{key} is not valid: areal-kit "
-                  f"sets it from {VLLM_RESERVED.get(key)}; expected other vllm.LLM arguments")
-
-
 @dataclass
 class ModelConfig:
     path: str = opt("", "Hugging Face model folder, or tiny://toy | tiny://bpe for a locally built tiny model "
@@ -306,90 +219,6 @@ class MBSpec:
 @dataclass
 class MFCConfig:
     mb_spec: MBSpec = section(MBSpec, "Micro-batch spec of this model function call.")
-
-
-@dataclass
-class DatasetConfig:
-    path: str = opt("", 'Dataset: a jsonl file, a HF datasets folder, or "" for the built-in toy task.')
-    type: str = opt("toy", "Format: toy | areal (prompt + query_id, with id2info.json) | jsonl | hf.",
-        choices=("toy", "areal", "jsonl", "hf"))
-    id2info_path: str = opt("", 'areal format: id2info.json ("" = next to path).')
-    question_field: str = opt("question", "jsonl/hf: field holding the question.")
-    answer_field: str = opt("answer", "jsonl/hf: field holding the reference answer.")
-    mix: list[dict] = opt([],
-        "Several training sources instead of path/type: [{path, type, weight, name}, ...] (other keys: "
-        "id2info_path, question_field, answer_field; unset ones come from dataset.*). Training takes "
-        "weight x a source's rows (0.5: a seeded half of them, 2: every row twice), shuffled together by seed; "
-        "rows keep their source's name, and each source's task reward is logged (task_reward/NAME).")
-    train_bs_n_seqs: int = opt(1024,
-        "Prompts per training step (the batch is train_bs_n_seqs x ppo.group_size sequences).")
-    max_prompt_len: int = opt(2048, "Prompts longer than this (tokens) are dropped and counted, never truncated.")
-    apply_chat_template: bool = opt(False, "Apply the tokenizer's chat template to prompts.")
-    toy_size: int = opt(4096, "Toy task only: number of generated prompts.")
-    shuffle: bool = opt(True, "Shuffle the prompt order each epoch (seeded).")
-    eval_path: str = opt("",
-        'In-training eval split: a file/folder of the same type and fields ("" = hold out '
-        "eval_size prompts of the training data instead; they are then never trained on).")
-    eval_size: int = opt(0,
-        "Prompts in the eval split: the first N of eval_path (0 = all), or N held out of the "
-        'training data when eval_path is "".')
-
-    def __post_init__(self):
-        check_choices(self, "dataset.")
-        check(not (self.mix and self.path), f"dataset.path={self.path!r} and dataset.mix are both set; expected "
-              "one of them (put the path in the mix)")
-        self.mix = [_mix_source(i, m, self) for i, m in enumerate(self.mix)]
-        names = [m["name"] for m in self.mix]
-        check(len(set(names)) == len(names), f"dataset.mix names {names} are not unique; expected a distinct "
-              "name per source (give each a name:)")
-        check(self.type == "toy" or bool(self.path) or bool(self.mix),
-              f"dataset.path is empty for dataset.type={self.type}; expected a file or folder")
-        check_positive("dataset.train_bs_n_seqs", self.train_bs_n_seqs)
-        check_positive("dataset.max_prompt_len", self.max_prompt_len)
-        check_positive("dataset.toy_size", self.toy_size)
-        check_positive("dataset.eval_size", self.eval_size, allow_zero=True)
-
-
-ASSET_KEYS = ("uri", "dest", "sha256")
-
-
-def _asset(name: str, a) -> dict:
-    """One assets entry, checked: {uri, dest, sha256} with sha256 "" when not given."""
-    where = f"assets.{name}"
-    check(bool(re.fullmatch(r"[\w.-]+", str(name))), f"{where} is not a valid name; expected letters, digits, _ . -")
-    check(isinstance(a, dict), f"{where}={a!r} is not valid; expected {{uri, dest, sha256}}")
-    extra = sorted(set(a) - set(ASSET_KEYS))
-    check(not extra, f"{where} has unknown key(s) {', '.join(extra)}; expected some of {', '.join(ASSET_KEYS)}")
-    out = {"uri": str(a.get("uri") or ""), "dest": str(a.get("dest") or ""), "sha256": str(a.get("sha256") or "")}
-    check("://" in out["uri"] or not out["uri"], f"{where}.uri={out['uri']!r} is not valid; expected a URI such "
-          "as hf://ORG/NAME, or \"\" for a path you fill yourself")
-    check(out["dest"].startswith("/"), f"{where}.dest={out['dest']!r} is not valid; expected an absolute path "
-          "(the path the preset reads, e.g. ${actor.path})")
-    check(not out["sha256"] or bool(re.fullmatch(r"[0-9a-f]{64}", out["sha256"])),
-          f"{where}.sha256={out['sha256']!r} is not valid; expected 64 lowercase hex digits")
-    return out
-
-
-MIX_KEYS = ("path", "type", "weight", "name", "id2info_path", "question_field", "answer_field")
-
-
-def _mix_source(i: int, m, d: DatasetConfig) -> dict:
-    """One dataset.mix entry, checked, with what it leaves unset taken from dataset.*."""
-    where = f"dataset.mix[{i}]"
-    check(isinstance(m, dict), f"{where}={m!r} is not valid; expected {{path, type, weight, name}}")
-    extra = sorted(set(m) - set(MIX_KEYS))
-    check(not extra, f"{where} has unknown key(s) {', '.join(extra)}; expected some of {', '.join(MIX_KEYS)}")
-    out = {k: m.get(k, getattr(d, k, None)) for k in MIX_KEYS if k not in ("weight", "name")}
-    types = next(f for f in dataclasses.fields(DatasetConfig) if f.name == "type").metadata["choices"]
-    check_choice(f"{where}.type", out["type"], types)
-    check(out["type"] == "toy" or bool(out["path"]), f"{where} has no path for type {out['type']}; expected a file "
-          "or folder")
-    w = m.get("weight", 1.0)
-    check(isinstance(w, (int, float)) and w > 0, f"{where}.weight={w!r} is not valid; expected a number > 0")
-    stem = os.path.splitext(os.path.basename(str(out["path"]).rstrip("/")))[0]
-    name = str(m.get("name") or stem or out["type"])
-    check(bool(re.fullmatch(r"[\w.-]+", name)), f"{where}.name={name!r} is not valid; expected letters, digits, _ . -")
-    return {**out, "weight": float(w), "name": name}
 
 
 @dataclass
@@ -540,7 +369,7 @@ class TrainConfig:
                   f"(dataset.max_prompt_len + ppo.gen.max_new_tokens = {seq}); expected >= {seq}")
 
         parse_allocation(self.allocation_mode).check(self.n_nodes, self.n_gpus_per_node)
-        self.assets = {name: _asset(name, a) for name, a in self.assets.items()}
+        self.assets = {name: asset(name, a) for name, a in self.assets.items()}
 
     @property
     def n_gpus(self) -> int:

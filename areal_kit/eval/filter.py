@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from areal_kit import durable
-from areal_kit.config.schema import DatasetConfig
+from areal_kit.config.dataset import DatasetConfig
 from areal_kit.console import make_console
 from areal_kit.data import sources
 from areal_kit.data.prompts import tokenize_rows

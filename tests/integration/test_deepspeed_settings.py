@@ -4,8 +4,8 @@ process each), on a tiny Qwen2 with tied embeddings:
 - under a real ZeRO-3 partition, functional.chunked_logprobs decides to keep or recompute the
   logits as it does for the whole model (ZeRO-3 empties the head's weight outside its forward),
   and backward through the recomputed chunks works;
-- the config trainer.deepspeed_config builds for a bf16 model is one DeepSpeed accepts at every
-  ZeRO stage, and under ZeRO 1-3 its optimizer accumulates gradients in fp32.
+- the config deepspeed_zero.deepspeed_config builds for a bf16 model is one DeepSpeed accepts at
+  every ZeRO stage, and under ZeRO 1-3 its optimizer accumulates gradients in fp32.
 
     .venv/bin/python -m pytest tests/integration/test_deepspeed_settings.py
 """
@@ -53,7 +53,7 @@ import json, sys, torch, deepspeed
 from transformers import AutoModelForCausalLM
 from areal_kit.config.loader import load_config
 from areal_kit.data.tiny_model import TinySpec, build
-from areal_kit.rl.workers.trainer import deepspeed_config
+from areal_kit.rl.workers.deepspeed_zero import deepspeed_config
 
 path = build(sys.argv[1], TinySpec(kind="bpe", heads=2, kv_heads=1))
 deepspeed.init_distributed(dist_backend="gloo")

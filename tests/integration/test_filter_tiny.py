@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from areal_kit.cli import main
-from areal_kit.config.schema import DatasetConfig
+from areal_kit.config.dataset import DatasetConfig
 from areal_kit.data import sources
 from areal_kit.data.toy_task import toy_rows
 

@@ -1,7 +1,8 @@
-"""ZeRO-3's full state, gathered a group of parameters at a time (rl/workers/trainer.gathered_state): real
-DeepSpeed (CPU accelerator, gloo, one rank) in a child process, on a tiny Qwen2 with tied
-embeddings. With groups of 4 KB (dozens of gathers) and with the default (one), the result must
-be the model's own state dict, tensor for tensor, the tied head sharing the embedding's copy.
+"""ZeRO-3's full state, gathered a group of parameters at a time
+(rl/workers/deepspeed_zero.gathered_state): real DeepSpeed (CPU accelerator, gloo, one rank) in a
+child process, on a tiny Qwen2 with tied embeddings. With groups of 4 KB (dozens of gathers) and
+with the default (one), the result must be the model's own state dict, tensor for tensor, the tied
+head sharing the embedding's copy.
 
     .venv/bin/python -m pytest tests/integration/test_zero3_gather.py
 """
@@ -16,7 +17,7 @@ CHILD = r"""
 import json, sys, torch, deepspeed
 from transformers import AutoModelForCausalLM
 from areal_kit.data.tiny_model import TinySpec, build
-from areal_kit.rl.workers.trainer import gathered_state
+from areal_kit.rl.workers.deepspeed_zero import gathered_state
 
 path = build(sys.argv[1], TinySpec(kind="bpe", heads=2, kv_heads=1))
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

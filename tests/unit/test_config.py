@@ -6,10 +6,10 @@ import json
 import pytest
 
 from areal_kit.config import loader
+from areal_kit.config.dataset import DatasetConfig
 from areal_kit.config.loader import all_keys, describe_args, describe_options, load_config
 from areal_kit.config.schema import (
     ConfigError,
-    DatasetConfig,
     ExpCtrl,
     GenConfig,
     MBSpec,
@@ -246,7 +246,7 @@ def test_broken_cluster_spec_fails_even_with_fileroot(tmp_path):
 # ------------------------------------------------------------------ --show-args help
 def test_every_option_has_help_in_its_field_metadata():
     empty = [k for k, f in all_keys().items() if not f.metadata.get("help", "").strip()]
-    assert empty == [], f"options without help in schema.py: {empty}"
+    assert empty == [], f"options without help in config/: {empty}"
 
 
 def test_every_section_has_help_in_its_field_metadata():

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from areal_kit.config.schema import DatasetConfig
+from areal_kit.config.dataset import DatasetConfig
 from areal_kit.data import sources
 from areal_kit.data.prompts import tokenize_rows
 from areal_kit.errors import UserError

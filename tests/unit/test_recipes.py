@@ -1,6 +1,6 @@
 """The DAPO-era recipe pieces, each against a hand computation: overlong reward shaping and
 overlong filtering (rl/algo/batch.py, functional.py), the group choice of dynamic sampling,
-dataset.mix (data/prompts.py, config/schema.py), a recover checkpoint of a step that took more
+dataset.mix (data/prompts.py, config/dataset.py), a recover checkpoint of a step that took more
 than one batch, and the plot's eval and per-source panels (monitor.py). The same pieces run
 through the real engine in tests/integration/test_recipes_tiny.py."""
 

@@ -22,9 +22,8 @@ from areal_kit import logs
 from areal_kit.cluster import steps, train_start
 from areal_kit.cluster.options import Cluster, SetupOptions
 from areal_kit.cluster.parallel import HostState, Outcome, Step, StepFailed, run_steps
-from areal_kit.cluster.ray_cluster import train_log_path
 from areal_kit.cluster.remote import HostLog, Result
-from areal_kit.cluster.train_start import Start, classify
+from areal_kit.cluster.train_start import Start, classify, train_log_path
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.console import make_console
 

@@ -1,4 +1,5 @@
-"""The package's shape: no import cycle, and imports inside functions only where they keep `--help` fast.
+"""The package's shape: no import cycle, imports inside functions only where they keep `--help`
+fast, and modules and functions short enough to read.
 
 `areal-kit --help` loads the CLI and the command modules; everything heavy (torch, Ray, vLLM,
 transformers) must stay out of that set, which is why those modules import inside their
@@ -9,6 +10,9 @@ the environment a worker sets first (vLLM, DeepSpeed) and optional ones (inside 
 The packages lean one way: the CLI starts the commands' packages, training may run the
 evaluator for its in-training eval, and what two of them share (checkpoint naming, grading,
 doctor's saved figures) sits in the modules below them all, which import none of them.
+
+No module is over MAX_MODULE_LINES lines and no function body over MAX_FUNCTION_LINES: a longer
+one is split along a seam (a section of its own module, a named helper), not allowed here.
 """
 
 import ast
@@ -170,3 +174,46 @@ def test_every_import_of_ours_names_what_exists():
 
 def _is_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
+
+
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+
+
+def test_every_module_is_at_most_450_lines():
+    """Every line counts, docstrings and comments included: they are read too."""
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in sorted(PKG.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them along a seam): " + "; ".join(long)
+
+
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function's body: from its first statement after the docstring to its end. The
+    signature does not count (a typer command declares one option a line, with its help), nor the
+    docstring; a nested function's lines count in the function around it as well as its own."""
+    body = node.body[1:] if ast.get_docstring(node) is not None and len(node.body) > 1 else node.body
+    first = body[0]
+    start = min([first.lineno, *(d.lineno for d in getattr(first, "decorator_list", []))])
+    return node.end_lineno - start + 1
+
+
+def _functions(tree: ast.AST, prefix: str = ""):
+    """(qualified name, node) of every function in tree, methods and nested functions included."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = prefix + node.name
+            if not isinstance(node, ast.ClassDef):
+                yield name, node
+            yield from _functions(node, name + ".")
+        else:
+            yield from _functions(node, prefix)
+
+
+def test_every_function_body_is_at_most_60_lines():
+    """Counted from the first statement after the signature and docstring (see _body_lines), so a
+    typer command whose options make a long signature over a short body passes; no allowance."""
+    long = [f"{p.relative_to(ROOT)}:{node.lineno} {name}: {n} lines"
+            for p in sorted(PKG.rglob("*.py")) for name, node in _functions(ast.parse(p.read_text()))
+            if (n := _body_lines(node)) > MAX_FUNCTION_LINES]
+    assert not long, (f"function bodies over {MAX_FUNCTION_LINES} lines (split them into named helpers): "
+                      + "; ".join(long))

@@ -5,6 +5,8 @@ step every rank gets its shard of the batch's sequences (one Ray object per rank
 micro-batches of at most max_tokens_per_mb tokens, and accumulates gradients so that the loss is
 the mean over every answer token of the global batch, not a mean of micro-batch means.
 Rank 0 also owns the trainer's end of the weight sync (rl/weight_sync/sender.py).
+DeepSpeed's config, ZeRO-3's gathered state and the universal checkpoint format are in
+rl/workers/deepspeed_zero.py.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ import functools
 import math
 import os
 import shutil
-import subprocess
-import sys
 import time
 from datetime import timedelta
 
@@ -24,13 +24,14 @@ import torch.distributed as dist
 
 from areal_kit import hardware
 from areal_kit.data.tokenizer import copy_tokenizer_files
-from areal_kit.durable import fsync_dir, fsync_tree
+from areal_kit.durable import fsync_tree
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo.packing import Answers, Packed, min_bins, pack, partition
 from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.weight_sync import transport
 from areal_kit.rl.weight_sync.sender import WeightSender
 from areal_kit.rl.workers import heap
+from areal_kit.rl.workers.deepspeed_zero import deepspeed_config, gathered_state, ranks_written, universal_tag
 from areal_kit.rl.workers.watchdog import StackDumps
 
 
@@ -42,28 +43,6 @@ def _pin_to_cores(cores: str) -> None:
     ids = [int(c) for c in cores.split(",")]
     os.sched_setaffinity(0, ids)
     torch.set_num_threads(len(ids))
-
-
-def deepspeed_config(actor, dtype: torch.dtype) -> dict:
-    """DeepSpeed's config for training `actor` (config.schema's ModelConfig) in dtype.
-
-    The trainer marks each micro-batch's accumulation boundary itself, so DeepSpeed is told of one
-    micro-batch a step. A bf16 model accumulates its gradients in fp32 under ZeRO 1-3: DeepSpeed
-    would otherwise accumulate in the model's dtype, and a GPU preset's step adds up hundreds of
-    micro-batches per rank, whose small late terms bf16's 8-bit mantissa rounds away. Without ZeRO
-    DeepSpeed has no fp32 accumulation for a bf16 model (it refuses the mix), so ZeRO-0 keeps bf16's.
-    """
-    cfg = {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": actor.gradient_clipping,
-        "zero_optimization": {"stage": actor.zero_stage},
-        "steps_per_print": 10**9,
-        "bf16": {"enabled": dtype == torch.bfloat16},
-    }
-    if dtype == torch.bfloat16 and actor.zero_stage > 0:
-        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
-    return cfg
 
 
 class TrainerWorker(WeightSender, StackDumps):
@@ -248,62 +227,16 @@ class TrainerWorker(WeightSender, StackDumps):
         return ret
 
     def _optimize(self, shard, ans: Answers, mask, adv, prox, behav, ref_lp) -> dict:
-        p = self.cfg.ppo
-        mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
-        n_mini = p.ppo_n_minibatches
+        """The PPO update: ppo.ppo_n_minibatches optimizer steps over the shard; the step's stats
+        summed over the ranks, the per-token ones as means over every answer token."""
+        n_mini = self.cfg.ppo.ppo_n_minibatches
         minis = [list(range(len(shard)))[i::n_mini] for i in range(n_mini)]
         self.engine.train()
         acc = {"actor_loss": 0.0, "ppo_approx_kl": 0.0, "actor_clip_ratio": 0.0,
                "importance_weight": 0.0, "entropy": 0.0, "n_valid_tokens": 0.0, "grad_norm": 0.0}
         send_wait = 0.0  # seconds the optimizer steps waited for a weight send
         for mini in minis:
-            sub = [shard[i] for i in mini]
-            # Per-token weights of the loss (ppo.loss_agg) and their global denominator.
-            toks, lens = ans.index(mini), ans.lens[mini].tolist()
-            agg_w = torch.zeros(ans.n_tokens)
-            agg_w[toks] = Fn.agg_weights(mask[toks], lens, p.loss_agg, p.gen.max_new_tokens)
-            denom = self._allreduce([Fn.agg_denominator(agg_w[toks], lens, p.loss_agg)])[0]
-            bins = self._micro_batches(sub, mb)
-            for j, idx in enumerate(bins):
-                self.engine.set_gradient_accumulation_boundary(j == len(bins) - 1)
-                if not idx:  # a zero-weight pass: this rank has fewer sequences than micro-batches
-                    lp, _ = self._logprobs(self.engine.module, _dummy_pack(), grad=True)
-                    self.engine.backward(lp.sum() * 0.0)
-                    continue
-                rows = [mini[i] for i in idx]
-                pk = pack([shard[i]["prompt_ids"] for i in rows], [shard[i]["output_ids"] for i in rows])
-                lp, ent = self._logprobs(self.engine.module, pk, grad=True)
-                m = pk.answer_mask.to(self.device)
-                logp = lp[m]
-                t = ans.index(rows)  # this micro-batch's tokens, in the packed order
-
-                def cat(flat, t=t):
-                    return flat[t].to(self.device)
-
-                w = cat(mask)
-                old = logp.detach() if prox is None else cat(prox)
-                loss_tok, st = Fn.ppo_loss(logp, old, cat(adv), p.eps_clip,
-                                           behav_logp=cat(behav) if p.use_decoupled_loss else None,
-                                           behav_cap=p.behav_imp_weight_cap, eps_clip_high=p.eps_clip_high or None)
-                agg = cat(agg_w)
-                loss = (loss_tok * agg).sum()
-                if ref_lp is not None and p.kl_mode == "loss":
-                    loss = loss + p.kl_ctl * (Fn.kl_estimate(logp, cat(ref_lp), p.kl_estimator) * agg).sum()
-                # Weighted sum / the global batch's denominator, times world because DeepSpeed
-                # averages gradients over ranks: the loss of the whole batch, as Fn.aggregate has it.
-                self.engine.backward(loss * self.world / max(denom, 1e-12))
-                acc["actor_loss"] += (loss_tok * w).sum().item()
-                acc["ppo_approx_kl"] += (st["approx_kl"] * w).sum().item()
-                acc["actor_clip_ratio"] += (st["clip"] * w).sum().item()
-                acc["importance_weight"] += (st["importance_weight"] * w).sum().item()
-                acc["entropy"] += (ent[m] * w).sum().item()
-                acc["n_valid_tokens"] += float(w.sum().item())
-            send_wait += self.outbox.wait_sent()  # the step changes the weights being sent
-            own = self._grad_norm() if self.cfg.actor.zero_stage == 0 else None
-            self.engine.step()
-            gn = self.engine.get_global_grad_norm()
-            gn = own if gn is None else gn
-            acc["grad_norm"] += float(gn) / n_mini if gn is not None else 0.0
+            send_wait += self._minibatch(shard, ans, mini, mask, adv, prox, behav, ref_lp, acc)
         total = self._allreduce([acc[k] for k in acc])
         out = dict(zip(acc, total))
         n = max(out["n_valid_tokens"], 1.0)
@@ -313,6 +246,60 @@ class TrainerWorker(WeightSender, StackDumps):
         out["lr"] = self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.actor.lr
         out["send_wait_time"] = send_wait
         return out
+
+    def _minibatch(self, shard, ans: Answers, mini: list[int], mask, adv, prox, behav, ref_lp, acc: dict) -> float:
+        """One optimizer step on the shard's sequences `mini`, micro-batch by micro-batch; adds its
+        sums to acc and returns the seconds the step waited for a weight send."""
+        p = self.cfg.ppo
+        mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
+        sub = [shard[i] for i in mini]
+        # Per-token weights of the loss (ppo.loss_agg) and their global denominator.
+        toks, lens = ans.index(mini), ans.lens[mini].tolist()
+        agg_w = torch.zeros(ans.n_tokens)
+        agg_w[toks] = Fn.agg_weights(mask[toks], lens, p.loss_agg, p.gen.max_new_tokens)
+        denom = self._allreduce([Fn.agg_denominator(agg_w[toks], lens, p.loss_agg)])[0]
+        bins = self._micro_batches(sub, mb)
+        for j, idx in enumerate(bins):
+            self.engine.set_gradient_accumulation_boundary(j == len(bins) - 1)
+            if not idx:  # a zero-weight pass: this rank has fewer sequences than micro-batches
+                lp, _ = self._logprobs(self.engine.module, _dummy_pack(), grad=True)
+                self.engine.backward(lp.sum() * 0.0)
+                continue
+            rows = [mini[i] for i in idx]
+            pk = pack([shard[i]["prompt_ids"] for i in rows], [shard[i]["output_ids"] for i in rows])
+            lp, ent = self._logprobs(self.engine.module, pk, grad=True)
+            m = pk.answer_mask.to(self.device)
+            logp = lp[m]
+            t = ans.index(rows)  # this micro-batch's tokens, in the packed order
+
+            def cat(flat, t=t):
+                return flat[t].to(self.device)
+
+            w = cat(mask)
+            old = logp.detach() if prox is None else cat(prox)
+            loss_tok, st = Fn.ppo_loss(logp, old, cat(adv), p.eps_clip,
+                                       behav_logp=cat(behav) if p.use_decoupled_loss else None,
+                                       behav_cap=p.behav_imp_weight_cap, eps_clip_high=p.eps_clip_high or None)
+            agg = cat(agg_w)
+            loss = (loss_tok * agg).sum()
+            if ref_lp is not None and p.kl_mode == "loss":
+                loss = loss + p.kl_ctl * (Fn.kl_estimate(logp, cat(ref_lp), p.kl_estimator) * agg).sum()
+            # Weighted sum / the global batch's denominator, times world because DeepSpeed
+            # averages gradients over ranks: the loss of the whole batch, as Fn.aggregate has it.
+            self.engine.backward(loss * self.world / max(denom, 1e-12))
+            acc["actor_loss"] += (loss_tok * w).sum().item()
+            acc["ppo_approx_kl"] += (st["approx_kl"] * w).sum().item()
+            acc["actor_clip_ratio"] += (st["clip"] * w).sum().item()
+            acc["importance_weight"] += (st["importance_weight"] * w).sum().item()
+            acc["entropy"] += (ent[m] * w).sum().item()
+            acc["n_valid_tokens"] += float(w.sum().item())
+        send_wait = self.outbox.wait_sent()  # the step changes the weights being sent
+        own = self._grad_norm() if self.cfg.actor.zero_stage == 0 else None
+        self.engine.step()
+        gn = self.engine.get_global_grad_norm()
+        gn = own if gn is None else gn
+        acc["grad_norm"] += float(gn) / p.ppo_n_minibatches if gn is not None else 0.0
+        return send_wait
 
     def _grad_norm(self):
         """2-norm of the gradients on the parameters, before clipping. DeepSpeed reports none at
@@ -417,70 +404,6 @@ def _test_stall(rank: int, step: int) -> None:
     if (int(r), int(g)) == (rank, step) and not os.path.exists(marker):
         open(marker, "w").close()
         time.sleep(3600)
-
-
-def ranks_written(path: str) -> int:
-    """How many trainer ranks wrote the recover checkpoint at path (each saves its RNG state)."""
-    return len([f for f in os.listdir(path) if f.startswith("rng_rank") and f.endswith(".pt")])
-
-
-def universal_tag(path: str, rank: int) -> str:
-    """The checkpoint's DeepSpeed state in the universal format (any number of ranks loads it):
-    converted by rank 0 with DeepSpeed's own ds_to_universal, into a temporary folder then renamed,
-    so a conversion cut short is redone, never half-read. Returns the tag to load."""
-    tag = "deepspeed_universal"
-    out = os.path.join(path, tag)
-    if rank != 0 or os.path.isdir(out):
-        return tag
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    # inject_missing_state: the version record Megatron-style clients write; a plain engine has none.
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-           os.path.join(path, "deepspeed"), "--output_folder", tmp, "--num_extract_workers", "1",
-           "--num_merge_workers", "1", "--inject_missing_state"]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
-        raise RuntimeError(f"converting {path} to DeepSpeed's universal checkpoint failed: {last}")
-    fsync_tree(tmp)
-    os.replace(tmp, out)
-    fsync_dir(path)
-    return tag
-
-
-def gathered_state(module, keep: bool, group_bytes: int = 512 << 20) -> dict[str, torch.Tensor]:
-    """ZeRO-3: the module's full state dict, gathered about group_bytes of parameters at a time
-    (every rank must call it, in step); with keep, a copy of every tensor. A whole-model gather
-    would hold the model once more on every rank, on top of the keeper's copy: 4x the bf16 model on
-    rank 0 during a sync, where this needs 2x plus one group."""
-    import deepspeed
-
-    entries = list(module.state_dict(keep_vars=True).items())  # tied weights: one Parameter, two names
-    out: dict[str, torch.Tensor] = {}
-    copies: dict[int, torch.Tensor] = {}
-    group: list = []
-
-    def flush():
-        params = list({id(v): v for _, v in group if hasattr(v, "ds_id")}.values())
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            for name, v in group:
-                if keep:
-                    if id(v) not in copies:
-                        copies[id(v)] = v.detach().clone()
-                    out[name] = copies[id(v)]
-        group.clear()
-
-    size = 0
-    for name, v in entries:
-        nbytes = getattr(v, "ds_numel", v.numel()) * v.element_size()
-        if group and size + nbytes > group_bytes:
-            flush()
-            size = 0
-        group.append((name, v))
-        size += nbytes
-    if group:
-        flush()
-    return out
 
 
 def _dummy_pack() -> Packed:
