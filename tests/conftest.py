@@ -28,3 +28,13 @@ def kit_home(tmp_path, monkeypatch):
     """A private AREAL_KIT_HOME: cluster state saved by one test is never read by another."""
     monkeypatch.setenv("AREAL_KIT_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
+
+
+def pytest_unconfigure(config):
+    """pytest's own faulthandler stops at the end of the session; a crash while the interpreter shuts
+    down (a native thread of Ray, vLLM, torch or DeepSpeed outliving its test) would then exit 139 with
+    no trace. Keep one on until the process is gone, so such a crash names where it happened."""
+    import faulthandler
+    import sys
+
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)

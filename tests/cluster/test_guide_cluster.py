@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -26,29 +28,50 @@ import time
 import pytest
 from image import BASE_TAG, venv_mounts
 from kit import Kit, lines
-from shared_data import eval_data_dir
+from shared_data import SHARED_EVAL
 
 from areal_kit.data.assets import mirror_url
-from areal_kit.eval.data import manifest
+from areal_kit.eval.data import DatasetSpec, manifest
 
 PRESET = "tiny_storage"
 STEPS = 4
 SETS = ("math_500", "aime24", "amc23", "gsm8k")
 
 
+def eval_set(spec: DatasetSpec) -> bytes:
+    """The set's real file where the shared copies are, else rows made to its manifest entry (fields,
+    answer format, row count): the rehearsal checks where sets land and that eval reads them."""
+    real = os.path.join(os.environ.get("AREAL_EVAL_DATA", SHARED_EVAL), spec.name, "test.jsonl")
+    if os.path.exists(real):
+        with open(real, "rb") as f:
+            return f.read()
+    rows = []
+    for i in range(spec.rows):
+        answer = f"{i} plus one is {i + 1}.\n#### {i + 1}" if spec.answer_format == "gsm8k" else str(i + 1)
+        row = {spec.question_field: f"What is {i} + 1?", spec.answer_field: answer}
+        if spec.id_field:
+            row[spec.id_field] = f"{spec.name}-{i}"
+        rows.append(json.dumps(row) + "\n")
+    return "".join(rows).encode()
+
+
 @pytest.fixture(scope="module")
 def mirror(testbed, tmp_path_factory):
+    """The mirror's address, and the bytes of each eval set it serves."""
     root = tmp_path_factory.mktemp("mirror")
     subprocess.run([sys.executable, "-m", "areal_kit.cluster.fetch", "--export-tiny", str(root)], check=True)
+    served = {}
     for name in SETS:
-        dest = root / mirror_url(manifest()[name].url, "m").removeprefix("m/")
+        spec = manifest()[name]
+        dest = root / mirror_url(spec.url, "m").removeprefix("m/")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(eval_data_dir() / name / "test.jsonl", dest)
+        served[name] = eval_set(spec)
+        dest.write_bytes(served[name])
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *a: None
     srv = http.server.ThreadingHTTPServer((testbed.ips[0].rsplit(".", 1)[0] + ".1", 0), handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://{srv.server_address[0]}:{srv.server_address[1]}"
+    yield f"http://{srv.server_address[0]}:{srv.server_address[1]}", served
     srv.shutdown()
 
 
@@ -65,7 +88,7 @@ def guide(testbed, cpu_image, mirror, tmp_path_factory):
     venv, mounts = venv_mounts()
     kit.args = [*kit.conn_args(), "--username", "root", "--ssh_port", "22", "--storage", str(testbed.storage),
                 "--python", f"{venv}/bin/python", "--build-arg", f"BASE_IMAGE={BASE_TAG}",
-                "--build-arg", "PY_ENV=storage", "--build-arg", f"VENV={venv}", "--mirror", mirror,
+                "--build-arg", "PY_ENV=storage", "--build-arg", f"VENV={venv}", "--mirror", mirror[0],
                 "--num-cpus", "1", "--object-store-memory", "100m", "--no-dashboard", "--min-disk-gb", "1",
                 "--min-shm-gb", "0.25", "--min-nofile", "10000", "--ray-wait", "120", "--shm-size", "512m",
                 *[a for m in mounts for a in ("--mount", m)],
@@ -87,8 +110,9 @@ def wait_finished(log, timeout: float = 600) -> str:
     raise AssertionError(f"training did not finish in {timeout:.0f}s:\n{text[-3000:]}")
 
 
-def test_the_guide_end_to_end(guide, testbed, tmp_path):
+def test_the_guide_end_to_end(guide, mirror, testbed, tmp_path):
     kit, r = guide
+    _, served = mirror
     assert r.returncode == 0, r.stdout + r.stderr
     head, *others = testbed.ips
     # the image: built once on the head, shared through storage, loaded everywhere else
@@ -103,7 +127,7 @@ def test_the_guide_end_to_end(guide, testbed, tmp_path):
     assert (testbed.storage / "datasets" / "tiny" / "id2info.json").is_file()
     for name in SETS:
         got = testbed.storage / "datasets" / "eval" / name / "test.jsonl"
-        assert got.read_bytes() == (eval_data_dir() / name / "test.jsonl").read_bytes(), name
+        assert got.read_bytes() == served[name], name
     # setup waited for a sign of life and said where the run stands
     said = [ln for ln in r.stdout.splitlines() if f"training {PRESET}: " in ln]
     assert said and re.search(r"(engines generating|at global step \d+|finished)", said[-1]), r.stdout
@@ -121,7 +145,8 @@ def test_the_guide_end_to_end(guide, testbed, tmp_path):
     ev = subprocess.run([sys.executable, "-m", "areal_kit.cli", "eval", "--model_path", str(ckpts[-1]),
                          "--output_path", str(out), "--storage_root", str(testbed.storage), "--data_names",
                          ",".join(SETS), "--max_questions", "3", "--num_samples", "0", "--max_gen_tokens", "4",
-                         "--prompt_type", "plain"], capture_output=True, text=True, timeout=600, check=False)
+                         "--prompt_type", "plain"], capture_output=True, text=True, timeout=600, check=False,
+                        env={k: v for k, v in os.environ.items() if k != "AREAL_EVAL_DATA"})  # storage, not a copy
     assert ev.returncode == 0, ev.stdout + ev.stderr
     for name in SETS:
         assert re.search(rf"\b{name}\b.*\b3\b", ev.stdout), ev.stdout
