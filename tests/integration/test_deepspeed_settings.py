@@ -10,11 +10,7 @@ process each), on a tiny Qwen2 with tied embeddings:
     .venv/bin/python -m pytest tests/integration/test_deepspeed_settings.py
 """
 
-import json
-import os
-import socket
-import subprocess
-import sys
+import ds_child
 
 LOGITS = r"""
 import json, sys, torch, deepspeed
@@ -75,20 +71,8 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def _child(code: str, tmp_path) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tiny")], capture_output=True, text=True,
-                          env=env, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-
-
 def test_a_zero3_partition_recomputes_the_logits_as_the_whole_model_does(tmp_path):
-    out = _child(LOGITS, tmp_path)
+    out = ds_child.run(LOGITS, tmp_path)
     assert out["head_numel"] == 0, out  # ZeRO-3 really partitioned the head
     assert out["whole"]["checkpointed"] == 4, out  # 64 tokens in chunks of 16, each recomputed
     assert out["zero3"]["checkpointed"] == out["whole"]["checkpointed"], out
@@ -96,7 +80,7 @@ def test_a_zero3_partition_recomputes_the_logits_as_the_whole_model_does(tmp_pat
 
 
 def test_bf16_gradients_accumulate_in_fp32_under_zero_1_to_3(tmp_path):
-    out = _child(BF16, tmp_path)
+    out = ds_child.run(BF16, tmp_path)
     # Without ZeRO DeepSpeed has bf16 gradients only (it refuses fp32 accumulation there).
     assert out["0"]["optimizer"] == "FP16_UnfusedOptimizer", out
     assert out["1"] == {"optimizer": "BF16_Optimizer", "accum": "torch.float32"}, out

@@ -7,11 +7,7 @@ head sharing the embedding's copy.
     .venv/bin/python -m pytest tests/integration/test_zero3_gather.py
 """
 
-import json
-import os
-import socket
-import subprocess
-import sys
+import ds_child
 
 CHILD = r"""
 import json, sys, torch, deepspeed
@@ -40,15 +36,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_grouped_gather_returns_the_full_state(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "tiny")], capture_output=True, text=True,
-                          env=env, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    out = ds_child.run(CHILD, tmp_path)
     for label in ("4KB", "default"):
         assert out[label]["keys"], (label, out)
         assert out[label]["equal"], (label, out)
