@@ -103,7 +103,7 @@ def setup(
     opts = build(SetupOptions, given, spec=build(Hosts, given).spec())
     copts = build(ConnectOptions, given)
     train_cfg = train_start.load_preset(opts) if opts.train_param else None  # bad input before any host is contacted
-    assets = data_step.plan(opts, mirror or "")
+    assets = data_step.plan(opts, mirror or "", train_cfg)
     secrets = {k: v for k, v in (("HF_TOKEN", hf_token), ("WANDB_API_KEY", wandb_key)) if v}
     if opts.ray_auth_mode == "token":
         secrets["RAY_AUTH_TOKEN"] = _ray_token(opts.spec.cluster_name)

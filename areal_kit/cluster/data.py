@@ -57,8 +57,9 @@ def dest_for(storage: str, uri: str) -> str:
     return f"{storage.rstrip('/')}/{'models' if model else 'datasets'}/{name}"
 
 
-def plan(opts: SetupOptions, mirror: str = "") -> list[Asset]:
-    """Every source the data step fetches, checked (a UserError before any host is touched)."""
+def plan(opts: SetupOptions, mirror: str = "", cfg=None) -> list[Asset]:
+    """Every source the data step fetches, checked (a UserError before any host is touched). cfg: the
+    preset's config as the run loads it, where the caller has it already (setup loads it first)."""
     if mirror and not mirror.startswith(("http://", "https://", "file://")):
         raise UserError(f"--mirror: expected http://HOST[:PORT][/PATH] (or file:///PATH), got {mirror!r}")
     out = []
@@ -74,8 +75,9 @@ def plan(opts: SetupOptions, mirror: str = "") -> list[Asset]:
     if opts.train_param:
         # Under the storage setup provides, unless a --train-arg says otherwise (it comes later, so it wins);
         # a cluster spec is the head's file, and the assets do not depend on it.
-        args = [a for a in opts.train_args if a.split("=", 1)[0].strip() != "cluster"]
-        cfg = load_config(opts.train_param, [f"storage_root={opts.storage}", *args])
+        if cfg is None:
+            args = [a for a in opts.train_args if a.split("=", 1)[0].strip() != "cluster"]
+            cfg = load_config(opts.train_param, [f"storage_root={opts.storage}", *args])
         wanted = {name: a for name, a in cfg.assets.items() if a["uri"]}
         for name, a in wanted.items():
             validate(a["uri"], f"{opts.train_param} assets.{name}.uri")
