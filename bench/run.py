@@ -34,10 +34,12 @@ MODULES = {
     "rollout": "bench.rollout",
     "weight_sync": "bench.weight_sync",
     "pipeline": "bench.pipeline",
+    "streaming": "bench.streaming",
     "peer": "bench.peer",
     "packing": "bench.packing",
     "learning": "bench.learning",
     "faults": "bench.faults",
+    "lora": "bench.lora",
 }
 
 

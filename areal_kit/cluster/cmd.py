@@ -18,6 +18,7 @@ down and doctor find their cluster through one Target, filled from what setup sa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -90,8 +91,8 @@ def setup(
     wandb_key: str = typer.Option(None, "--wandb-key", envvar="WANDB_API_KEY", show_default=False, show_envvar=True,
                                   help="Weights & Biases API key for training; never printed or logged."),
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Skip doctor's fast checks at the end (host "
-                                     "limits, shared storage, the GPU stack, versions, Ray), which otherwise keep a "
-                                     "failed cluster from training."),
+                                     "limits, shared storage, the GPU stack, versions, Ray, the weight sync's "
+                                     "all-reduce across nodes), which otherwise keep a failed cluster from training."),
     **given,
 ) -> int:
     """Provision bare hosts over SSH into a Ray cluster (containers or host), optionally start training."""
@@ -143,8 +144,8 @@ def _setup_plan(opts: SetupOptions, assets, mirror: str, train_cfg, checks: Limi
             Step("image", steps.image, head_first=opts.image is None),  # the head builds areal-kit's own
             Step("data", functools.partial(data_step.data, assets=assets, mirror=mirror), head_only=True),
             Step("ray", ray_cluster.ray, head_first=True), Step("ray_ready", ray_cluster.ray_ready, head_only=True)]
-    if checks is not None:
-        plan += doctor_steps(checks, network=False)
+    if checks is not None:  # the fast ones: the network step's all-reduce over the weight sync's group only
+        plan += doctor_steps(dataclasses.replace(checks, quick_network=True), network=True)
     plan.append(Step("train", train_start.train, head_only=True))
     if opts.train_param:  # the preset against the nodes as soon as preflight knows them; its start, watched
         plan.insert(2, Step("preset", functools.partial(train_start.preset, cfg=train_cfg), head_only=True, gate=True))
@@ -301,7 +302,7 @@ def _print_findings(cluster: Cluster, console) -> None:
 
 
 def doctor_steps(limits: Limits, network: bool) -> list:
-    """doctor's checks as steps; setup runs the fast ones (network=False)."""
+    """doctor's checks as steps; setup runs the fast ones (limits.quick_network: no link matrix)."""
     from areal_kit.cluster import doctor as doc
     from areal_kit.cluster.parallel import Step
 

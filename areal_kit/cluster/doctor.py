@@ -22,8 +22,9 @@ stop a host's later checks, so one run finds every fault):
   rl-step  (--rl-step; rl/preflight.py, run on the head) one tiny RL step across the cluster: 2
            trainer ranks and an engine placed apart, a weight sync, the engine's logprobs against
            the trainers'
-`areal-kit setup` runs host (the GPU stack included), agree and ray at its end and starts no
-training after a failed one (unless --skip-doctor). The figures are saved beside the cluster's
+`areal-kit setup` runs host (the GPU stack included), agree, ray and the network step's all-reduce
+over the weight sync's group (NCCL across the GPU nodes) at its end and starts no training after a
+failed one (unless --skip-doctor). The figures are saved beside the cluster's
 state (netfigures.py), where `areal-kit train PRESET --dry-run` finds the measured bandwidth for its
 weight-sync estimate.
 """
@@ -245,14 +246,14 @@ def network_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
         return _unseen()
     if h.is_head:
         args = ["net", "--address", f"{h.ip}:{c.opts.ray_port}", "--mb", f"{limits.net_mb:g}",
-                "--fileroot", _fileroot(c)]
+                "--fileroot", _fileroot(c), *(["--quick"] if limits.quick_network else [])]
         c.doctor.network = _probe(c, h, PREFLIGHT, args + (["--preset", limits.preset] if limits.preset else []),
                                      timeout=900)
     net = c.doctor.network or {}
     links = net.get("links_gbps", {})
-    found = []
     if h.ip not in net.get("nodes", {}):
         return Outcome("skipped", "not a Ray node (see the ray step)")
+    found = sync_group_findings(h, net)
     slow = slow_hosts(links).get(h.ip)
     if slow:
         found.append(Finding(h.name, "network", f"best link {slow[0]:.3g} GB/s", f">= {SLOW_FRACTION:g} x "
@@ -270,12 +271,29 @@ def network_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
     ok = (f"best link {best:.3g} GB/s over {net.get('backend')} on {iface}" if best is not None
           else "one node: no link")
     if h.is_head and "all_reduce_busbw_gbps" in net:
-        ok += f"; all-reduce {net['all_reduce_busbw_gbps']:.3g} GB/s bus bandwidth"
+        ok += (f"; all-reduce over the weight sync's {net.get('backend')} group across "
+               f"{(net.get('all_reduce') or {}).get('nodes', len(net['nodes']))} nodes "
+               f"{net['all_reduce_busbw_gbps']:.3g} GB/s bus bandwidth")
     if h.is_head and limits.preset and not net.get("placement"):
         ok += f"; the {limits.preset} layout places"
     if h.is_head and "engine_tokens" in net:
         ok += f"; its engine generated in {net['engine_s']:g}s"
     return _fail(c, h, found, ok)
+
+
+def sync_group_findings(h: HostState, net: dict) -> list[Finding]:
+    """The all-reduce across nodes over the weight sync's group: a finding on each node that did not
+    finish it (on the head when the failure names none: the group did not form)."""
+    ar = net.get("all_reduce") or {}
+    if not ar.get("error") or not (h.ip in ar.get("failed", []) or (h.is_head and not ar.get("failed"))):
+        return []
+    backend = net.get("backend", "nccl")
+    fix = ("check that the nodes reach each other on every TCP port (NCCL opens ephemeral ones), set "
+           "NCCL_SOCKET_IFNAME to the cluster's interface in the runtime's environment, and run it again with "
+           "NCCL_DEBUG=INFO" if backend == "nccl" else
+           "check that the nodes reach each other on every TCP port and GLOO_SOCKET_IFNAME")
+    return [Finding(h.name, "sync-group", f"{backend} all-reduce over the weight sync's group across {ar['nodes']} "
+                    f"nodes failed here: {ar['error']}", "the sum over every node", fix)]
 
 
 def _fileroot(c: Cluster) -> str:

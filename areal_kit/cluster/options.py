@@ -263,6 +263,7 @@ class Limits:
     net_mb: float = flag(16.0, "--net-mb", min=0.01, help="Megabytes each bandwidth measurement sends.")
     rl_step: bool = flag(False, "--rl-step", help="Also one tiny RL step across the cluster (2 trainer ranks and an "
                          "engine apart, a weight sync, engine logprobs against the trainers').")
+    quick_network: bool = False  # setup's fast checks: the network step's all-reduce only, no link matrix
 
 
 @dataclass

@@ -121,7 +121,7 @@ def train(c: Cluster, h: HostState) -> Outcome:
     if not o.train_param:
         return Outcome("skipped", "no --train_param")
     checked = [x.name for x in c.hosts if any(x.outcomes.get(s, Outcome("ok")).status == "failed"
-                                              for s in ("host", "agree", "in-ray"))]
+                                              for s in ("host", "agree", "in-ray", "network"))]
     if checked:
         raise StepFailed(f"doctor's checks failed on {', '.join(checked)} (see FAIL lines): training not started; "
                          "fix them, or setup --skip-doctor")

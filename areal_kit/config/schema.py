@@ -5,8 +5,8 @@ ppo.gen.max_new_tokens, actor_train.mb_spec.max_tokens_per_mb, exp_ctrl.*). Each
 declared with `opt(default, help)` (or `section(Class, help)` for a group of options, both in
 config/fields.py): its help, and its choices where the value is one of a fixed set, live in the
 field's metadata, where `areal-kit train PRESET --show-args [--json]` and the validation below
-read them. Sections with a module of their own: dataset.* (config/dataset.py) and actor.vllm
-(config/vllm_args.py); config/assets.py checks the assets entries.
+read them. Sections with a module of their own: dataset.* (config/dataset.py), actor.vllm
+(config/vllm_args.py) and actor.lora (config/lora.py); config/assets.py checks the assets entries.
 Presets (train_scripts/*.yaml) and `key=value` overrides are merged by config/loader.py.
 
     from dataclasses import fields
@@ -27,6 +27,8 @@ from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.assets import asset
 from areal_kit.config.dataset import DatasetConfig
 from areal_kit.config.fields import check, check_choices, check_positive, opt, section
+from areal_kit.config.lora import LoRAConfig
+from areal_kit.config.rollout import RolloutConfig
 from areal_kit.config.vllm_args import VLLMConfig
 from areal_kit.errors import ConfigError
 
@@ -194,6 +196,7 @@ class ModelConfig:
     dtype: str = opt("auto", "Training dtype: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32.",
         choices=("auto", "bf16", "fp32"))
     vllm: VLLMConfig = section(VLLMConfig, "The rollout engines' vLLM arguments (the guide's actor.vllm).")
+    lora: LoRAConfig = section(LoRAConfig, "Train a LoRA adapter instead of the whole model (rank 0 = off).")
 
     def __post_init__(self):
         check(self.lr > 0, f"actor.lr={self.lr} is not valid; expected > 0")
@@ -338,6 +341,7 @@ class TrainConfig:
     actor: ModelConfig = section(ModelConfig, "The policy model: its weights, optimizer and training dtype.")
     ref: RefConfig = section(RefConfig, "The frozen reference model of the KL term.")
     ppo: PPOConfig = section(PPOConfig, "The RL algorithm: sampling, rewards, advantages and the PPO loss.")
+    rollout: RolloutConfig = section(RolloutConfig, "How the engines generate: batch by batch or streaming.")
     dataset: DatasetConfig = section(DatasetConfig, "The prompts: where they come from, batch size and eval split.")
     actor_train: MFCConfig = section(MFCConfig, "Training pass of the actor (micro-batching).")
     ref_inf: MFCConfig = section(MFCConfig, "Inference pass of the reference model (micro-batching).")

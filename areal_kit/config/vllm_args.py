@@ -18,6 +18,7 @@ VLLM_RESERVED = {
     "model": "actor.path", "seed": "seed", "max_model_len": "dataset.max_prompt_len + ppo.gen.max_new_tokens",
     "tensor_parallel_size": "allocation_mode", "distributed_executor_backend": "allocation_mode",
     "dtype": "the device", "worker_extension_cls": "the weight sync", "logprobs_mode": "the PPO loss",
+    **{k: "actor.lora" for k in ("enable_lora", "max_lora_rank", "max_loras", "max_cpu_loras")},
     **{k: f"actor.vllm.{k}" for k in ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
                                       "enforce_eager", "swap_space", "max_seq_len_to_capture")},
 }

@@ -128,6 +128,12 @@ class PromptLoader:
         self.used_ids.extend(r["id"] for r in batch)
         return self.epoch, step, batch
 
+    def batch_at(self, index: int) -> tuple[int, int, list[dict]]:
+        """What next_batch gave (or will give) as batch `index` of the run, without moving the loader."""
+        epoch, step = divmod(index, self.steps_per_epoch)
+        order = self._order(epoch)
+        return epoch, step, [self.rows[i] for i in order[step * self.batch_size:(step + 1) * self.batch_size]]
+
     def state_at(self, global_step: int) -> dict:
         """The state after `global_step` batches were taken (what state_dict() would say then).
 

@@ -22,6 +22,11 @@ from areal_kit.eval import report
 METRICS = ("greedy_acc", "sample_pass@1")
 
 
+def _is_model(p: Path) -> bool:
+    """A Hugging Face model folder, or a LoRA adapter folder (the base named in it)."""
+    return (p / "config.json").exists() or (p / "adapter_config.json").exists()
+
+
 def expand(paths: list[str]) -> list[Path]:
     """The model folders to evaluate: each path that is one (it has config.json), else the
     checkpoints inside it, in global-step order."""
@@ -31,11 +36,11 @@ def expand(paths: list[str]) -> list[Path]:
         if not p.is_dir():
             raise UserError(f"model path {given} not found; expected a Hugging Face model folder "
                             "(config.json, weights, tokenizer) or a folder of them")
-        if (p / "config.json").exists():
+        if _is_model(p):
             models.append(p)
             continue
         # a save under way is a .tmp folder until renamed
-        inside = sorted((c for c in p.iterdir() if (c / "config.json").exists() and not c.name.endswith(".tmp")),
+        inside = sorted((c for c in p.iterdir() if _is_model(c) and not c.name.endswith(".tmp")),
                         key=lambda c: (step_of(c.name), c.name))
         if not inside:
             raise UserError(f"model path {given} has no config.json and no checkpoint folders inside; expected "

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import ray
 
-from areal_kit import hardware
+from areal_kit import adapters, hardware
 from areal_kit.interrupts import sigterm_interrupts
 
 
@@ -67,6 +67,9 @@ def _make_llm(model_path: str, max_model_len: int, seed: int, tp: int):
     os.environ.update(hardware.vllm_env(p, tp))
     from vllm import LLM
 
+    if adapters.is_adapter_folder(model_path):  # a LoRA checkpoint: its base, serving the adapter
+        kw = hardware.vllm_kwargs(p, adapters.adapter_base(model_path), max_model_len, seed=seed, tp=tp)
+        return adapters.adapter_llm(LLM, kw, model_path)
     return LLM(**hardware.vllm_kwargs(p, model_path, max_model_len, seed=seed, tp=tp))
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from areal_kit import durable
+from areal_kit import adapters, durable
 from areal_kit.console import make_console
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import RunFailed, UserError, describe
@@ -93,7 +93,9 @@ def check_model_path(model_path: str) -> None:
     if not mp.is_dir():
         raise UserError(f"model path {model_path} not found; expected a Hugging Face "
                         "model folder (config.json, weights, tokenizer)")
-    if not (mp / "config.json").exists():
+    if (mp / "adapter_config.json").exists():  # a LoRA adapter: its base must be a model folder
+        adapters.adapter_base(model_path)
+    elif not (mp / "config.json").exists():
         raise UserError(f"model path {model_path} has no config.json; expected a "
                         "Hugging Face model folder (a checkpoint saved by areal-kit train is one)")
 
@@ -150,6 +152,8 @@ def _record(q: evdata.Question, key: str, mode: str, idx: int, text: str, n_toke
 
 
 def _model_max_len(model_path: str) -> int | None:
+    if adapters.is_adapter_folder(model_path):
+        model_path = adapters.adapter_base(model_path)
     cfg = json.loads((Path(model_path) / "config.json").read_text())
     return cfg.get("max_position_embeddings")
 

@@ -5,7 +5,8 @@ One driver process owns the data order, the step counters and the logs; Ray acto
 queued on the engines while the trainer trains, and a batch is only trained on while its weights
 are at most k versions old (k = 0: strictly on-policy). Under ppo.dynamic_sampling a step takes
 further batches from the same queue until it holds a batch's worth of informative groups; a step
-taking more batches only makes the queued ones fresher, so the bound holds.
+taking more batches only makes the queued ones fresher, so the bound holds. Under
+rollout.mode=stream the engines take prompts one group at a time instead (rl/stream.py).
 
     from areal_kit.config.loader import load_config
     from areal_kit.rl.job import prepare
@@ -32,14 +33,17 @@ import ray
 
 from areal_kit import logs
 from areal_kit.config.alloc import parse_allocation
+from areal_kit.config.rollout import streaming
 from areal_kit.rl.algo.batch import Shaped, informative_groups, sample_seed, shape_rewards, step_stats
 from areal_kit.rl.checkpoint.checkpointer import Checkpointer
 from areal_kit.rl.job import Job, RunState
-from areal_kit.rl.sample import Generated, Sample, trainer_rows
+from areal_kit.rl.sample import Batch, Gathered, Generated, Sample, trainer_rows
 from areal_kit.rl.schedule import Every
+from areal_kit.rl.stream import Stream
 from areal_kit.rl.validation import Validator
 from areal_kit.rl.weight_sync.sync import WeightSync
 from areal_kit.rl.workers import groups, heap
+from areal_kit.rl.workers.turns import Turns
 
 
 class CannotLearn(RuntimeError):
@@ -61,38 +65,6 @@ class Outcome:
     last: dict = field(default_factory=dict)  # the last step's metrics row ({} when no step ran)
 
 
-@dataclass
-class Batch:
-    """One batch of prompts' generation, queued on the engines."""
-
-    epoch: int
-    epoch_step: int
-    handles: list  # the engines' generate calls
-    loads: list  # the weight loads queued before them: a failed load must never feed training
-
-
-@dataclass
-class Gathered:
-    """What one step trains on, and what it took to get it."""
-
-    batch: Batch  # the first batch taken (its epoch and step name the step)
-    outs: list[Generated]  # the engines' replies, every round
-    loads: list[dict]
-    # Every sample generated for the step, as the engines replied: their task_reward is the policy's accuracy.
-    samples: list[Sample]
-    stale: int
-    wait_time: float
-    gen_time: float
-    rounds: int = 0  # extra generation rounds (dynamic sampling)
-    dropped: int = 0  # groups dropped for equal task rewards (dynamic sampling)
-    kept: int = 0  # informative groups trained on (dynamic sampling)
-    picked: list[Sample] | None = None  # what dynamic sampling trains on, when not every sample generated
-
-    @property
-    def train(self) -> list[Sample]:
-        return self.samples if self.picked is None else self.picked
-
-
 class Controller:
     def __init__(self, job: Job, log: logs.RunLogger, state: RunState | None = None, progress=None,
                  should_stop=None, checkpoints: Checkpointer | None = None):
@@ -106,6 +78,7 @@ class Controller:
         self.checkpoints = checkpoints or Checkpointer(job, log)
         self.workers: groups.Workers | None = None
         self.weights: WeightSync | None = None
+        self.turns: Turns | None = None
         self.validator: Validator | None = None
         self.sample_dumps = Every(steps=job.cfg.exp_ctrl.dump_samples_every)
         self._short_logged = False  # a dynamic-sampling step that could not fill its batch was logged
@@ -124,6 +97,7 @@ class Controller:
                                          os.path.join(self.job.paths.log_dir, "stacks"))
         setup = w.setup()
         self.weights = WeightSync(self.cfg, w.trainers, w.engines)
+        self.turns = Turns(self.cfg, w.engines)
         how = self.weights.connect()
         self.checkpoints.connect(self.state, self.timer, w.trainers)
         self.validator = Validator(self.cfg, self.job.eval_rows, w.engines, self.log, self.job.total_steps)
@@ -153,6 +127,7 @@ class Controller:
         st, total = self.state, self.job.total_steps
         self._dispatched = st.batches
         queue: deque[Batch] = deque()
+        self.stream = Stream(self.cfg, self.job, self.workers, st) if streaming(self.cfg) else None
         last = {}
         while st.global_step < total:
             last = self._step(queue)
@@ -167,19 +142,27 @@ class Controller:
         """One global step: gather, shape, train, sync, log, checkpoint if due; its metrics row."""
         st = self.state
         t_step = time.time()
-        got = self._gather(queue)
+        if self.stream:
+            got = self.stream.gather()
+            # Streaming engines take weights while they generate: the last push must be loaded
+            # everywhere before the next one pauses them (and a failed load stops the run here).
+            got.loads = self.weights.wait()
+        else:
+            got = self._gather(queue)
         self._check_rewards(got.samples, got.outs)
         shaped = shape_rewards(got.train, self.cfg.ppo)
         rows = trainer_rows(shaped.train)
+        self.turns.before_train()  # engines on the trainer's GPUs release them (shared GPUs)
         t_train = time.time()
         stats = self.workers.trainers.train_step(rows)
         train_time = time.time() - t_train
         self._check_loss(stats)  # before the engines get the new weights
         st.version += 1
-        sync_time = self.weights.push(st.version)
+        sync_time = self.turns.after_train(lambda: self.weights.push(st.version, wait_engines=self.turns.active))
         st.global_step += 1
         row = self._step_row(got, shaped, stats)
         row.update(train_time=train_time, sync_time=sync_time, e2e_time=time.time() - t_step)
+        row.update(self.turns.seconds)
         self.timer.add(row["e2e_time"])
         if self.validator.due(st.global_step):
             row.update(self.validator.run(st.global_step))
@@ -292,6 +275,7 @@ class Controller:
             row.update({"dynamic/rounds": got.rounds, "dynamic/dropped_groups": got.dropped,
                         "dynamic/kept_groups": got.kept})
         row.update(self._plugin_stats(outs))
+        row.update(got.stream)
         return row
 
     def _readable(self, samples: list[Sample]) -> list[dict]:

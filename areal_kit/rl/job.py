@@ -17,6 +17,7 @@ from areal_kit.data.tiny_model import TinySpec, build
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import UserError
 from areal_kit.reward.plugins import reward_specs
+from areal_kit.rl import lora
 from areal_kit.rl.algo.batch import check_rows
 from areal_kit.rl.workers.workflow import load as load_workflow
 
@@ -28,6 +29,9 @@ class RunState:
     global_step: int = 0  # steps finished
     version: int = 0  # weight updates applied (= global_step after each sync)
     batches: int = 0  # prompt batches the finished steps took (> global_step under ppo.dynamic_sampling)
+    # Streaming: batches counts those taken from the loader, and pending names the prompts of them
+    # not trained yet ([batch, row] pairs), which a resumed run generates again first.
+    pending: list = field(default_factory=list)
     loader: dict = field(default_factory=dict)
     timer: dict = field(default_factory=dict)
     last_save_time: float = 0.0
@@ -77,6 +81,7 @@ def resolve_model(cfg) -> str:
 def prepare(cfg) -> Job:
     paths = logs.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)
     model_path = resolve_model(cfg)
+    lora.check_run(cfg, model_path)  # actor.lora: its target modules against the model, in one line
     rows = load_rows(cfg)
     # Plug-ins import here, so a bad path is a one-line error before any worker starts.
     reward_specs(cfg.ppo)

@@ -24,9 +24,16 @@ What a trainer GPU holds (P parameters, N data-parallel trainer ranks, b bytes o
   logits       one chunk of chunked_logprobs (rl/algo/functional.py): chunk x vocab x 4 B, three times
   buffers      DeepSpeed's gradient reduce and parameter all-gather buckets (ZeRO-3: the reduce bucket and
                the most parameters it gathers at once)
+Under LoRA (actor.lora, L adapter parameters) the base's weights stay, frozen; gradients and
+optimizer states are the adapter's alone (4 x L and 12 x L, split as above), and there is no
+reference model (the base with the adapter disabled is the reference).
 A generation GPU: vLLM takes gpu_memory_utilization of it; the weights take b x P / TP; what is left
 is the ceiling of its KV cache (vLLM's activations and CUDA graphs come out of it too), at
 2 x layers x KV heads per GPU x head_dim x b bytes a token.
+Shared GPUs (generation and training take turns, rl/workers/turns.py): while the engine generates,
+its share sits beside the trainer's resident states (everything but a micro-batch's activations and
+logits); while the trainer trains, the engine sleeps and holds only what its sleep mode cannot
+release (SLEEP_RESIDUE). Both sums must fit the GPU.
 """
 
 from __future__ import annotations
@@ -47,6 +54,12 @@ ZERO3_LIVE_PARAMS = 1_000_000_000
 LOGITS_CHUNK = 1024
 # A chunk's fp32 logits, their log-softmax and, in backward, the gradient of those are alive together.
 LOGITS_COPIES = 3
+# What a trainer GPU holds only while it trains a micro-batch (the rest stays between steps).
+TRANSIENT = ("activations", "recomputed layer", "logits chunk")
+# What a sleeping vLLM engine still holds on each GPU: the CUDA context, its CUDA graphs and what it
+# allocated outside the sleep-mode pool (NCCL buffers under tensor parallel). An estimate: vLLM
+# logs the real figure at each sleep ("Sleep mode freed ... GiB, ... GiB still in use").
+SLEEP_RESIDUE = 3 * GB
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,15 @@ class ModelShape:
         attn = self.hidden * q + 2 * self.hidden * kv + q * self.hidden + ((q + 2 * kv) if self.qkv_bias else 0)
         layer = attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
         return self.layers * layer + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def lora_params(self, rank: int, targets="all-linear") -> int:
+        """Parameters of a rank-`rank` LoRA adapter on the blocks' linear layers named in targets
+        ("all-linear": all of them; the LM head never has one): rank x (in + out) each."""
+        kv, q, h, i = self.kv_heads * self.dim, self.heads * self.dim, self.hidden, self.intermediate
+        dims = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
+                "gate_proj": h + i, "up_proj": h + i, "down_proj": i + h}
+        names = dims if targets == "all-linear" else [t.split(".")[-1] for t in targets]
+        return self.layers * rank * sum(dims.get(n, 0) for n in names)
 
     def layer_values_per_token(self) -> int:
         """About the values one layer keeps a token for its backward: the norms' outputs and the
@@ -142,6 +164,11 @@ class GpuPlan:
     def total(self) -> float:
         return sum(p.nbytes for p in self.parts)
 
+    @property
+    def resident(self) -> float:
+        """What stays on the GPU between micro-batches: all but the activations and logits."""
+        return sum(p.nbytes for p in self.parts if p.name not in TRANSIENT)
+
     def lines(self, capacity: float) -> list[str]:
         head = f"  {self.title}: {gb(self.total)} of {gb(capacity)}"
         return [head, *(f"    {p.name:<18} {gb(p.nbytes):>9}  {p.how}" for p in self.parts)]
@@ -187,6 +214,23 @@ def _weights_and_state(s: ModelShape, zero_stage: int, ranks: int, b: int) -> li
     return [w, g, o]
 
 
+def _lora_weights_and_state(s: ModelShape, zero_stage: int, ranks: int, b: int, lora: int) -> list[Part]:
+    """Under LoRA: the frozen base, and gradients and optimizer states of the adapter's `lora`
+    parameters alone."""
+    p, n, count = s.params, ranks, _billions(lora)
+    split = zero_stage == 3
+    w = Part("weights", b * (p + lora) / (n if split else 1),
+             f"{b} B x ({_billions(p)} frozen base + {count} adapter)" + (f" / {n} ranks (ZeRO-3)" if split else ""))
+    gn = n if zero_stage >= 2 else 1
+    g = Part("gradients", (b if zero_stage == 0 else 4) * lora / gn,
+             f"the adapter's alone: {b if zero_stage == 0 else 4} B x {count}" + (f" / {gn} ranks" if gn > 1 else ""))
+    per = 12 if b == 2 else 8
+    on = n if zero_stage else 1
+    o = Part("optimizer", per * lora / on, f"AdamW, the adapter's alone: {per} B x {count}" +
+             (f" / {on} ranks" if on > 1 else ""))
+    return [w, g, o]
+
+
 def _activations(s: ModelShape, tokens: int, b: int, checkpointing: bool) -> list[Part]:
     """A micro-batch of `tokens` tokens in training: the layers' activations and one logits chunk."""
     per_layer = s.layer_values_per_token()
@@ -220,17 +264,22 @@ def _buffers(s: ModelShape, zero_stage: int, b: int) -> Part:
 
 
 def trainer_plan(s: ModelShape, zero_stage: int, ranks: int, tokens: int, reference: bool,
-                 checkpointing: bool = True, dtype_bytes: int = 2) -> GpuPlan:
-    """What one trainer GPU holds while it trains a micro-batch of `tokens` tokens."""
+                 checkpointing: bool = True, dtype_bytes: int = 2, lora_params: int = 0) -> GpuPlan:
+    """What one trainer GPU holds while it trains a micro-batch of `tokens` tokens (lora_params:
+    the adapter's size under LoRA, which has no separate reference model)."""
     b = dtype_bytes
-    parts = _weights_and_state(s, zero_stage, ranks, b)
-    if reference:
+    if lora_params:
+        parts = _lora_weights_and_state(s, zero_stage, ranks, b, lora_params)
+    else:
+        parts = _weights_and_state(s, zero_stage, ranks, b)
+    if reference and not lora_params:
         parts.append(Part("reference model", b * s.params,
                           f"{b} B x {_billions(s.params)}, a whole copy (kl_ctl > 0; loaded beside DeepSpeed, "
                           "never partitioned)"))
     parts += [*_activations(s, tokens, b, checkpointing), _buffers(s, zero_stage, b)]
     dtype = "bf16" if b == 2 else "fp32"
-    return GpuPlan(f"trainer GPU (ZeRO-{zero_stage} over {ranks} rank(s), {dtype})", tuple(parts))
+    lora = f", LoRA adapter of {_billions(lora_params)}" if lora_params else ""
+    return GpuPlan(f"trainer GPU (ZeRO-{zero_stage} over {ranks} rank(s), {dtype}{lora})", tuple(parts))
 
 
 def kv_bytes_per_token(s: ModelShape, tp: int, b: int = 2) -> int:
@@ -295,22 +344,48 @@ class MemoryPlan:
                 f"{_billions(s.params)} parameters, shape from {s.source}")
         out = [head, *self.trainer.lines(self.capacity), *self.generation.lines(self.capacity)]
         if self.shared:
-            both = self.share + self.trainer.total
-            out.append(f"  generation and training share these GPUs: vLLM's {gb(self.share)} + the trainer's "
-                       f"{gb(self.trainer.total)} = {gb(both)} of {gb(self.capacity)} while both are resident")
+            gen, train = self.turn_sums()
+            generating = (f"    while generating: vLLM's {gb(self.share)} + the trainer's resident states "
+                          f"{gb(self.trainer.resident)} (all but activations and logits) = {gb(gen)} of "
+                          f"{gb(self.capacity)}")
+            training = (f"    while training: the trainer's {gb(self.trainer.total)} + a sleeping engine's "
+                        f"{gb(SLEEP_RESIDUE)} (released: its weights and KV cache) = {gb(train)} of {gb(self.capacity)}")
+            out += ["  generation and training take turns on each GPU (vLLM sleep mode):", generating, training]
         return out
+
+    def turn_sums(self) -> tuple[float, float]:
+        """(a shared GPU's bytes while the engine generates, while the trainer trains)."""
+        return self.share + self.trainer.resident, self.trainer.total + SLEEP_RESIDUE
 
     def refusal(self) -> str:
         """'' when both GPUs fit; else one line: the one that does not, with its arithmetic and fix."""
         return (self.trainer.refusal(self.capacity, list(self.fixes))
-                or generation_refusal(self.generation, self.kv_tokens, self.max_model_len, self.share))
+                or generation_refusal(self.generation, self.kv_tokens, self.max_model_len, self.share)
+                or self.turns_refusal())
+
+    def turns_refusal(self) -> str:
+        """'' unless a shared GPU overflows in one of its turns; else that turn's sum and the fix."""
+        if not self.shared:
+            return ""
+        gen, train = self.turn_sums()
+        if gen > self.capacity:
+            room = (self.capacity - self.trainer.resident) / self.capacity
+            return (f"shared GPU while generating: vLLM's {gb(self.share)} + the trainer's resident states "
+                    f"{gb(self.trainer.resident)} = {gb(gen)}, more than the {gb(self.capacity)} it has; try "
+                    f"actor.vllm.gpu_memory_utilization={max(room - 0.01, 0.01):.2f} or less, or "
+                    f"{', or '.join(f for f in self.fixes if 'max_tokens_per_mb' not in f)}")
+        if train > self.capacity:
+            return (f"shared GPU while training: the trainer's {gb(self.trainer.total)} + a sleeping engine's "
+                    f"{gb(SLEEP_RESIDUE)} = {gb(train)}, more than the {gb(self.capacity)} it has; try "
+                    f"{', or '.join(self.fixes)}")
+        return ""
 
 
 def plan_for(s: ModelShape, *, capacity: float, capacity_note: str, zero_stage: int, ranks: int, tokens: int,
              reference: bool, checkpointing: bool, dtype_bytes: int, tp: int, utilization: float,
-             max_model_len: int, shared: bool = False) -> MemoryPlan:
+             max_model_len: int, shared: bool = False, lora_params: int = 0) -> MemoryPlan:
     """The memory plan of a run's settings (rl/plan.py reads them from its config)."""
-    trainer = trainer_plan(s, zero_stage, ranks, tokens, reference, checkpointing, dtype_bytes)
+    trainer = trainer_plan(s, zero_stage, ranks, tokens, reference, checkpointing, dtype_bytes, lora_params)
     gen, kv_tokens = generation_plan(s, tp, capacity, utilization, max_model_len)
     return MemoryPlan(s, capacity, capacity_note, trainer, tuple(trainer_fixes(zero_stage, checkpointing, tokens)),
                       gen, kv_tokens, max_model_len, utilization * capacity, shared)

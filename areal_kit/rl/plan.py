@@ -15,7 +15,7 @@ from areal_kit.rl import memory
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.weight_sync.sync import weight_sync_dir
 from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
-from areal_kit.rl.workers import placement
+from areal_kit.rl.workers import placement, turns
 
 
 def dataset_size(cfg) -> tuple[int | None, str]:
@@ -44,9 +44,11 @@ def dataset_size(cfg) -> tuple[int | None, str]:
     return len(rows), note
 
 
-def weight_sync_line(cfg, n_workers: int) -> str:
-    if cfg.weight_sync == "disk":
-        return (f"weight sync: disk: trainer rank 0 saves a Hugging Face folder in {weight_sync_dir(cfg)}, "
+def weight_sync_line(cfg, n_workers: int, plat=None) -> str:
+    mode = turns.sync_mode(cfg, plat)
+    if mode == "disk":
+        why = " (auto on shared GPUs: NCCL takes no two ranks on one GPU)" if cfg.weight_sync == "auto" else ""
+        return (f"weight sync: disk{why}: trainer rank 0 saves a Hugging Face folder in {weight_sync_dir(cfg)}, "
                 f"{n_workers} engine worker(s) reload it")
     line = (f"weight sync: {cfg.weight_sync}: trainer rank 0 broadcasts to {n_workers} engine worker(s) in "
             f"{DEFAULT_BUCKET_BYTES >> 20} MB buckets, the first {first_bucket_bytes() >> 20} MB (NCCL on GPUs, gloo on CPU)")
@@ -96,6 +98,16 @@ def gpu_capacity(cfg) -> tuple[float, str]:
     return DEFAULT_GPU_GB * memory.GB, "gpu_memory_gb unset and no GPU here: the default"
 
 
+def _lora_lines(cfg) -> list[str]:
+    lc = cfg.actor.lora
+    if not lc.rank:
+        return []
+    return [f"LoRA: rank {lc.rank}, alpha {lc.alpha:g} on {lc.target_modules}; only the adapter trains; the KL "
+            f"reference is the base with the adapter disabled; engines receive "
+            + ("the adapter (vLLM LoRA, max_lora_rank " f"{lc.engine_rank})" if lc.sync == "adapter"
+               else "the merged weights")]
+
+
 def memory_plan(cfg) -> memory.MemoryPlan | None:
     """What one trainer GPU and one generation GPU hold under cfg; None when the model's shape is unknown."""
     shape = memory.model_shape(cfg.actor.path)
@@ -108,7 +120,8 @@ def memory_plan(cfg) -> memory.MemoryPlan | None:
         tokens=cfg.actor_train.mb_spec.max_tokens_per_mb, reference=cfg.ppo.kl_ctl > 0,
         checkpointing=cfg.actor.gradient_checkpointing, dtype_bytes=4 if cfg.actor.dtype == "fp32" else 2,
         tp=a.gen.tp, utilization=cfg.actor.vllm.gpu_memory_utilization,
-        max_model_len=cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens, shared=a.kind != "decoupled")
+        max_model_len=cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens, shared=a.kind != "decoupled",
+        lora_params=shape.lora_params(cfg.actor.lora.rank, cfg.actor.lora.target_modules))
 
 
 def memory_lines(cfg, plat) -> list[str]:
@@ -127,6 +140,14 @@ def memory_refusal(cfg, plat) -> str:
     plan = None if plat.is_cpu else memory_plan(cfg)
     refusal = plan.refusal() if plan else ""
     return f"the memory plan does not fit: {refusal}" if refusal else ""
+
+
+def shared_words(cfg, plat) -> str:
+    """How training shares the generation GPUs on plat: cores on CPU, turns on GPUs."""
+    if plat.is_cpu:
+        return " sharing the generation GPUs (on CPU: worker slots on the same cores)"
+    return (f" sharing the generation GPUs, taking turns: the engines sleep (vLLM sleep level "
+            f"{turns.sleep_level(cfg)}) while the trainer trains, then wake for the weight sync")
 
 
 def recipe_lines(cfg) -> list[str]:
@@ -163,14 +184,14 @@ def plan_lines(cfg, plat=None) -> list[str]:
          f"{a.describe(cfg.n_nodes, cfg.n_gpus_per_node)}"),
         f"generation: {a.gen_gpus} GPUs as {a.gen.dp} vLLM engine(s), tensor parallel {a.gen.tp} ({a.gen})",
         f"training: {a.train_gpus} GPUs, DeepSpeed ZeRO-{cfg.actor.zero_stage} over {a.train.world} rank(s) ({a.train})"
-        + (f" sharing the generation GPUs (CPU nodes only; on GPUs: {a.split() or 'vllm.GEN+TRAIN'})"
-           if a.kind != "decoupled" else ""),
+        + (shared_words(cfg, plat) if a.kind != "decoupled" else ""),
         *a.training_notes(cfg.actor.zero_stage, cfg.actor.gradient_checkpointing),
         *hardware.vllm_notes(cfg.actor.vllm),
         *device_lines(cfg, plat),
         *memory_lines(cfg, plat),
         f"model: {cfg.actor.path}" + (f"; reference: {cfg.ref.path or cfg.actor.path} (kl_ctl {p.kl_ctl}, "
                                        f"{p.kl_estimator}, in {p.kl_mode})" if p.kl_ctl > 0 else "; no reference model"),
+        *_lora_lines(cfg),
         (f"batch: {d.train_bs_n_seqs} prompts x {p.group_size} answers = {n_seqs} sequences; "
          f"{p.ppo_n_minibatches} optimizer step(s) per batch"),
         (f"tokens: prompt <= {d.max_prompt_len}, answer <= {p.gen.max_new_tokens}; micro-batches <= "
@@ -178,7 +199,7 @@ def plan_lines(cfg, plat=None) -> list[str]:
          "tokens a batch"),
         f"off-policyness: {p.max_head_offpolicyness}" + (" (synchronous, on-policy)" if p.max_head_offpolicyness == 0
                                                         else f" (decoupled loss: {p.use_decoupled_loss})"),
-        weight_sync_line(cfg, a.gen.dp * a.gen.tp),
+        weight_sync_line(cfg, a.gen.dp * a.gen.tp, plat),
         *sync_estimate(cfg),
         *recipe_lines(cfg),
     ]

@@ -4,14 +4,15 @@ workers run (inside the Ray container, or with the host's Python), and reads the
 prints, `PROBE <json>`: the cluster side starts the training's code through a command and never
 imports it.
 
-    python -m areal_kit.rl.preflight net --address HEAD:6379 --mb 16 [--preset tiny --fileroot F]
+    python -m areal_kit.rl.preflight net --address HEAD:6379 --mb 16 [--preset tiny --fileroot F] [--quick]
     python -m areal_kit.rl.preflight rlstep --fileroot /storage/.areal-kit/doctor
 
 `net` (a Ray driver on the head): one actor on every alive node joins a group over the run's own
 backend and transport (gloo on CPU, NCCL on GPUs: the weight sync's), then measures every ordered
-pair of nodes point to point and an all-reduce over all of them; with --preset it also reserves and
-releases the preset's placement groups and starts one of its vLLM engines on the cluster, which
-generates a few tokens.
+pair of nodes point to point and an all-reduce over all of them (its sum checked, its bus bandwidth
+reported; the nodes that did not finish it named); with --preset it also reserves and releases the
+preset's placement groups and starts one of its vLLM engines on the cluster, which generates a few
+tokens. --quick (setup's fast checks): the group and its all-reduce only.
 `rlstep`: one tiny RL step end to end on the cluster (2 trainer ranks and an engine, each where
 spread_roles places them), its weight sync, then the engine's logprobs against the trainers'.
 """
@@ -39,8 +40,70 @@ from areal_kit.rl.job import prepare, resolve_model
 from areal_kit.rl.weight_sync.transport import init_group
 from areal_kit.rl.workers import groups, placement
 
+# How long the all-reduce across nodes may take before the nodes that did not finish are named.
+ALL_REDUCE_TIMEOUT_S = 300
 
-def net(address: str, mb: float, preset: str | None, fileroot: str) -> dict:
+
+def all_reduce_across(peers: list, ips: list[str], nbytes: int, timeout_s: float = ALL_REDUCE_TIMEOUT_S) -> dict:
+    """The weight sync's group's all-reduce over every node: {nodes, mb, seconds, busbw_gbps} or
+    {nodes, mb, error, failed: [ips]} (a rank that raised, returned a wrong sum, or did not finish)."""
+    n = len(peers)
+    out: dict = {"nodes": n, "mb": nbytes / (1 << 20)}
+    refs = [p.all_reduce.remote(nbytes) for p in peers]
+    done, _ = ray.wait(refs, num_returns=n, timeout=timeout_s)
+    got, failed, why = [], [], ""
+    for ip, ref in zip(ips, refs):
+        if ref not in done:
+            failed.append(ip)
+            why = why or f"did not finish within {timeout_s:g}s"
+            continue
+        try:
+            secs, total = ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - the node's failure is the finding
+            failed.append(ip)
+            why = why or describe(e)
+            continue
+        if total != n:
+            failed.append(ip)
+            why = why or f"reduced to {total:g}, expected {n} (the sum over the nodes)"
+        got.append(secs)
+    if failed:
+        return {**out, "error": why, "failed": failed}
+    secs = max(got)
+    return {**out, "seconds": secs, "busbw_gbps": round(2 * (n - 1) / n * nbytes / secs / 1e9, 4)}
+
+
+def _links(peers: list, ips: list[str], nbytes: int) -> dict[str, float]:
+    """Every ordered pair of nodes, point to point, GB/s."""
+    links = {}
+    for s in range(len(peers)):
+        for d in range(len(peers)):
+            if s != d:
+                _, secs = ray.get([peers[s].send.remote(d, nbytes), peers[d].recv.remote(s, nbytes)])
+                links[f"{ips[s]}>{ips[d]}"] = round(2 * nbytes / secs / 1e9, 4)
+    return links
+
+
+def _measure(peers: list, ips: list[str], nbytes: int, backend: str, quick: bool) -> dict:
+    """The group over every node, its all-reduce, then (unless quick, or the group failed) the links."""
+    out: dict = {}
+    port = ray.get(peers[0].free_port.remote())
+    try:
+        out["interfaces"] = ray.get([p.join.remote(ips[0], port, r, len(peers), backend, ips[r])
+                                     for r, p in enumerate(peers)], timeout=ALL_REDUCE_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - a group that does not form is the finding
+        out["all_reduce"] = {"nodes": len(peers), "mb": nbytes / (1 << 20), "failed": [],
+                             "error": f"the weight sync's group did not form: {describe(e)}"}
+        return out
+    out["all_reduce"] = all_reduce_across(peers, ips, nbytes)
+    if "busbw_gbps" in out["all_reduce"]:
+        out["all_reduce_busbw_gbps"] = out["all_reduce"]["busbw_gbps"]
+    if not quick and not out["all_reduce"].get("error"):
+        out["links_gbps"] = _links(peers, ips, nbytes)
+    return out
+
+
+def net(address: str, mb: float, preset: str | None, fileroot: str, quick: bool = False) -> dict:
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     nodes = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: n["NodeManagerAddress"])
     gpu = all(n["Resources"].get("GPU", 0) >= 1 for n in nodes)
@@ -52,21 +115,8 @@ def net(address: str, mb: float, preset: str | None, fileroot: str) -> dict:
     peers = [peer.options(num_cpus=0, num_gpus=1 if gpu else 0, scheduling_strategy=NodeAffinitySchedulingStrategy(
         n["NodeID"], soft=False)).remote() for n in nodes]
     if len(peers) > 1:
-        port = ray.get(peers[0].free_port.remote())
-        out["interfaces"] = ray.get([p.join.remote(ips[0], port, r, len(peers), backend, ips[r])
-                                     for r, p in enumerate(peers)])
-        nbytes = int(mb * (1 << 20))
-        links = {}
-        for s in range(len(peers)):
-            for d in range(len(peers)):
-                if s != d:
-                    _, secs = ray.get([peers[s].send.remote(d, nbytes), peers[d].recv.remote(s, nbytes)])
-                    links[f"{ips[s]}>{ips[d]}"] = round(2 * nbytes / secs / 1e9, 4)
-        out["links_gbps"] = links
-        secs = max(ray.get([p.all_reduce.remote(nbytes) for p in peers]))
-        n = len(peers)
-        out["all_reduce_busbw_gbps"] = round(2 * (n - 1) / n * nbytes / secs / 1e9, 4)
-    if preset:
+        out.update(_measure(peers, ips, int(mb * (1 << 20)), backend, quick))
+    if preset and not quick:
         out["placement"] = _place(preset)
         out.update(_engine(preset, fileroot, gpu))
     return out
@@ -171,14 +221,16 @@ class _Peer:
         self._sync()
         return time.perf_counter() - t0
 
-    def all_reduce(self, nbytes: int) -> float:
+    def all_reduce(self, nbytes: int) -> tuple[float, float]:
+        """(seconds of the timed all-reduce, the first one's sum: the number of nodes when sound)."""
         buf = self._buf(nbytes)
         self.group.allreduce([buf]).wait()
         self._sync()
+        total = float(buf[-1].item())  # ones summed over the ranks
         t0 = time.perf_counter()
         self.group.allreduce([buf]).wait()
         self._sync()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, total
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -193,10 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     n.add_argument("--mb", type=float, default=16)
     n.add_argument("--preset")
     n.add_argument("--fileroot", default="/tmp/areal-kit-doctor")
+    n.add_argument("--quick", action="store_true", help="the weight sync's group and its all-reduce only")
     r = sub.add_parser("rlstep")
     r.add_argument("--fileroot", required=True)
     a = ap.parse_args(argv)
-    res = net(a.address, a.mb, a.preset, a.fileroot) if a.what == "net" else rl_step(a.fileroot)
+    res = net(a.address, a.mb, a.preset, a.fileroot, a.quick) if a.what == "net" else rl_step(a.fileroot)
     print("PROBE " + json.dumps(res), flush=True)
     sys.exit(0)
 

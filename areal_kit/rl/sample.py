@@ -2,8 +2,8 @@
 
     rollout engine  (rl/workers/rollout.py, generate)    Sample: the tokens, behaviour logprobs,
                     weight version, loss_mask (a workflow's), task_reward and format_reward
-    controller      (rl/controller.py, _gather)          under ppo.dynamic_sampling, fresh `group`
-                    numbers for the groups it keeps
+    controller      (rl/controller.py, _gather;          fresh `group` numbers for the groups it
+                     rl/stream.py, Stream.gather)         keeps (dynamic sampling, streaming)
     reward shaping  (rl/algo/batch.py, shape_rewards)    final_reward and seq_reward; an all-zero
                     loss_mask for a truncated answer under ppo.overlong_filter
     trainer         (rl/workers/trainer.py, train_step)  reads trainer_rows(samples)
@@ -25,13 +25,19 @@ class Sample:
     output_ids: list[int]  # every token after the prompt, a workflow's inserted ones included
     logprobs: list[float]  # the behaviour logprob of each output token (0.0 for inserted ones)
     no_eos: bool  # truncated at max_new_tokens
-    version: int  # the weight version that generated it
+    version: int  # the weight version that generated it (streaming: that of its first token)
     task_reward: float  # the verifier's: the workflow's own, or ppo.reward_fns' sum
     format_reward: float | None = None  # ppo.format_reward when the text matches format_pattern; None when off
     source: str | None = None  # the dataset.mix source of its prompt
     loss_mask: list[int] | None = None  # 1 = trained on; None = every output token
     final_reward: float | None = None  # the shaped reward (scaled, biased), before group normalization
     seq_reward: float | None = None  # the reward the trainer credits to the last token (group-normalized for GRPO)
+    versions: list[int] | None = None  # streaming: the weight version of each output token (None: all `version`)
+
+    @property
+    def interrupted(self) -> bool:
+        """New weights arrived while it was generated (streaming, rollout.interrupt=keep)."""
+        return bool(self.versions) and min(self.versions) != max(self.versions)
 
 
 @dataclass
@@ -59,3 +65,36 @@ def trainer_rows(samples: list[Sample]) -> list[dict]:
             row["loss_mask"] = s.loss_mask
         rows.append(row)
     return rows
+
+
+@dataclass
+class Batch:
+    """One batch of prompts' generation, queued on the engines."""
+
+    epoch: int
+    epoch_step: int
+    handles: list  # the engines' generate calls
+    loads: list  # the weight loads queued before them: a failed load must never feed training
+
+
+@dataclass
+class Gathered:
+    """What one step trains on, and what it took to get it."""
+
+    batch: Batch  # the first batch taken (its epoch and step name the step)
+    outs: list[Generated]  # the engines' replies, every round
+    loads: list[dict]
+    # Every sample generated for the step, as the engines replied: their task_reward is the policy's accuracy.
+    samples: list[Sample]
+    stale: int
+    wait_time: float
+    gen_time: float
+    rounds: int = 0  # extra generation rounds (dynamic sampling)
+    dropped: int = 0  # groups dropped for equal task rewards (dynamic sampling)
+    kept: int = 0  # informative groups trained on (dynamic sampling)
+    picked: list[Sample] | None = None  # what dynamic sampling trains on, when not every sample generated
+    stream: dict = field(default_factory=dict)  # streaming: its metrics (rl/stream.py)
+
+    @property
+    def train(self) -> list[Sample]:
+        return self.samples if self.picked is None else self.picked

@@ -30,3 +30,12 @@ _prefer_the_installed_package()
 def pytest_configure(config):
     # Registered here too, so `pytest tests/gpu` collects under --strict-markers on its own.
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU node; skipped without one")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The suite's one table of checks with timings (tests/gpu/acceptance.py), for a bug report."""
+    from acceptance import TABLE
+
+    if TABLE.rows:
+        terminalreporter.write_sep("=", "GPU acceptance: paste this table into a bug report")
+        terminalreporter.write_line(TABLE.render())

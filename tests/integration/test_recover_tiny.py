@@ -182,6 +182,41 @@ def test_killed_rollout_relaunches_to_the_end_and_a_failed_save_stops_cleanly(ro
     assert os.path.exists(os.path.join(kept, "config.json"))
 
 
+def test_a_streaming_run_killed_with_generations_in_flight_trains_each_step_and_prompt_once(root):
+    """rollout.mode=stream, max_head_offpolicyness 1: the step-4 checkpoint is written while the
+    next groups generate; the driver is SIGKILLed in step 5; the resumed run generates the prompts
+    the checkpoint names as untrained first, and no step and no prompt is trained twice."""
+    p = paths(root, "stream")
+    args = ["rollout.mode=stream", "ppo.max_head_offpolicyness=1", "exp_ctrl.total_train_steps=6",
+            "exp_ctrl.ckpt_freq_steps=2", "exp_ctrl.dump_samples_every=1", "exp_ctrl.dump_samples_groups=32"]
+    proc = start(root, "stream", args, AREAL_TEST_PAUSE="after_step:5")
+    try:
+        wait_for(os.path.join(p.log_dir, "PAUSED-after_step-5"), proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        reap(proc)
+    state = json.loads(Path(p.recover_dir, "globalstep4", "state.json").read_text())
+    assert state["pending"], "the checkpoint was written with no generation in flight"
+    assert state["batches"] * 32 - len(state["pending"]) == 4 * 32, "taken from the loader = trained + pending"
+
+    proc = start(root, "stream", args)
+    try:
+        assert proc.wait(timeout=1200) == 0, stderr_tail(root, "stream")
+    finally:
+        reap(proc)
+    assert f"Will recover from: {p.recover_dir}/globalstep4 (global step 4" in Path(p.log_file).read_text()
+    assert [r["global_step"] for r in rows(p)] == [1, 2, 3, 4, 5, 6]
+    trained: dict[int, set] = {}
+    for line in Path(p.samples_file).read_text().splitlines():  # each step once after the resume
+        s = json.loads(line)
+        trained.setdefault(s["global_step"], set()).add(s["id"])
+    assert sorted(trained) == [1, 2, 3, 4, 5, 6]
+    assert all(len(ids) == 32 for ids in trained.values())
+    ids = [i for step in sorted(trained) for i in trained[step]]
+    assert len(ids) == len(set(ids)), "a prompt was trained twice"
+
+
 def _lock(path):
     if os.geteuid() != 0:
         os.chmod(path, 0o555)

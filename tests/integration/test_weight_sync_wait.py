@@ -92,7 +92,8 @@ def test_an_engine_that_finishes_early_does_not_wait_out_the_timeout_in_the_rece
     trainer = ray.remote(num_cpus=0, concurrency_groups={"weights": 1})(Trainer).remote()
     engines = [ray.remote(num_cpus=0)(Engine).remote() for _ in range(2)]
     dog = Watchdog(ExpCtrl(), "/nonexistent")
-    sync = WeightSync(SimpleNamespace(weight_sync="broadcast"), TrainerGroup([trainer], dog),
+    sync = WeightSync(SimpleNamespace(weight_sync="broadcast", rollout=SimpleNamespace(mode="batch")),
+                      TrainerGroup([trainer], dog),
                       EngineGroup(engines, dog))
     assert sync.connect() == "broadcast over gloo"
     t0 = time.time()

@@ -86,7 +86,7 @@ def test_two_turn_samples_match_trainer_logprobs(run):
     out = ray.get(ctrl.workers.engines.actors[0].generate.remote(rows))
     samples = out.samples
     assert len(samples) == 4 * ctrl.cfg.ppo.group_size
-    hint = ray.get(ctrl.workers.engines.actors[0].__ray_call__.remote(lambda self: self.engine.encode("=")))
+    hint = ray.get(ctrl.workers.engines.actors[0].__ray_call__.remote(lambda self: self._workflow_engine().encode("=")))
     for s in samples:
         assert s.loss_mask == [1] + [0] * len(hint) + [1]
         assert s.output_ids[1:1 + len(hint)] == hint

@@ -78,7 +78,8 @@ def test_merge_keeps_other_entries_and_errors_keep_previous(tmp_path, capsys):
 def test_unknown_name_and_registry():
     with pytest.raises(SystemExit, match="unknown benchmark"):
         run_all({"demo": _demo()}, ["nope"])
-    assert list(bench_run.MODULES) == ["rollout", "weight_sync", "pipeline", "peer", "packing", "learning", "faults"]
+    assert list(bench_run.MODULES) == ["rollout", "weight_sync", "pipeline", "streaming", "peer", "packing", "learning",
+                                       "faults", "lora"]
 
 
 def test_learning_counts_from_the_command_start_to_the_step_that_reached_the_target():

@@ -63,7 +63,7 @@ GOOD_SPEC = {"cluster_type": "local", "cluster_name": "c", "fileroot": "/tmp/fr"
 # (argv, substring of the one error line). {tmp} is replaced by the test's tmp_path.
 BAD_INPUTS = [
     # unknown presets
-    (["train", "nosuch"], "unknown preset 'nosuch'; expected one of 1.5B_n1, 1.5B_n16, 1.5B_n1_dapo, 1.5B_n4, 7B_n16, 7B_n4, tiny, tiny_dapo, tiny_storage or a path"),
+    (["train", "nosuch"], "unknown preset 'nosuch'; expected one of 1.5B_1gpu, 1.5B_n1, 1.5B_n16, 1.5B_n1_dapo, 1.5B_n4, 7B_n16, 7B_n1_lora, 7B_n4, tiny, tiny_dapo, tiny_lora, tiny_storage or a path"),
     (["train", "1.5B_n8", "--dry-run"], "unknown preset '1.5B_n8'"),
     (["train", "{tmp}/missing.yaml"], "unknown preset"),
     # bad overrides

@@ -33,7 +33,7 @@ from areal_kit.eval.data import eval_sets_dir, find_sets, manifest
 
 pytestmark = pytest.mark.unit
 
-GPU_PRESETS = ["1.5B_n1", "1.5B_n4", "1.5B_n16", "7B_n4", "7B_n16", "1.5B_n1_dapo"]
+GPU_PRESETS = ["1.5B_n1", "1.5B_n4", "1.5B_n16", "7B_n4", "7B_n16", "1.5B_n1_dapo", "7B_n1_lora"]
 
 
 class Files(http.server.SimpleHTTPRequestHandler):

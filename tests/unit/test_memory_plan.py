@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 
 R1_15B = memory.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-1.5B"]
 R1_7B = memory.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-7B"]
-GPU_PRESETS = ["1.5B_n1", "1.5B_n1_dapo", "1.5B_n4", "1.5B_n16", "7B_n4", "7B_n16"]
+GPU_PRESETS = ["1.5B_n1", "1.5B_n1_dapo", "1.5B_n4", "1.5B_n16", "7B_n4", "7B_n16", "7B_n1_lora"]
 
 
 @pytest.fixture(autouse=True)
@@ -106,6 +106,27 @@ def test_every_gpu_preset_fits_its_declared_gpus_as_shipped(preset):
     assert p.capacity == 80e9
     assert p.refusal() == ""
     assert p.trainer.total < 0.5 * p.capacity  # room left for what the plan does not count (allocator, CUDA)
+
+
+def test_shared_gpus_fit_in_both_turns_as_shipped(capsys):
+    """1.5B_1gpu and 1.5B_n1: vLLM's share beside the trainer's resident states while generating,
+    the whole trainer beside a sleeping engine while training; both under the GPU."""
+    for preset, share in [("1.5B_1gpu", 36e9), ("1.5B_n1", 56e9)]:
+        p = plan.memory_plan(load_config(preset))
+        assert p.shared and p.refusal() == ""
+        gen, train = p.turn_sums()
+        assert gen == pytest.approx(share + p.trainer.resident) and gen < p.capacity
+        assert train == p.trainer.total + memory.SLEEP_RESIDUE < p.capacity
+    out = dry_run(["train", "1.5B_1gpu", "--dry-run"], capsys)
+    assert "    while generating: vLLM's 36 GB + the trainer's resident states 37.5 GB" in out
+    assert "    while training: the trainer's 42.9 GB + a sleeping engine's 3 GB" in out
+
+
+def test_a_shared_gpu_that_overflows_while_generating_is_refused(capsys):
+    code, _, err = run_cli(["train", "1.5B_1gpu", "--dry-run", "actor.vllm.gpu_memory_utilization=0.6"], capsys)
+    assert_one_line_error(code, err, "shared GPU while generating: vLLM's 48 GB + the trainer's resident states "
+                          "37.5 GB = 85.5 GB, more than the 80 GB it has",
+                          "try actor.vllm.gpu_memory_utilization=0.52 or less")
 
 
 def test_the_dry_run_of_a_gpu_preset_prints_both_gpus(capsys):

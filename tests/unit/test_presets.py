@@ -28,10 +28,12 @@ def _cwd(tmp_path, monkeypatch):
 
 
 def test_the_presets_exist():
-    assert sorted(preset_names()) == sorted(["tiny", "tiny_storage", *GPU_PRESETS, *DAPO_PRESETS])
+    assert sorted(preset_names()) == sorted(["tiny", "tiny_storage", *GPU_PRESETS, *DAPO_PRESETS, "1.5B_1gpu",
+                                             *LORA_PRESETS])
 
 
 DAPO_PRESETS = ["tiny_dapo", "1.5B_n1_dapo"]
+LORA_PRESETS = ["tiny_lora", "7B_n1_lora"]
 
 
 @pytest.mark.parametrize("name", DAPO_PRESETS)
@@ -123,25 +125,28 @@ def test_gpu_preset_dry_run_on_cpu(name, capsys, tmp_path):
 
 
 def test_a_shared_gpu_preset_says_where_it_runs(capsys, monkeypatch):
-    """1.5B_n1 keeps the guide's allocation (generation and training on the same 8 GPUs). That runs
-    on CPU nodes; on GPU nodes it is refused before anything starts, with the split that runs. The
-    GPU is forced with AREAL_DEVICE=cuda (none here), the same switch a run's platform check reads."""
+    """1.5B_n1 keeps the guide's allocation (generation and training on the same 8 GPUs): CPU nodes
+    share cores; on GPU nodes (forced with AREAL_DEVICE=cuda, none here) the roles take turns, the
+    engines asleep while the trainer trains, and the split layout still runs too."""
     out = dry_run(["train", "1.5B_n1", "--dry-run"], capsys)
-    assert ("training: 8 GPUs, DeepSpeed ZeRO-2 over 8 rank(s) (d4m1p2) sharing the generation GPUs (CPU nodes "
-            "only; on GPUs: vllm.d2p1m2+d4p1m1)") in out
+    assert ("training: 8 GPUs, DeepSpeed ZeRO-2 over 8 rank(s) (d4m1p2) sharing the generation GPUs (on CPU: "
+            "worker slots on the same cores)") in out
     monkeypatch.setenv("AREAL_DEVICE", "cuda")
-    with pytest.raises(SystemExit) as got:
-        main(["train", "1.5B_n1", "--dry-run"])
-    assert got.value.code == 2
-    assert capsys.readouterr().err == (
-        "error: allocation_mode=actor_gen:d4p1m2,*:d4p2m1 has generation and training share GPUs, which areal-kit "
-        "runs on CPU nodes only, not on GPUs yet; use vllm.d2p1m2+d4p1m1 to split the same 8 GPUs\n")
-    out = dry_run(["train", "1.5B_n1", "--dry-run", "allocation_mode=vllm.d2p1m2+d4p1m1"], capsys)
+    out = dry_run(["train", "1.5B_n1", "--dry-run"], capsys)
+    assert ("sharing the generation GPUs, taking turns: the engines sleep (vLLM sleep level 2) while the trainer "
+            "trains, then wake for the weight sync") in out
+    assert "weight sync: disk (auto on shared GPUs: NCCL takes no two ranks on one GPU)" in out
     assert "dry run: configuration is valid" in out
-    # One shared GPU has nothing to split: the plan names the form that runs, not a missing split.
-    monkeypatch.delenv("AREAL_DEVICE")
-    out = dry_run(["train", "tiny", "--dry-run", "allocation_mode=d1m1p1", "n_gpus_per_node=1"], capsys)
-    assert "sharing the generation GPUs (CPU nodes only; on GPUs: vllm.GEN+TRAIN)" in out
+    out = dry_run(["train", "1.5B_n1", "--dry-run", "allocation_mode=vllm.d2p1m2+d4p1m1"], capsys)
+    assert "dry run: configuration is valid" in out and "taking turns" not in out
+    # The tiny preset on one GPU: a shared d1p1m1, synchronous (turns cannot overlap).
+    out = dry_run(["train", "tiny", "--dry-run", "allocation_mode=d1p1m1", "n_gpus_per_node=1",
+                   "ppo.max_head_offpolicyness=0"], capsys)
+    assert "trainer rank 0: 1 group x 1 bundle {GPU: 1, CPU: 2}; engine 0 (tp 1) on those ranks' GPUs" in out
+    with pytest.raises(SystemExit) as got:
+        main(["train", "tiny", "--dry-run", "allocation_mode=d1p1m1", "n_gpus_per_node=1"])
+    assert got.value.code == 2
+    assert "use ppo.max_head_offpolicyness=0" in capsys.readouterr().err
 
 
 def test_dry_run_numbers_for_1p5b_n4(capsys):

@@ -74,6 +74,7 @@ SIGNATURE_KEYS = {
     "dataset.shuffle": "dataset.shuffle",
     "dataset prompts": None,
     "dataset.mix": None,
+    "actor.lora": None,
 }
 
 
@@ -100,6 +101,9 @@ def signature(job) -> dict:
         # Absent without a mix, so checkpoints written before dataset.mix existed still match.
         **({"dataset.mix": ", ".join(f"{m['name']}={m['path']} x{m['weight']:g}" for m in cfg.dataset.mix)}
            if cfg.dataset.mix else {}),
+        # Under LoRA the checkpoint holds the adapter alone: its shape must be this run's.
+        **({"actor.lora": f"rank {cfg.actor.lora.rank}, alpha {cfg.actor.lora.alpha:g}, "
+                          f"target_modules {cfg.actor.lora.target_modules}"} if cfg.actor.lora.rank else {}),
     }
 
 
@@ -203,7 +207,7 @@ def run_state(ck: Checkpoint) -> RunState:
     s = ck.state
     return RunState(global_step=ck.global_step, version=s["version"], batches=batches_taken(ck), loader=s["loader"],
                     timer=s["timer"], last_save_time=0.0, last_ckpt_time=time.time(), recover_path=ck.path,
-                    wandb_id=s.get("wandb_id", ""))
+                    wandb_id=s.get("wandb_id", ""), pending=[list(p) for p in s.get("pending", [])])
 
 
 def say_resuming(job, ck: Checkpoint, attempt: int, log) -> None:
@@ -314,6 +318,7 @@ def _state_record(job, state, timer_state: dict) -> dict:
     # position after the batches the trained steps took; the order is a pure function of (seed, epoch).
     return {
         "format": FORMAT, "time": time.time(), "global_step": g, "version": state.version, "batches": b,
+        "pending": list(state.pending),
         "loader": job.loader.state_at(b), "timer": timer_state,
         # Sampling seeds are batch.sample_seed(seed, batch index, prompt index): the batch index is the state.
         "sampling": {"seed": cfg.seed, "next_step_index": b},

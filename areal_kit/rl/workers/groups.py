@@ -16,6 +16,7 @@ import ray
 
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
+from areal_kit.config.rollout import streaming
 from areal_kit.errors import UserError
 from areal_kit.rl.workers import placement
 from areal_kit.rl.workers.rollout import RolloutWorker
@@ -77,8 +78,12 @@ class TrainerGroup:
         refs = [a.train_step.remote(ray.put(shard)) for a, shard in zip(self.actors, shard_batch(samples, len(self)))]
         return self.watchdog.wait("train_step", self.watchdog.label(refs, self.names))[0]
 
-    def save_hf(self, path: str) -> None:
-        self._all("save_hf", path)
+    def save_hf(self, path: str, merged: bool | None = None) -> None:
+        """merged: under LoRA, the merged model rather than the adapter (None: actor.lora.save_merged)."""
+        if merged is None:
+            self._all("save_hf", path)
+        else:
+            self._all("save_hf", path, merged)
 
     def save_recover(self, path: str) -> None:
         self._all("save_recover", path)
@@ -109,6 +114,14 @@ class EngineGroup:
         refs = [self.actors[i].generate.remote(chunk) for i, chunk in parts]
         return self.watchdog.label(refs, [self.names[i] for i, _ in parts])
 
+    def submit_group(self, row: dict, engine: int):
+        """Streaming: queue one prompt's group on one engine; the handle to wait on."""
+        return self.watchdog.label([self.actors[engine].generate.remote([row])], [self.names[engine]])[0]
+
+    def occupancy(self) -> list[float]:
+        """Streaming: each engine's mean share of busy slots since the last call."""
+        return ray.get([a.occupancy.remote() for a in self.actors], timeout=60)
+
     def evaluate(self, rows: list[dict], max_new_tokens: int, n_samples: int = 0) -> list[dict]:
         parts = self._split(rows)
         refs = [self.actors[i].evaluate.remote(chunk, max_new_tokens, n_samples) for i, chunk in parts]
@@ -128,9 +141,18 @@ class Workers:
 
     def setup(self) -> dict[str, float]:
         """Start every trainer rank and engine in parallel; seconds the slowest of each took. Then
-        every worker can dump its stacks for the watchdog."""
-        refs = [a.setup.remote() for a in self.actors()]
-        t = self.watchdog.wait("setup", self.watchdog.label(refs, self.trainers.names + self.engines.names))
+        every worker can dump its stacks for the watchdog. On shared GPUs the engines first: vLLM
+        sizes its KV cache from the memory its GPU gains while it profiles, which a trainer rank
+        loading beside it at the same time would make wrong."""
+        names = self.trainers.names + self.engines.names
+        if self.places is not None and self.places.layout.shared:
+            te = self.watchdog.wait("setup", self.watchdog.label([a.setup.remote() for a in self.engines.actors],
+                                                                 self.engines.names))
+            tt = self.watchdog.wait("setup", self.watchdog.label([a.setup.remote() for a in self.trainers.actors],
+                                                                 self.trainers.names))
+            t = tt + te
+        else:
+            t = self.watchdog.wait("setup", self.watchdog.label([a.setup.remote() for a in self.actors()], names))
         self.watchdog.arm(dict(zip(self.trainers.names + self.engines.names, self.actors(), strict=True)))
         n = len(self.trainers)
         return {"trainer_setup": max(t[:n]), "rollout_setup": max(t[n:])}
@@ -172,17 +194,30 @@ def create(cfg, model_path: str, cache_root: str, total_steps: int, stacks_dir: 
     Trainer = ray.remote(concurrency_groups={"weights": 1})(TrainerWorker)
     trainers = [Trainer.options(**places.trainer_options(r)).remote(
         r, n_train, cfg, model_path, _pinned(env, cores, [r]), total_steps) for r in range(n_train)]
-    Rollout = ray.remote(RolloutWorker)
+    # A streaming engine serves one call per prompt group, as many at once as the controller keeps
+    # in flight ((1 + max_head_offpolicyness) x train_bs_n_seqs at most), beside a weight load,
+    # an eval and the watchdog's calls.
+    threads = (1 + cfg.ppo.max_head_offpolicyness) * cfg.dataset.train_bs_n_seqs + 8 if streaming(cfg) else 1
+    Rollout = ray.remote(max_concurrency=threads)(RolloutWorker)
     tp = alloc.gen.tp
-    # The engines' processes start before anything waits on a trainer: an engine takes longest to set up.
+    # On shared GPUs each engine runs on its trainer ranks' GPUs, which Ray tells those ranks.
+    gpus = placement.trainer_gpus(trainers) if places.layout.shared else None
+    # The engines' processes start before anything waits on a trainer's setup: an engine takes longest to set up.
     rollouts = [Rollout.options(**places.engine_options(i)).remote(
-        i, model_path, cfg, _pinned(env, cores, range(n_train + i * tp, n_train + (i + 1) * tp)), tp)
-        for i in range(alloc.gen.dp)]
+        i, model_path, cfg, _on_gpus(_pinned(env, cores, range(n_train + i * tp, n_train + (i + 1) * tp)), gpus, i, tp),
+        tp) for i in range(alloc.gen.dp)]
     # Rank 0's node hosts the DeepSpeed rendezvous; the port must be free there, not here.
     master, port = ray.get(trainers[0].address.remote())
     ray.get([t.set_master.remote(master, port) for t in trainers])
     dog = Watchdog(cfg.exp_ctrl, stacks_dir)
     return Workers(TrainerGroup(trainers, dog), EngineGroup(rollouts, dog, tp), dog, places)
+
+
+def _on_gpus(env: dict[str, str], gpus: list[str] | None, index: int, tp: int) -> dict[str, str]:
+    """An engine's env on shared GPUs: CUDA_VISIBLE_DEVICES the GPUs of its trainer ranks."""
+    if gpus is None:
+        return env
+    return {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[index * tp:(index + 1) * tp])}
 
 
 def core_sets(cfg, n_train: int, n_engines: int, tp: int) -> list[list[int]] | None:

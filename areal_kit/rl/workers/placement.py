@@ -18,6 +18,12 @@ timeout) before the caller starts a worker.
     places = placement.reserve(layout)
     Trainer.options(**places.trainer_options(rank)).remote(...)
     print("\\n".join(placement.on_nodes(alloc, plat, 4, 8).describe()))   # the dry run's view
+
+Shared GPUs (a colocated or per-role allocation on GPU nodes, rl/workers/turns.py): each node's
+trainer ranks take a bundle of one GPU and two CPUs, in runs of `tp` so an engine's GPUs stay on
+one node, and engine i lives in the bundle of trainer rank i x tp, on no GPU of its own in Ray's
+count: it is told the GPUs of ranks i x tp .. (i + 1) x tp - 1 (`trainer_gpus`), and takes turns
+with them (vLLM's sleep mode).
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
+from areal_kit.rl.workers import turns
 
 # How long a run waits for resources that are busy (a relaunch's killed workers hand theirs back
 # within seconds), and then for its placement groups to be ready.
@@ -42,6 +48,8 @@ TIMEOUT_S = 30.0
 NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 NODE_ID_LABEL = "ray.io/node-id"
 STRATEGY = "STRICT_PACK"
+# A trainer rank's bundle on shared GPUs: its GPU, its CPU and the CPU of the engine beside it.
+SHARED_BUNDLE = {"GPU": 1, "CPU": 2}
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class Layout:
     nodes: list[Node]
     groups: list[Group]
     tp: int
+    shared: bool = False  # engines in the trainer ranks' bundles, on their GPUs (GPU nodes only)
 
     def trainer_bundle(self, rank: int) -> tuple[int, int]:
         """(group index, bundle index) of a trainer rank."""
@@ -77,6 +86,11 @@ class Layout:
 
     def engine_group(self, index: int) -> int:
         return next(g for g, group in enumerate(self.groups) if group.role == "engine" and group.first == index)
+
+    def engine_bundle(self, index: int) -> tuple[int, int]:
+        """(group index, bundle index) of an engine: its own group, or on shared GPUs the bundle of
+        the trainer rank on its first GPU."""
+        return self.trainer_bundle(index * self.tp) if self.shared else (self.engine_group(index), 0)
 
     def describe(self) -> list[str]:
         """The placement the run requests: groups per node, their bundles and strategy."""
@@ -94,6 +108,9 @@ class Layout:
             if engines:
                 parts.append(f"{_who('engine', [g.first for g in engines])}: {_count(len(engines), 'group')} x "
                              f"1 bundle {_bundle(engines[0].bundles[0])}")
+            if self.shared and ranks:
+                parts.append(f"{_who('engine', range(ranks[0] // self.tp, ranks[-1] // self.tp + 1))} (tp "
+                             f"{self.tp}) on those ranks' GPUs, taking turns with them (vLLM sleep mode)")
             lines.append(f"  {node.name}: " + ("; ".join(parts) or "nothing"))
         return lines
 
@@ -110,12 +127,39 @@ def unit_of(plat) -> str:
     return "CPU" if plat.is_cpu else "GPU"
 
 
+def pack_shared(nodes: list[Node], n_train: int, n_engines: int, tp: int, held: str = "free ") -> Layout:
+    """Trainer ranks on GPU nodes, runs of tp per node, each engine on its run's GPUs (see the
+    module docstring); a UserError naming what does not fit."""
+    if n_engines * tp != n_train:
+        raise UserError(f"shared GPUs: {n_engines} engines x tp {tp} = {n_engines * tp} GPUs, but {n_train} trainer "
+                        "ranks; expected one trainer rank on every generation GPU")
+    free = [dict(n.free) for n in nodes]
+    groups: list[Group] = []
+    rank = 0
+    for j in sorted(range(len(nodes)), key=lambda j: -_fits(free[j], SHARED_BUNDLE)):
+        k = min(_fits(free[j], SHARED_BUNDLE) // tp * tp, n_train - rank)
+        if k:
+            _take(free[j], {r: v * k for r, v in SHARED_BUNDLE.items()})
+            groups.append(Group("trainer", rank, (SHARED_BUNDLE,) * k, j))
+            rank += k
+    if rank < n_train:
+        have = ", ".join(f"{n.free.get('GPU', 0):g}" for n in nodes)
+        raise UserError(f"shared GPUs: {n_train} trainer ranks, each with a share of an engine of tp {tp} on its node, "
+                        f"need {_amount(SHARED_BUNDLE, 'GPU')} and {SHARED_BUNDLE['CPU']:g} CPUs each, in runs of "
+                        f"{tp} a node; {rank} fit; nodes have {held}GPUs {have}; change allocation_mode or free GPUs")
+    groups.sort(key=lambda g: g.first)
+    return Layout("GPU", list(nodes), groups, tp, shared=True)
+
+
 def pack(nodes: list[Node], n_train: int, n_engines: int, tp: int, unit: str, spread_roles: bool = False,
-         held: str = "free ") -> Layout:
+         held: str = "free ", shared: bool = False) -> Layout:
     """Lay out n_train trainer ranks and n_engines engines of tp over the nodes' `free` resources
     (see the module docstring); a UserError naming what does not fit and what the nodes have.
     spread_roles: trainers on the first node(s), as many as their ranks need, engines on the rest.
-    held: how messages describe the nodes' resources ("free " on a live cluster)."""
+    held: how messages describe the nodes' resources ("free " on a live cluster).
+    shared: generation and training on the same GPUs (GPU nodes: pack_shared)."""
+    if shared and unit == "GPU":
+        return pack_shared(nodes, n_train, n_engines, tp, held)
     trainer_b, engine_b = bundles(unit, tp)
     free = [dict(n.free) for n in nodes]
     need = n_train + n_engines * tp
@@ -178,7 +222,8 @@ def on_nodes(alloc, plat, n_nodes: int, per_node: int, spread_roles: bool = Fals
     else:  # a GPU node's CPUs are not in the configuration: assume one for every bundle
         free = {unit: per_node, "CPU": math.inf}
     nodes = [Node("", f"node {i + 1}", dict(free)) for i in range(n_nodes)]
-    return pack(nodes, alloc.train_gpus, alloc.gen.dp, alloc.gen.tp, unit, spread_roles, held="")
+    return pack(nodes, alloc.train_gpus, alloc.gen.dp, alloc.gen.tp, unit, spread_roles, held="",
+                shared=alloc.kind != "decoupled")
 
 
 def cluster_nodes(unit: str) -> tuple[list[Node], list[Node]]:
@@ -206,14 +251,15 @@ def on_cluster(alloc, plat, spread_roles: bool = False, timeout_s: float | None 
     unit = unit_of(plat)
     release()  # a relaunch's last attempt holds its groups still: they are not other work
     args = (alloc.train_gpus, alloc.gen.dp, alloc.gen.tp, unit, spread_roles)
+    shared = alloc.kind != "decoupled"
     deadline = time.monotonic() + timeout_s
     while True:
         now, total = cluster_nodes(unit)
         try:
-            return pack(now, *args)
+            return pack(now, *args, shared=shared)
         except UserError as e:
             busy = e
-        pack(total, *args, held="")  # raises when no wait could help
+        pack(total, *args, held="", shared=shared)  # raises when no wait could help
         if time.monotonic() >= deadline:
             raise UserError(f"{busy} (other work holds the rest; waited {timeout_s:.0f}s)")
         time.sleep(0.5)
@@ -231,7 +277,13 @@ class Reservation:
         return self._options(g, b, 1)
 
     def engine_options(self, index: int) -> dict:
-        return self._options(self.layout.engine_group(index), 0, self.layout.tp)
+        g, b = self.layout.engine_bundle(index)
+        if not self.layout.shared:
+            return self._options(g, b, self.layout.tp)
+        # No GPU of its own in Ray's count (its trainer ranks hold them), and Ray must leave
+        # CUDA_VISIBLE_DEVICES as the engine sets it: to its trainer ranks' GPUs (trainer_gpus).
+        return {"num_cpus": 1, "num_gpus": 0, "runtime_env": {"env_vars": {NOSET_CUDA_VISIBLE_DEVICES: "1"}},
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(self.groups[g], placement_group_bundle_index=b)}
 
     def _options(self, g: int, b: int, n_gpus: int) -> dict:
         opts: dict = {"num_cpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
@@ -320,13 +372,17 @@ def _spans(values) -> str:
 
 
 def check_gpu_sharing(cfg, plat) -> None:
-    """Generation and training on the same GPUs (colocated or per-role allocations) run on CPU
-    nodes only: on GPUs, vLLM and DeepSpeed would have to take turns on each device (vLLM's sleep
-    mode, weights over CUDA IPC, as NCCL refuses two ranks on one GPU), which is not built yet."""
-    a = parse_allocation(cfg.allocation_mode)
-    if a.kind == "decoupled" or plat.is_cpu:
-        return
-    split = a.split()
-    fix = f"use {split} to split the same {a.total_gpus} GPUs" if split else "expected vllm.GEN+TRAIN"
-    raise UserError(f"allocation_mode={a.text} has generation and training share GPUs, which areal-kit runs on "
-                    f"CPU nodes only, not on GPUs yet; {fix}")
+    """Generation and training on the same GPUs (colocated or per-role allocations): on CPU nodes
+    they share cores; on GPUs they take turns (rl/workers/turns.py), which refuses the settings
+    that cannot (generation overlapping training, an NCCL broadcast within one GPU)."""
+    turns.check(cfg, plat)
+
+
+def _gpu_ids(actor) -> str:
+    """Run inside a trainer rank's actor: the GPU Ray gave it, as the node numbers them."""
+    return ",".join(str(i) for i in ray.get_gpu_ids())
+
+
+def trainer_gpus(trainers: list) -> list[str]:
+    """Each trainer rank's GPU on its node, rank order (an engine on shared GPUs takes its ranks')."""
+    return ray.get([t.__ray_call__.remote(_gpu_ids) for t in trainers])

@@ -4,6 +4,8 @@ Prompts arrive as token ids (no re-tokenization drift between engine and trainer
 back as Samples (areal_kit/rl/sample.py): token ids with their behaviour logprobs (vLLM's processed logprobs: after temperature,
 which is what the trainer recomputes), the weight version that produced them and the verifier's
 reward. New weights arrive in place through the worker extension (areal_kit/rl/weight_sync/vllm_ext.py).
+Under rollout.mode=stream the engine is vLLM's AsyncLLM (streaming_llm.py) and the actor serves
+one call per prompt group, many at once; samples then record the weight version of each token.
 
 What happens to one prompt is the workflow (areal_kit/rl/workers/workflow.py: single-turn by default,
 or a user's multi-turn plug-in); rewards run through areal_kit/reward/scoring.py, which keeps a
@@ -17,12 +19,15 @@ import re
 import time
 
 from areal_kit import hardware
+from areal_kit.config.rollout import streaming
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.reward.grading import grade_row
 from areal_kit.reward.scoring import RewardScorer
+from areal_kit.rl import lora
 from areal_kit.rl.sample import Generated, Sample
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
-from areal_kit.rl.workers import heap, workflow
+from areal_kit.rl.workers import heap, turns, workflow
+from areal_kit.rl.workers.sleeper import Sleeper
 from areal_kit.rl.workers.watchdog import StackDumps
 
 EXTENSION = "areal_kit.rl.weight_sync.vllm_ext.WeightSyncExtension"
@@ -32,11 +37,12 @@ def engine_kwargs(cfg, plat: hardware.Platform, model_path: str, index: int, tp:
     """vllm.LLM's arguments for rollout engine `index`: the device's settings, actor.vllm, and
     what training needs of the engine (weights received in place, logprobs after temperature)."""
     max_len = cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens
-    kw = hardware.vllm_kwargs(plat, model_path, max_len, seed=cfg.seed + index, tp=tp, engine=cfg.actor.vllm)
-    return {**kw, "worker_extension_cls": EXTENSION, "logprobs_mode": "processed_logprobs"}
+    kw = hardware.vllm_kwargs(plat, model_path, max_len, seed=cfg.seed + index, tp=tp, engine=cfg.actor.vllm,
+                              sleep_mode=turns.sleep_mode(cfg, plat))
+    return {**kw, "worker_extension_cls": EXTENSION, "logprobs_mode": "processed_logprobs", **lora.engine_kwargs(cfg)}
 
 
-class RolloutWorker(WeightReceiver, StackDumps):
+class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
     def __init__(self, index: int, model_path: str, cfg, env: dict[str, str], tp: int = 1):
         os.environ.update(env)
         self.index, self.cfg, self.model_path, self.tp = index, cfg, model_path, tp
@@ -47,15 +53,20 @@ class RolloutWorker(WeightReceiver, StackDumps):
 
         plat = hardware.detect()
         os.environ.update(hardware.vllm_env(plat, self.tp))  # before vLLM reads its settings
-        from vllm import LLM
+        kw = engine_kwargs(self.cfg, plat, self.model_path, self.index, self.tp)
+        self.streaming = streaming(self.cfg)
+        if self.streaming:
+            from areal_kit.rl.workers.streaming_llm import StreamingLLM
 
-        max_len = self.cfg.dataset.max_prompt_len + self.cfg.ppo.gen.max_new_tokens
-        self.llm = LLM(**engine_kwargs(self.cfg, plat, self.model_path, self.index, self.tp))
+            self.llm = StreamingLLM(**kw)
+        else:
+            from vllm import LLM
+
+            self.llm = LLM(**kw)
+        self.llm = lora.serving(self.llm, self.cfg)  # under LoRA, generations name the adapter loaded last
         self.tokenizer = load_tokenizer(self.model_path, check=False)  # the driver checked it
         self.rewards = RewardScorer(self.cfg.ppo)
         self.episode = workflow.load(self.cfg.ppo.workflow)
-        self.engine = workflow.Engine(self._generate_batch, self.tokenizer, self.cfg.ppo.gen,
-                                      self.cfg.ppo.group_size, max_len)
         heap.freeze()
         return time.time() - t0
 
@@ -77,7 +88,18 @@ class RolloutWorker(WeightReceiver, StackDumps):
                                  [self._params(r.seed, r.n, r.max_tokens, r.temperature) for r in requests],
                                  use_tqdm=False)
         return [[workflow.Completion(list(o.token_ids), [lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)],
-                                     o.finish_reason) for o in out.outputs] for out in outs]
+                                     o.finish_reason, getattr(o, "versions", None)) for o in out.outputs]
+                for out in outs]
+
+    def _workflow_engine(self) -> workflow.Engine:
+        # One per call: a streaming engine runs many calls at once, each with its own pending requests.
+        max_len = self.cfg.dataset.max_prompt_len + self.cfg.ppo.gen.max_new_tokens
+        return workflow.Engine(self._generate_batch, self.tokenizer, self.cfg.ppo.gen, self.cfg.ppo.group_size,
+                               max_len)
+
+    def occupancy(self) -> float | None:
+        """Streaming: the mean share of the engine's slots that held a running request since the last call."""
+        return self.llm.take_occupancy() if self.streaming else None
 
     def generate(self, rows: list[dict]) -> Generated:
         """Run the workflow on every row (group_size samples each) and score the answers.
@@ -87,7 +109,7 @@ class RolloutWorker(WeightReceiver, StackDumps):
         """
         t0 = time.time()
         version = self.version
-        groups = workflow.run_episodes(self.episode, self.engine, rows)
+        groups = workflow.run_episodes(self.episode, self._workflow_engine(), rows)
         gen_time = time.time() - t0
         t1 = time.time()
         answers = [(gi, t, self._text(t.output_ids) if t.text is None else t.text)
@@ -159,8 +181,10 @@ class RolloutWorker(WeightReceiver, StackDumps):
 def _sample(row: dict, group: int, t: workflow.Trajectory, version: int, task_reward: float,
             format_reward: float | None) -> Sample:
     """The Sample of one of a workflow's trajectories for `row`, scored."""
+    versions = None if t.versions is None else [int(v) for v in t.versions]
     return Sample(id=row["id"], group=group, prompt_ids=row["prompt_ids"], output_ids=list(t.output_ids),
-                  logprobs=[float(x) for x in t.logprobs], no_eos=bool(t.no_eos), version=version,
+                  logprobs=[float(x) for x in t.logprobs], no_eos=bool(t.no_eos),
+                  version=version if not versions else min(versions), versions=versions,
                   task_reward=task_reward, format_reward=format_reward,
                   source=row.get("source"),  # dataset.mix: the step's task reward per source
                   loss_mask=None if t.loss_mask is None else [int(bool(x)) for x in t.loss_mask])

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from areal_kit import hardware
 from areal_kit.data.tokenizer import copy_tokenizer_files
 from areal_kit.durable import fsync_tree
+from areal_kit.rl import lora
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo.packing import Answers, Packed, min_bins, pack, partition
 from areal_kit.rl.checkpoint import rng
@@ -86,14 +87,16 @@ class TrainerWorker(WeightSender, StackDumps):
         if self.cfg.actor.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         a = self.cfg.actor
+        model = lora.wrap(model, a.lora)  # actor.lora: PEFT's adapter, the only weights trained
         # A torch AdamW from code: DeepSpeed's config "AdamW" JIT-compiles FusedAdam (~110 s on CPU).
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=tuple(a.adam_betas),
+        opt = torch.optim.AdamW(lora.trainable(model), lr=a.lr, betas=tuple(a.adam_betas),
                                 weight_decay=a.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, self._lr_lambda())
         self.engine, _, _, self.scheduler = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched,
                                                                  config=deepspeed_config(a, dtype))
         self.ref = None
-        if self.cfg.ppo.kl_ctl > 0:
+        # Under LoRA the reference is the base: the policy with its adapter disabled (_ref_logprobs).
+        if self.cfg.ppo.kl_ctl > 0 and not lora.enabled(self.cfg):
             ref_path = self.cfg.ref.path or self.model_path
             self.ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype, attn_implementation=attn)
             self.ref.to(self.device).eval().requires_grad_(False)
@@ -184,7 +187,7 @@ class TrainerWorker(WeightSender, StackDumps):
         mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
         bins = self._micro_batches(shard, mb)
         t_start_ref = time.time()
-        ref_lp = self._pass(self.ref, shard, ans, bins) if self.ref is not None else None
+        ref_lp = self._ref_logprobs(shard, ans, bins)
         t_ref = time.time()
         behav = torch.tensor([x for s in shard for x in s["logprobs"]], dtype=torch.float32)
         if p.use_decoupled_loss or p.ppo_n_minibatches > 1:
@@ -209,6 +212,16 @@ class TrainerWorker(WeightSender, StackDumps):
         stats["ref_logp_time"] = t_ref - t_start_ref
         stats["prox_logp_time"] = t_prox - t_ref
         return stats
+
+    def _ref_logprobs(self, shard, ans: Answers, bins):
+        """The KL reference's answer logprobs (None without a KL term)."""
+        if self.ref is not None:
+            return self._pass(self.ref, shard, ans, bins)
+        if self.cfg.ppo.kl_ctl > 0 and lora.enabled(self.cfg):
+            self.engine.eval()
+            with self.engine.module.disable_adapter():
+                return self._pass(self.engine.module, shard, ans, bins)
+        return None
 
     def _advantages(self, shard, ans: Answers, w: torch.Tensor, kls) -> torch.Tensor:
         """Every answer token's advantage (flat); w is the loss mask: tokens a workflow inserted
@@ -308,23 +321,31 @@ class TrainerWorker(WeightSender, StackDumps):
         return torch.nn.utils.get_total_norm(grads) if grads else None
 
     # ---------------------------------------------------------------- weights
-    def full_state(self) -> dict[str, torch.Tensor]:
-        """The full (unsharded) weights; every rank must call it under ZeRO-3."""
+    def full_state(self, adapter_only: bool = False) -> dict[str, torch.Tensor]:
+        """The full (unsharded) weights, or the LoRA adapter's alone; every rank must call it under ZeRO-3."""
         self.outbox.before_collectives()  # ZeRO-3's gathers are collectives of the training world
         m = self.engine.module
+        only = lora.is_adapter if adapter_only else None
         if self.cfg.actor.zero_stage == 3:
-            return gathered_state(m, keep=self.rank == 0)
-        return m.state_dict() if self.rank == 0 else {}
+            return gathered_state(m, keep=self.rank == 0, only=only)
+        if self.rank != 0:
+            return {}
+        return {k: v for k, v in m.state_dict().items() if only(k)} if only else m.state_dict()
 
-    def save_hf(self, path: str) -> str:
-        """Hugging Face folder (weights + config + tokenizer), written atomically by rank 0."""
-
-        state = self.full_state()
+    def save_hf(self, path: str, merged: bool | None = None) -> str:
+        """Hugging Face folder (weights + config + tokenizer), written atomically by rank 0. Under
+        LoRA a PEFT adapter folder, or with merged (default actor.lora.save_merged) the merged model."""
+        lcfg = self.cfg.actor.lora
+        merged = lcfg.save_merged if merged is None else merged
+        state = self.full_state(adapter_only=lcfg.enabled and not merged)
         if self.rank != 0:
             return path
         tmp = path.rstrip("/") + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        self.engine.module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        module = self.engine.module
+        if lcfg.enabled and merged:
+            module, state = module.get_base_model(), lora.merged_state(state, lcfg)
+        module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         copy_tokenizer_files(self.model_path, tmp)  # byte for byte: a re-save can change how it reads
         fsync_tree(tmp)
         if os.path.exists(path):
@@ -341,8 +362,9 @@ class TrainerWorker(WeightSender, StackDumps):
         """
         t0 = time.time()
         self.outbox.before_collectives()  # DeepSpeed's save runs collectives of the training world
+        # Under LoRA the frozen base is left out: it is actor.path's, and loads from there.
         self.engine.save_checkpoint(path, tag="deepspeed", client_state={"version": self.version},
-                                    save_latest=False)
+                                    save_latest=False, **lora.recover_kwargs(self.cfg, save=True))
         rng.save(os.path.join(path, f"rng_rank{self.rank}.pt"))
         fsync_tree(path)
         return {"rank": self.rank, "save_time": time.time() - t0}
@@ -365,7 +387,8 @@ class TrainerWorker(WeightSender, StackDumps):
             # Read at load time: the engine was built before anyone knew the checkpoint's layout.
             self.engine._config.load_universal_checkpoint = True
         loaded, client = self.engine.load_checkpoint(path, tag=tag, load_optimizer_states=True,
-                                                     load_lr_scheduler_states=True)
+                                                     load_lr_scheduler_states=True,
+                                                     **lora.recover_kwargs(self.cfg, save=False))
         self.engine._config.load_universal_checkpoint = False
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint '{tag}' in {path}")

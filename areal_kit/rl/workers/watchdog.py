@@ -104,7 +104,7 @@ class Watchdog:
                     timeout = None if bound is None else max(0.0, t0 + bound - time.monotonic())
                     done, left = ray.wait(left, num_returns=1, timeout=timeout)
                     if not done:
-                        self._hang(call, left, time.monotonic() - t0, bound)
+                        self.hang(call, left, time.monotonic() - t0, bound)
                 got.update(zip(done, ray.get(done)))  # each reply read once: a generation's samples are big
             self.record(call, time.monotonic() - t0)
             return [got[r] for r in refs]
@@ -112,7 +112,12 @@ class Watchdog:
             for r in refs:
                 self._names.pop(r.hex(), None)
 
-    def _hang(self, call: str, pending: list, ran: float, bound: float) -> None:
+    def forget(self, ref) -> None:
+        """A labelled call that was waited on elsewhere (streaming) is done."""
+        self._names.pop(ref.hex(), None)
+
+    def hang(self, call: str, pending: list, ran: float, bound: float) -> None:
+        """Raise WorkerHang for the calls still pending, with every worker's stacks dumped."""
         who = sorted({self._names.get(r.hex(), "a worker") for r in pending})
         took = self.took[call]
         why = (f"{self.factor:g}x its median {statistics.median(took[-HISTORY:]):.1f}s, at least {self.floor_s:g}s"

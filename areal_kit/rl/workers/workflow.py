@@ -22,7 +22,8 @@ them. A multi-turn or tool-using workflow is an async function (or a class with 
 
 The interface:
   engine.generate(prompt_ids, n=1, max_tokens=None, seed=None, temperature=None)
-      -> list[Completion] (token_ids, logprobs, finish_reason, no_eos). `await` it: the calls
+      -> list[Completion] (token_ids, logprobs, finish_reason, no_eos, versions: the weight version
+      of each token under rollout.mode=stream, else None). `await` it: the calls
       of every prompt of the batch that are waiting at the same time go to vLLM as one batch.
   engine.group_size, engine.gen (ppo.gen settings), engine.encode(text), engine.decode(ids).
   row: the dataset row: id, prompt_ids, prompt_text, seed (the per-prompt sampling seed),
@@ -30,7 +31,8 @@ The interface:
   Return exactly group_size Trajectory objects: output_ids (every token after the prompt),
       logprobs (the sampling logprob of each, 0.0 for inserted tokens), loss_mask (1 = trained
       on; None = all), reward (None = scored by ppo.reward_fns on `text`, or on the decoded
-      output when text is None), no_eos.
+      output when text is None), no_eos, versions (optional: each output token's weight version,
+      from the Completions; an inserted token takes the version of the token before it).
 
     python -m pytest tests/unit/test_workflow.py
 """
@@ -52,6 +54,7 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]  # sampling logprob of each token (after temperature)
     finish_reason: str  # "stop" (eos or a stop token) | "length" (truncated)
+    versions: list[int] | None = None  # streaming engines: the weight version that sampled each token
 
     @property
     def no_eos(self) -> bool:
@@ -69,6 +72,7 @@ class Trajectory:
     reward: float | None = None
     text: str | None = None
     no_eos: bool = False
+    versions: list[int] | None = None  # the weight version of each output token (a Completion's); None = unknown
     info: dict = field(default_factory=dict)  # free-form; not sent to the trainer
 
     def check(self) -> None:
@@ -82,6 +86,8 @@ class Trajectory:
                 raise ValueError(f"a trajectory has {n} output tokens but a loss_mask of {len(self.loss_mask)}")
             if not any(self.loss_mask):
                 raise ValueError("a trajectory's loss_mask is all 0: nothing to train on")
+        if self.versions is not None and len(self.versions) != n:
+            raise ValueError(f"a trajectory has {n} output tokens but {len(self.versions)} versions")
 
 
 @dataclass
@@ -140,7 +146,7 @@ class Engine:
 async def single_turn(engine: Engine, row: dict) -> list[Trajectory]:
     """The default workflow: group_size samples of one prompt; reward_fns score them."""
     outs = await engine.generate(row["prompt_ids"], n=engine.group_size, seed=row.get("seed"))
-    return [Trajectory(o.token_ids, o.logprobs, no_eos=o.no_eos) for o in outs]
+    return [Trajectory(o.token_ids, o.logprobs, no_eos=o.no_eos, versions=o.versions) for o in outs]
 
 
 def load(spec: str):

@@ -1,0 +1,38 @@
+"""rollout.*: how the engines generate, batch by batch or streaming, and what a weight update does
+to the generations in flight. A section of the training config (config/schema.py).
+
+    areal-kit train tiny rollout.mode=stream rollout.interrupt=wait
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from areal_kit.config.fields import check_choices, opt
+
+
+@dataclass
+class RolloutConfig:
+    mode: str = opt("batch",
+        "batch: each engine generates a batch of prompts in one call, and the controller queues whole "
+        "batches up to ppo.max_head_offpolicyness ahead of training. stream: engines run vLLM's AsyncLLM, "
+        "the controller keeps up to (1 + max_head_offpolicyness) x train_bs_n_seqs prompts in flight or "
+        "finished and not yet trained, a step trains on the first groups to finish, and new weights reach "
+        "the engines while they generate (rollout.interrupt). Stream pays when answer lengths vary widely "
+        "(reasoning models: a batch waits for its longest answer); on short, even answers (the tiny preset) "
+        "its per-group calls cost more than they save (README: Streaming rollouts).",
+        choices=("batch", "stream"))
+    interrupt: str = opt("keep",
+        "stream mode, when new weights arrive: keep = pause the engine with its requests in flight, load "
+        "the weights, resume (tokens after the update come from the new weights; each sample records "
+        "the version of every token); wait = in-flight requests finish on the old weights first.",
+        choices=("keep", "wait"))
+
+    def __post_init__(self):
+        check_choices(self, "rollout.")
+
+
+def streaming(cfg) -> bool:
+    """Whether the run's engines stream (rollout.mode=stream)."""
+    return cfg.rollout.mode == "stream"

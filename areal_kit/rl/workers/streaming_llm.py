@@ -1,0 +1,153 @@
+"""A streaming rollout engine: vLLM's AsyncLLM behind the calls RolloutWorker makes of vllm.LLM.
+
+Under rollout.mode=stream each engine serves many calls at once (a threaded Ray actor: one call
+per prompt group, a weight load beside them). AsyncLLM runs on an event loop in a thread of its
+own; every call from a Ray thread is a coroutine handed to that loop, so requests from different
+calls share the engine's continuous batching, and a group's answers come back as soon as they are
+done instead of with the slowest answer of a batch.
+
+New weights interrupt the generations in flight: pause (rollout.interrupt=keep: the requests stay
+queued, their KV cache is dropped as it was computed with the old weights; wait: they finish
+first), load, label the new version, resume. vLLM itself records which weight version sampled
+each output token (the weight_versions of each completion), so a sample knows the version of every
+token, and its behaviour logprobs are the ones the weights of that token gave.
+
+    llm = StreamingLLM(**engine_kwargs)          # the same arguments as vllm.LLM
+    outs = llm.generate(prompts, params)         # blocks this thread only
+    llm.pause("keep"); llm.collective_rpc("receive_weights", ...); llm.resume(version=3)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Answer:
+    """One answer, with the fields RolloutWorker reads of vLLM's CompletionOutput, and each token's version."""
+
+    token_ids: list[int]
+    logprobs: list  # vLLM's per-token {token id: Logprob}
+    finish_reason: str
+    versions: list[int]
+
+
+@dataclass
+class Reply:
+    """One prompt's answers (vLLM's RequestOutput, as far as RolloutWorker reads it)."""
+
+    outputs: list[Answer]
+    prompt_logprobs: list | None = None
+
+
+def token_versions(spans, n_tokens: int, default: int) -> list[int]:
+    """The weight version of each of n_tokens output tokens, from vLLM's spans ([start, end) per version)."""
+    out = [default] * n_tokens
+    for span in spans or ():
+        out[span.start:span.end] = [int(span.version)] * (span.end - span.start)
+    return out
+
+
+class StreamingLLM:
+    def __init__(self, **engine_kwargs):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="asyncllm", daemon=True)
+        self._thread.start()
+        self.engine = self._run(self._start(engine_kwargs))
+        self.slots = self.engine.vllm_config.scheduler_config.max_num_seqs
+        self.version = 0
+        self._ids = itertools.count()
+        self._paused = False
+        self._lock = threading.Lock()  # one pause/load/resume at a time
+        # Occupancy: running requests over the engine's slots, integrated over time.
+        self._running = 0
+        self._since = self._last = time.monotonic()
+        self._area = 0.0
+
+    async def _start(self, kw: dict):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+        await engine.update_weight_version("0")  # from now on vLLM labels every token it samples
+        return engine
+
+    def _run(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    # ------------------------------------------------------------ generation
+    def generate(self, prompts: list[dict], params, use_tqdm: bool = False) -> list[Reply]:
+        """vllm.LLM.generate's answer for every prompt, each prompt a request of its own."""
+        if not isinstance(params, list):
+            params = [params] * len(prompts)
+        return self._run(self._all(prompts, params))
+
+    async def _all(self, prompts: list[dict], params: list) -> list[Reply]:
+        return list(await asyncio.gather(*(self._one(p, sp) for p, sp in zip(prompts, params))))
+
+    async def _one(self, prompt: dict, params) -> Reply:
+        from vllm.sampling_params import RequestOutputKind
+
+        params = params.clone()
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        self._count(+params.n)
+        try:
+            last = None
+            async for out in self.engine.generate(prompt, params, request_id=f"r{next(self._ids)}"):
+                last = out
+        finally:
+            self._count(-params.n)
+        answers = [Answer(list(o.token_ids), list(o.logprobs or []), o.finish_reason,
+                          token_versions(o.weight_versions, len(o.token_ids), self.version))
+                   for o in sorted(last.outputs, key=lambda o: o.index)]
+        return Reply(answers, last.prompt_logprobs)
+
+    def _count(self, delta: int) -> None:
+        now = time.monotonic()
+        self._area += min(self._running, self.slots) * (now - self._last)
+        self._running, self._last = self._running + delta, now
+
+    def take_occupancy(self) -> float:
+        """Mean share of the engine's slots (max_num_seqs) that held a running request since the last call."""
+        def take():
+            self._count(0)
+            span = self._last - self._since
+            area, self._area, self._since = self._area, 0.0, self._last
+            return area / (span * self.slots) if span > 0 else 0.0
+        return self._run(_call(take))
+
+    # ------------------------------------------------------------ weights
+    def collective_rpc(self, method: str, args: tuple = ()) -> list:
+        return self._run(self.engine.collective_rpc(method, args=args))
+
+    def reset_prefix_cache(self) -> None:
+        self._run(self.engine.reset_prefix_cache())
+
+    def pause(self, mode: str) -> None:
+        """Stop scheduling before a weight load; `keep` holds the requests in flight, `wait` lets them finish."""
+        with self._lock:
+            if not self._paused:
+                self._run(self.engine.pause_generation(mode=mode, clear_cache=True))
+                self._paused = True
+
+    def resume(self, version: int) -> None:
+        """Label the tokens sampled from now on with `version`, then schedule again."""
+        with self._lock:
+            self._run(self.engine.update_weight_version(str(version)))
+            self.version = version
+            if self._paused:
+                self._run(self.engine.resume_generation())
+                self._paused = False
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+async def _call(fn):
+    """Run fn on the loop's thread (the occupancy counters are only touched there)."""
+    return fn()
