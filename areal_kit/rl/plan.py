@@ -199,6 +199,7 @@ def plan_lines(cfg, plat=None) -> list[str]:
          "tokens a batch"),
         f"off-policyness: {p.max_head_offpolicyness}" + (" (synchronous, on-policy)" if p.max_head_offpolicyness == 0
                                                         else f" (decoupled loss: {p.use_decoupled_loss})"),
+        _rollout_line(cfg),
         weight_sync_line(cfg, a.gen.dp * a.gen.tp, plat),
         *sync_estimate(cfg),
         *recipe_lines(cfg),
@@ -213,3 +214,14 @@ def plan_lines(cfg, plat=None) -> list[str]:
         lines.append(f"dataset: {note}")
     lines += [f"logs: {paths.log_file}", f"recover: {paths.recover_dir}", f"checkpoints: {paths.ckpt_dir}/actor"]
     return lines
+
+
+def _rollout_line(cfg) -> str:
+    """How the engines generate (rollout.mode), and what a weight update does to them."""
+    if cfg.rollout.mode == "batch":
+        return (f"rollout: batch (each engine generates a batch in one call; up to "
+                f"{cfg.ppo.max_head_offpolicyness} batch(es) queued ahead of training)")
+    n = (1 + cfg.ppo.max_head_offpolicyness) * cfg.dataset.train_bs_n_seqs
+    return (f"rollout: stream (vLLM AsyncLLM engines, a prompt group per call; at most {n} prompts in flight or "
+            f"untrained; new weights {'pause and resume' if cfg.rollout.interrupt == 'keep' else 'wait for'} the "
+            "generations in flight)")
