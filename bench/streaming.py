@@ -5,7 +5,7 @@ of heavy-tailed lengths.
 a decode step's cost is then mostly per step, as a GPU's is mostly the weights' read, so batching
 more sequences into a step pays) whose random eos is rare, answers up to MAX_NEW tokens whose
 lengths are drawn per answer from a Pareto law (bench/long_tail.py: the same
-lengths on every side, seeded by the prompt's sampling seed), at max_head_offpolicyness 1 and
+lengths on every side, seeded by the prompt's sampling seed), at max_head_offpolicyness K on both sides and
 cpu_cores=split (one core for the trainer, one for the engine, as each has its own GPU on a
 cluster). Three runs of STEPS steps: batch mode; stream mode with rollout.interrupt=keep (new
 weights interrupt the generations in flight); stream mode with interrupt=wait (in-flight requests
@@ -29,6 +29,9 @@ from bench.report import Result
 
 STEPS = 14
 MAX_NEW = 1024
+# Staleness both modes may train at. At 1 the capacity rule leaves a streaming engine one batch of
+# groups to work on while the trainer trains, as a batch engine has: 0.98x measured; at 2 it has two.
+K = 2
 PROMPTS, GROUP = 16, 8
 MODEL = "tiny://bpe?hidden=64&layers=16&max_positions=2048"
 ABOUT = __doc__.split("\n\n")[1].replace("\n", " ")
@@ -39,7 +42,7 @@ RUNS = (("batch", ["rollout.mode=batch"]),
 
 def args(extra: list[str]) -> list[str]:
     flow = os.path.join(os.path.dirname(os.path.abspath(__file__)), "long_tail.py")
-    return ["tiny", f"actor.path={MODEL}", f"exp_ctrl.total_train_steps={STEPS}", "ppo.max_head_offpolicyness=1",
+    return ["tiny", f"actor.path={MODEL}", f"exp_ctrl.total_train_steps={STEPS}", f"ppo.max_head_offpolicyness={K}",
             "cpu_cores=split", f"ppo.gen.max_new_tokens={MAX_NEW}", "dataset.max_prompt_len=16",
             "actor_train.mb_spec.max_tokens_per_mb=8192", "ref_inf.mb_spec.max_tokens_per_mb=8192",
             f"dataset.train_bs_n_seqs={PROMPTS}", f"ppo.group_size={GROUP}", f"ppo.workflow={flow}:long_tail",
@@ -72,7 +75,7 @@ def run() -> Result:
     res = {}
     for label, extra in RUNS:
         out = engines.train_run(args(extra), workdir, label.replace(", ", "-").replace(" ", "-"), timeout=1800)
-        rows = engines.steady(out["rows"], 2, tail=1)
+        rows = engines.steady(out["rows"], 2, tail=K)
         e2e = engines.median(r["e2e_time"] for r in rows)
         tokens = engines.median(r["n_tokens"] for r in rows)
         occ = (engines.mean(r["stream/occupancy"] for r in rows) if "stream/occupancy" in rows[0]
@@ -84,7 +87,7 @@ def run() -> Result:
                       "wall": out["wall"], "task_reward": [round(r["task_reward"], 4) for r in out["rows"]]}
     base = res["batch"]["steps_per_hour"]
     hist = ", ".join(f"{k}: {v}" for k, v in histogram())
-    figures = {"steps": STEPS, "max_new_tokens": MAX_NEW, "length_histogram": hist}
+    figures = {"steps": STEPS, "max_new_tokens": MAX_NEW, "max_head_offpolicyness": K, "length_histogram": hist}
     rows = []
     for label, _ in RUNS:
         r, key = res[label], label.replace(", ", "_").replace(" ", "_")
@@ -98,7 +101,8 @@ def run() -> Result:
     notes = [f"Answer lengths drawn over 20 batches (tokens: answers): {hist}.",
              ("Ratio = stream mode with interrupts over batch mode, steps/hour (median steady step); trained "
              "tokens/s (the median step's tokens over its time) shows the steps are of like size.")]
-    return Result("streaming", "steps/hour on heavy-tailed answer lengths: stream (interrupt, wait) vs batch mode",
+    return Result("streaming", f"steps/hour on heavy-tailed answer lengths, max_head_offpolicyness {K}: stream "
+                  "(interrupt, wait) vs batch mode",
                   figures, ratio=res["stream, interrupt"]["steps_per_hour"] / base, target=1.5,
                   checks={"stream at least as fast as batch": best >= base},
                   columns=["mode", "steps/hour", "s/step", "trained tokens/s", "engine occupancy", "interrupted samples/step",

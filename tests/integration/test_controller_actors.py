@@ -82,7 +82,8 @@ def test_trainer_joins_the_broadcast_only_after_the_running_generation(ray_local
     engine = ray.remote(num_cpus=0)(Engine).remote()
     trainer = ray.remote(num_cpus=0, concurrency_groups={"weights": 1})(Trainer).remote()
     dog = Watchdog(ExpCtrl(), "/nonexistent")
-    sync = WeightSync(SimpleNamespace(weight_sync="broadcast"), TrainerGroup([trainer], dog), EngineGroup([engine], dog))
+    sync = WeightSync(SimpleNamespace(weight_sync="broadcast", rollout=SimpleNamespace(mode="batch")),
+                      TrainerGroup([trainer], dog), EngineGroup([engine], dog))
     engine.generate.remote(2.0)
     time.sleep(0.2)  # the generation is running
     sync.push(1)
