@@ -54,3 +54,12 @@ def test_a_checkpoints_pending_prompts_come_back_in_the_run_state():
     assert recover.run_state(ck).pending == [[4, 1], [5, 0]]
     old = {k: v for k, v in state.items() if k != "pending"}  # written by batch mode
     assert recover.run_state(SimpleNamespace(state=old, global_step=4, path="/ck")).pending == []
+
+
+def test_the_dry_run_says_how_the_engines_generate():
+    from areal_kit.rl.plan import _rollout_line
+
+    assert _rollout_line(load_config("tiny")).startswith("rollout: batch")
+    line = _rollout_line(load_config("tiny", ["rollout.mode=stream", "ppo.max_head_offpolicyness=2"]))
+    assert "at most 96 prompts in flight or untrained" in line and "pause and resume" in line
+    assert "wait for" in _rollout_line(load_config("tiny", ["rollout.mode=stream", "rollout.interrupt=wait"]))
