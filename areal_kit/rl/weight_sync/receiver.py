@@ -18,9 +18,11 @@ from areal_kit.rl import lora
 
 
 class WeightReceiver:
-    """Needs from its host class: llm (vllm.LLM with WeightSyncExtension), cfg, version."""
+    """Needs from its host class: llm (vllm.LLM with WeightSyncExtension, or a StreamingLLM when
+    streaming), cfg, version, streaming."""
 
     version = 0
+    streaming = False  # the host sets it at setup (rollout.mode=stream)
 
     def init_sync(self, host: str, port: int, rank_offset: int, world: int, backend: str, plan) -> list:
 
@@ -54,14 +56,13 @@ class WeightReceiver:
 
     def ready_for_weights(self) -> int:
         """Answers when the engine may receive: at once for a streaming engine, its generations paused."""
-        if getattr(self, "streaming", False):
+        if self.streaming:
             self.llm.pause(self.cfg.rollout.interrupt)
         return self.version
 
     def _load(self, version: int, method: str, args: tuple) -> dict:
         t0 = time.time()
-        streaming = getattr(self, "streaming", False)
-        if streaming:
+        if self.streaming:
             self.llm.pause(self.cfg.rollout.interrupt)  # already, when the sync asked ready_for_weights
         parts = self.llm.collective_rpc(method, args=args)
         # Cached prefixes hold KV computed with the old weights.
@@ -69,7 +70,7 @@ class WeightReceiver:
         self.version = version
         if isinstance(self.llm, lora.AdapterLLM):  # its generations name the new adapter from now on
             self.llm.loaded(version)
-        if streaming:
+        if self.streaming:
             self.llm.resume(version)
         return {"load_time": time.time() - t0, **{f"load_{k}": max(p[k] for p in parts) for k in parts[0]}}
 

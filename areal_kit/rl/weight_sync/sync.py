@@ -76,10 +76,8 @@ class WeightSync:
                 self.trainers.watchdog.wait("pause", self.trainers.watchdog.label(paused, self.engines.names))
         else:
             path = weight_sync_dir(self.cfg)
-            if lora.enabled(self.cfg):  # the adapter folder, or the merged model (actor.lora.sync)
-                self.trainers.save_hf(path, merged=not lora.sends_adapter(self.cfg))
-            else:
-                self.trainers.save_hf(path)
+            # Under LoRA the adapter folder, or the merged model (actor.lora.sync); else the model.
+            self.trainers.save_hf(path, merged=not lora.sends_adapter(self.cfg))
             loads = [e.load_from_disk.remote(path, version) for e in engines]
             self.in_flight = self.trainers.watchdog.label(loads, self.engines.names)
         if wait_engines:

@@ -80,10 +80,7 @@ class TrainerGroup:
 
     def save_hf(self, path: str, merged: bool | None = None) -> None:
         """merged: under LoRA, the merged model rather than the adapter (None: actor.lora.save_merged)."""
-        if merged is None:
-            self._all("save_hf", path)
-        else:
-            self._all("save_hf", path, merged)
+        self._all("save_hf", path, merged)
 
     def save_recover(self, path: str) -> None:
         self._all("save_recover", path)
