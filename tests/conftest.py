@@ -1,5 +1,9 @@
-"""Shared pytest setup: markers by folder (unit, integration, cluster, gpu); the fake_model and kit_home fixtures."""
+"""Shared pytest setup: markers by folder (unit, integration, cluster, gpu); the fake_model and kit_home
+fixtures; at the end, what the tests left running is named and ended before the interpreter exits."""
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -38,3 +42,69 @@ def pytest_unconfigure(config):
     import sys
 
     faulthandler.enable(file=sys.__stderr__, all_threads=True)
+
+
+# Set by tests/integration/test_suite_exits_clean.py: what is left running fails the session.
+STRICT_EXIT = "AREAL_TESTS_STRICT_EXIT"
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command name) of every live process below pid, from /proc."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except (OSError, ValueError):
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if entry.isdigit() and rest[0] != "Z":  # a zombie has exited already
+            parent[int(entry)] = (int(rest[1]), name)
+    found, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [(c, n) for c, (pp, n) in parent.items() if pp == p]
+        found += kids
+        frontier += [c for c, _ in kids]
+    return found
+
+
+def _left_running() -> list[tuple[int, str]]:
+    # multiprocessing's resource tracker is meant to outlive its users: it exits with this
+    # interpreter, when the pipe to it closes.
+    return [(p, n) for p, n in descendants(os.getpid()) if "multiprocessing.resource_tracker" not in _cmdline(p)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+    except OSError:
+        return ""
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Every test must leave nothing running: a Ray cluster, a vLLM engine core or a DeepSpeed child
+    that outlives its test keeps native threads attached to this interpreter, which can crash it
+    at exit after the summary. Ray is shut down if a test left it up; what still runs is named on
+    one line and ended."""
+    import sys
+
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+    deadline = time.time() + 10  # processes a test's own shutdown has already asked to exit
+    left = _left_running()
+    while left and time.time() < deadline:
+        time.sleep(0.5)
+        left = _left_running()
+    if not left:
+        return
+    print(f"\ntests left running at exit: {', '.join(f'{n}[{p}] {_cmdline(p)}' for p, n in left)}",
+          file=sys.__stderr__, flush=True)
+    for p, _ in left:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if os.environ.get(STRICT_EXIT):
+        session.exitstatus = 1

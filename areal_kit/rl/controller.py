@@ -147,6 +147,7 @@ class Controller:
             # Streaming engines take weights while they generate: the last push must be loaded
             # everywhere before the next one pauses them (and a failed load stops the run here).
             got.loads = self.weights.wait()
+            got.stream["stream/aborted"] = sum(x.get("aborted", 0) for x in got.loads)
         else:
             got = self._gather(queue)
         self._check_rewards(got.samples, got.outs)
@@ -160,6 +161,8 @@ class Controller:
         st.version += 1
         sync_time = self.turns.after_train(lambda: self.weights.push(st.version, wait_engines=self.turns.active))
         st.global_step += 1
+        if self.stream and st.global_step < self.job.total_steps:
+            self.stream.refill()
         row = self._step_row(got, shaped, stats)
         row.update(train_time=train_time, sync_time=sync_time, e2e_time=time.time() - t_step)
         row.update(self.turns.seconds)

@@ -21,18 +21,22 @@ import os
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import ray.exceptions as rex
-import torch
 
 from areal_kit import hardware, logs
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import ExitCode, RunFailed, UserError, describe
 from areal_kit.interrupts import Interrupted, interruption, raise_on_sigterm, sigterm_interrupts
-from areal_kit.rl.checkpoint.checkpointer import Checkpointer
-from areal_kit.rl.controller import Controller, Ending, Outcome, start_ray
-from areal_kit.rl.job import prepare
+from areal_kit.rl import raystart
 from areal_kit.rl.workers.watchdog import WorkerHang
+
+if TYPE_CHECKING:
+    from areal_kit.rl.controller import Outcome
+
+# Ray starts first, on a thread (start_ray_early); torch, the controller and the workers' modules
+# import meanwhile: this module's own imports stay light for that.
 
 
 class _Progress:
@@ -58,12 +62,46 @@ class _Progress:
             self.bar.stop()
 
 
+def start_ray_early(cfg) -> raystart.InBackground:
+    """Ray's start (controller.start_ray's), begun on a thread: its processes come up while this
+    one imports the rest and prepares the run; the first attempt waits for it."""
+    a = parse_allocation(cfg.allocation_mode)
+    return raystart.InBackground(raystart.start_ray, cfg, a.gen_gpus + a.train_gpus)
+
+
+def stop_ray_early(ray_up: raystart.InBackground) -> None:
+    """A launch stopped before its first attempt (bad input, a running twin, Ctrl-C): the Ray it was
+    starting is shut down once up, so a caller that goes on (a test, a notebook) has none left over."""
+    try:
+        started = ray_up.wait()
+    except Exception:  # noqa: BLE001  (it never came up: nothing to stop, and the launch's own error is the one to report)
+        return
+    if started:
+        import ray
+
+        ray.shutdown()
+
+
+def _prepare(cfg, ray_up: raystart.InBackground):
+    """The run's Job and its lock (see hold_run_lock), while Ray starts; Ray stopped if either fails."""
+    try:
+        import torch
+
+        from areal_kit.rl.job import prepare
+
+        # The driver's tensors are a step's rewards, a few hundred numbers: an OpenMP pool would only
+        # wake threads on the cores the workers train and generate on, and cost each reduction more.
+        torch.set_num_threads(1)
+        job = prepare(cfg)
+        return job, hold_run_lock(job.paths.log_dir, f"{cfg.experiment_name}/{cfg.trial_name}")
+    except BaseException:
+        stop_ray_early(ray_up)
+        raise
+
+
 def launch(cfg, fresh: bool = False) -> int:
-    # The driver's tensors are a step's rewards, a few hundred numbers: an OpenMP pool would only
-    # wake threads on the cores the workers train and generate on, and cost each reduction more.
-    torch.set_num_threads(1)
-    job = prepare(cfg)
-    lock = hold_run_lock(job.paths.log_dir, f"{cfg.experiment_name}/{cfg.trial_name}")
+    ray_up = start_ray_early(cfg)
+    job, lock = _prepare(cfg, ray_up)
     log = logs.RunLogger(job.paths, cfg.tensorboard, cfg.wandb_project, f"{cfg.experiment_name}/{cfg.trial_name}")
     log.info(f"Run {cfg.experiment_name}/{cfg.trial_name}: {job.total_steps} steps, "
              f"{job.loader.steps_per_epoch} per epoch, {len(job.loader.rows)} prompts"
@@ -79,8 +117,10 @@ def launch(cfg, fresh: bool = False) -> int:
     sigterm = SigtermStop(log, graceful=cfg.exp_ctrl.on_sigterm == "checkpoint")
     previous = sigterm.install()
     try:
-        end = relaunching(lambda attempt: _attempt(job, log, progress, sigterm, fresh and attempt == 0),
+        end = relaunching(lambda attempt: _attempt(job, log, progress, sigterm, fresh and attempt == 0, ray_up),
                           retries, log)
+        from areal_kit.rl.controller import Ending
+
         if end.ending is Ending.STOPPED:  # as asked: it ends as any stop does, said below, exit code 143
             raise sigterm.interrupted(end.global_step, end.checkpoint)
         return ExitCode.OK
@@ -173,16 +213,20 @@ class SigtermStop:
         raise_on_sigterm(signum, frame)
 
 
-def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool) -> Outcome:
-    """One launch: the run state, Ray, the workers (given the recover checkpoint's trainer state when
-    the run state came from one), then training to the end or to a stop asked for."""
+def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: raystart.InBackground) -> Outcome:
+    """One launch: the run state, Ray (up, or the error its start raised), the workers (given the
+    recover checkpoint's trainer state when the run state came from one), then training to the end
+    or to a stop asked for."""
+    from areal_kit.rl.checkpoint.checkpointer import Checkpointer
+    from areal_kit.rl.controller import Controller, Ending
+
     checkpoints = Checkpointer(job, log)
     state = checkpoints.load(fresh)
     state.wandb_id = log.resume_at(state.global_step, state.wandb_id)
     ctrl = Controller(job, log, state, progress, should_stop=sigterm.asked, checkpoints=checkpoints)
     try:
-        start_ray(job.cfg)
-        sigterm.install()  # again: ray.init put its own handler in place, one that aborts the process
+        ray_up.wait()
+        sigterm.install()  # again: a ray.init on the main thread puts its own handler in place, one that aborts
         ctrl.start()
         if state.resumed:
             ctrl.restore()

@@ -119,6 +119,13 @@ def engine_kwargs(cfg) -> dict:
     return {"enable_lora": True, "max_lora_rank": cfg.actor.lora.engine_rank, "max_loras": 1, "max_cpu_loras": 2}
 
 
+def engine_buffers(cfg) -> tuple[int, int]:
+    """(max_lora_rank, max_loras) of the run's engines, whose LoRA buffers the memory plan counts;
+    (0, 0) when they serve no adapter."""
+    kw = engine_kwargs(cfg)
+    return (kw["max_lora_rank"], kw["max_loras"]) if kw else (0, 0)
+
+
 def engine_peft_config(lcfg) -> dict:
     """What vLLM's PEFTHelper needs of the adapter the trainer sends."""
     return {"r": lcfg.rank, "lora_alpha": lcfg.alpha, "target_modules": lcfg.target_modules}

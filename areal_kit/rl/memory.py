@@ -99,6 +99,18 @@ class ModelShape:
         names = dims if targets == "all-linear" else [t.split(".")[-1] for t in targets]
         return self.layers * rank * sum(dims.get(n, 0) for n in names)
 
+    def vllm_lora_params(self, max_lora_rank: int, max_loras: int, tp: int = 1) -> int:
+        """Elements of the LoRA buffers a vLLM engine with enable_lora allocates on each GPU at
+        start: for every linear layer of every block (vLLM wraps them all when it is not given
+        target modules, whichever layers an adapter targets), max_loras slots of A (max_lora_rank x
+        its input) and B (its output x max_lora_rank), per slice of a packed layer (q, k, v; gate,
+        up); a column-parallel layer's output and a row-parallel one's input split over TP."""
+        h, q, i = self.hidden, self.heads * self.dim // tp, self.intermediate // tp
+        kv = max(1, self.kv_heads // tp) * self.dim
+        qkv, o = 3 * h + q + 2 * kv, q + h
+        gate_up, down = 2 * h + 2 * i, i + h
+        return self.layers * max_loras * max_lora_rank * (qkv + o + gate_up + down)
+
     def layer_values_per_token(self) -> int:
         """About the values one layer keeps a token for its backward: the norms' outputs and the
         residual stream (6 x hidden), k and v, and the MLP's gate, up, activation and product."""
@@ -198,10 +210,20 @@ def _weights_and_state(s: ModelShape, zero_stage: int, ranks: int, b: int) -> li
         w = Part("weights", b * p / n, f"{b} B x {count} parameters / {n} ranks (ZeRO-3 partitions them)")
     else:
         w = Part("weights", b * p, f"{b} B x {count} parameters")
-    if zero_stage == 0:
+    if zero_stage == 0 and b == 2:
+        # DeepSpeed's optimizer for a bf16 model without ZeRO turns every gradient into fp32 before
+        # its step, beside the bf16 one.
+        g = Part("gradients", (b + 4) * p, f"({b} B in the weights' dtype + 4 B, the fp32 copy the optimizer "
+                 f"steps on) x {count} (ZeRO-0 keeps them whole)")
+    elif zero_stage == 0:
         g = Part("gradients", b * p, f"{b} B x {count}, in the weights' dtype (ZeRO-0 keeps them whole)")
     elif zero_stage == 1:
         g = Part("gradients", 4 * p, f"4 B x {count}, accumulated in fp32 (ZeRO-1 keeps them whole)")
+    elif zero_stage == 3 and b == 2:
+        # ZeRO-3 also keeps its partition of the gradients in the weights' dtype, reduced into the
+        # fp32 accumulation.
+        g = Part("gradients", (4 + b) * p / n, f"(4 B accumulated in fp32 + {b} B ZeRO-3's buffer in the weights' "
+                 f"dtype) x {count} / {n} ranks")
     else:
         g = Part("gradients", 4 * p / n,
                  f"4 B x {count} / {n} ranks, accumulated in fp32 (ZeRO-{zero_stage} partitions them)")
@@ -250,17 +272,23 @@ def _activations(s: ModelShape, tokens: int, b: int, checkpointing: bool) -> lis
 
 
 def _buffers(s: ModelShape, zero_stage: int, b: int) -> Part:
+    """DeepSpeed's buckets, each counted up to the model's size. Under LoRA only the adapter's
+    gradients fill them, but the model's size is kept until a term of the plan accounts for the
+    rest of a LoRA step's measured peak (tests/gpu/test_trainer_gpu.py holds the plan to it)."""
     p = s.params
     reduce, gather = min(REDUCE_BUCKET, p), min(ALLGATHER_BUCKET, p)
-    if zero_stage == 3:
-        live = min(ZERO3_LIVE_PARAMS, p)
-        return Part("DeepSpeed buffers", (live + reduce) * b,
-                    f"parameters gathered at once {_billions(live)} + reduce bucket {_billions(reduce)} "
-                    f"elements x {b} B")
     if zero_stage == 0:
         return Part("DeepSpeed buffers", reduce * b, f"gradient all-reduce bucket {_billions(reduce)} elements x {b} B")
-    return Part("DeepSpeed buffers", (reduce + gather) * b,
-                f"reduce bucket {_billions(reduce)} + all-gather bucket {_billions(gather)} elements x {b} B")
+    # Under ZeRO a bf16 model's reduced bucket is added to the fp32 accumulation through an fp32 copy.
+    rb, copy = (b + 4, f" ({b} B + its fp32 copy 4 B)") if b == 2 else (b, "")
+    if zero_stage == 3:
+        live = min(ZERO3_LIVE_PARAMS, p)
+        return Part("DeepSpeed buffers", live * b + reduce * rb,
+                    f"parameters gathered at once {_billions(live)} elements x {b} B + reduce bucket "
+                    f"{_billions(reduce)} elements x {rb} B{copy}")
+    return Part("DeepSpeed buffers", reduce * rb + gather * b,
+                f"reduce bucket {_billions(reduce)} elements x {rb} B{copy} + all-gather bucket {_billions(gather)} "
+                f"elements x {b} B")
 
 
 def trainer_plan(s: ModelShape, zero_stage: int, ranks: int, tokens: int, reference: bool,
@@ -289,28 +317,37 @@ def kv_bytes_per_token(s: ModelShape, tp: int, b: int = 2) -> int:
 
 
 def generation_plan(s: ModelShape, tp: int, gpu_bytes: float, utilization: float, max_model_len: int,
-                    b: int = 2) -> tuple[GpuPlan, int]:
-    """(vLLM's share of one generation GPU, the tokens of KV cache left in it)."""
+                    b: int = 2, lora: tuple[int, int] = (0, 0)) -> tuple[GpuPlan, int]:
+    """(vLLM's share of one generation GPU, the tokens of KV cache left in it). lora: the engine's
+    (max_lora_rank, max_loras) when it serves adapters, whose buffers come out of its share."""
     share = utilization * gpu_bytes
     weights = b * s.params / tp
     per_token = kv_bytes_per_token(s, tp, b)
-    kv = max(share - weights, 0.0)
+    parts = [Part("weights", weights, f"{b} B x {_billions(s.params)} parameters / TP {tp}")]
+    rank, slots = lora
+    if rank:
+        n = s.vllm_lora_params(rank, slots, tp)
+        parts.append(Part("LoRA buffers", b * n, f"{b} B x {_billions(n)}: {slots} adapter slot(s) (max_loras) x "
+                          f"max_lora_rank {rank} x (in + out) of every linear layer of {s.layers} blocks, as "
+                          f"vLLM allocates them" + (f", split over TP {tp}" if tp > 1 else "")))
+    kv = max(share - sum(p.nbytes for p in parts), 0.0)
     tokens = int(kv // per_token)
     kv_heads = max(1, s.kv_heads // tp)
-    parts = (Part("weights", weights, f"{b} B x {_billions(s.params)} parameters / TP {tp}"),
-             Part("KV cache", kv, f"what is left: {tokens / 1e6:.3g}M tokens at {per_token} B a token (2 x "
-                  f"{s.layers} layers x {kv_heads} KV head(s) x {s.dim} head dim x {b} B); "
-                  f"{tokens // max_model_len} sequences of {max_model_len} tokens"))
-    return GpuPlan(f"generation GPU (vLLM, TP {tp}, gpu_memory_utilization {utilization:g})", parts), tokens
+    parts.append(Part("KV cache", kv, f"what is left: {tokens / 1e6:.3g}M tokens at {per_token} B a token (2 x "
+                      f"{s.layers} layers x {kv_heads} KV head(s) x {s.dim} head dim x {b} B); "
+                      f"{tokens // max_model_len} sequences of {max_model_len} tokens"))
+    return GpuPlan(f"generation GPU (vLLM, TP {tp}, gpu_memory_utilization {utilization:g})", tuple(parts)), tokens
 
 
 def generation_refusal(plan: GpuPlan, tokens: int, max_model_len: int, share: float) -> str:
-    """'' when vLLM's share holds the weights and one whole sequence of KV cache (vLLM refuses to
-    start otherwise); else one line with the arithmetic and the fix."""
-    weights = plan.parts[0].nbytes
+    """'' when vLLM's share holds the weights (and LoRA buffers) and one whole sequence of KV cache
+    (vLLM refuses to start otherwise); else one line with the arithmetic and the fix."""
+    fixed = [p for p in plan.parts if p.name != "KV cache"]
+    weights = sum(p.nbytes for p in fixed)
     if weights < share and tokens >= max_model_len:
         return ""
-    return (f"{plan.title}: its share {gb(share)} - weights {gb(weights)} leaves KV cache for {tokens} tokens, "
+    what = " - ".join(f"{p.name} {gb(p.nbytes)}" for p in fixed)
+    return (f"{plan.title}: its share {gb(share)} - {what} leaves KV cache for {tokens} tokens, "
             f"fewer than one sequence of {max_model_len} (dataset.max_prompt_len + ppo.gen.max_new_tokens); raise "
             "actor.vllm.gpu_memory_utilization, or more tensor parallel in allocation_mode, or shorter answers")
 
@@ -383,9 +420,11 @@ class MemoryPlan:
 
 def plan_for(s: ModelShape, *, capacity: float, capacity_note: str, zero_stage: int, ranks: int, tokens: int,
              reference: bool, checkpointing: bool, dtype_bytes: int, tp: int, utilization: float,
-             max_model_len: int, shared: bool = False, lora_params: int = 0) -> MemoryPlan:
-    """The memory plan of a run's settings (rl/plan.py reads them from its config)."""
+             max_model_len: int, shared: bool = False, lora_params: int = 0,
+             engine_lora: tuple[int, int] = (0, 0)) -> MemoryPlan:
+    """The memory plan of a run's settings (rl/plan.py reads them from its config); engine_lora:
+    the engines' (max_lora_rank, max_loras) when they serve the adapter, else (0, 0)."""
     trainer = trainer_plan(s, zero_stage, ranks, tokens, reference, checkpointing, dtype_bytes, lora_params)
-    gen, kv_tokens = generation_plan(s, tp, capacity, utilization, max_model_len)
+    gen, kv_tokens = generation_plan(s, tp, capacity, utilization, max_model_len, lora=engine_lora)
     return MemoryPlan(s, capacity, capacity_note, trainer, tuple(trainer_fixes(zero_stage, checkpointing, tokens)),
                       gen, kv_tokens, max_model_len, utilization * capacity, shared)

@@ -11,7 +11,7 @@ import os
 from areal_kit import hardware, logs, netfigures, stack
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
-from areal_kit.rl import memory
+from areal_kit.rl import lora, memory
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.weight_sync.sync import weight_sync_dir
 from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
@@ -121,7 +121,8 @@ def memory_plan(cfg) -> memory.MemoryPlan | None:
         checkpointing=cfg.actor.gradient_checkpointing, dtype_bytes=4 if cfg.actor.dtype == "fp32" else 2,
         tp=a.gen.tp, utilization=cfg.actor.vllm.gpu_memory_utilization,
         max_model_len=cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens, shared=a.kind != "decoupled",
-        lora_params=shape.lora_params(cfg.actor.lora.rank, cfg.actor.lora.target_modules))
+        lora_params=shape.lora_params(cfg.actor.lora.rank, cfg.actor.lora.target_modules),
+        engine_lora=lora.engine_buffers(cfg))
 
 
 def memory_lines(cfg, plat) -> list[str]:

@@ -4,8 +4,9 @@ capacity allows, and a step trains on the first groups to finish (rollout.mode=s
 Staleness is bounded per sample, as AReaL bounds it. At most (1 + k) x train_bs_n_seqs prompts
 (k = ppo.max_head_offpolicyness) are in flight or finished and not yet trained, and a step at
 weight version v trains only on groups whose first token was sampled at version v - k or later:
-a group that finished too stale (a long answer that outlived k updates) is generated again from
-its prompt, never trained. k = 0 is synchronous: a batch in flight, trained when all of it is in.
+a group too stale (a long answer that outlived k updates; the engines abort it at that update) is
+generated again from its prompt, never trained. k = 0 is synchronous: a batch in flight, trained
+when all of it is in. The engines get new prompts as soon as a step's weights are pushed (refill).
 
 Under ppo.dynamic_sampling the groups whose answers all got the same task reward are dropped and
 more are taken from the stream (at most dynamic_sampling_max_rounds batches' worth more).
@@ -70,6 +71,12 @@ class Stream:
             engine = min(range(len(self.load)), key=self.load.__getitem__)
             self.flight[self.workers.engines.submit_group(p.row, engine)] = (p, engine)
             self.load[engine] += 1
+
+    def refill(self) -> None:
+        """After a step's weights are pushed: its groups no longer count, so the engines get their
+        successors now, not at the next gather; a checkpoint written now names them pending."""
+        self.fill()
+        self._record_pending()
 
     def _take_batch(self) -> None:
         b = self.state.batches

@@ -87,3 +87,29 @@ def interrupt_check(run: Run, n_prompts: int, n_tokens: int) -> dict:
             gaps[v] = max(gaps[v], abs(x - y))
     return {"crossed": len(crossed), "monotone": all(a[3] == sorted(a[3]) for a in answers),
             "new_gap": gaps[old + 1], "old_gap": gaps[old]}
+
+
+def _answers_with_reasons(self, prompts: list[list[int]], n_tokens: int) -> list[tuple]:
+    """On a streaming engine: n_tokens-token answers, each one's finish reason and token versions."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(n=8, temperature=1.0, max_tokens=n_tokens, ignore_eos=True, detokenize=False, seed=12)
+    outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp)
+    return [(a.finish_reason, a.versions) for o in outs for a in o.outputs]
+
+
+def abort_check(run: Run, n_prompts: int, n_tokens: int, pushes: int = 6) -> dict:
+    """Start n_prompts x 8 long answers on engine 0 and push new weights `pushes` times while they
+    decode: the answers (finish reason, token versions), the engine's version before the pushes,
+    and how many requests the loads reported aborted."""
+    ctrl = run.ctrl
+    engine = ctrl.workers.engines.actors[0]
+    old = ray.get(engine.get_version.remote())
+    pending = engine.__ray_call__.remote(_answers_with_reasons,
+                                         [r["prompt_ids"] for r in run.job.loader.rows[:n_prompts]], n_tokens)
+    time.sleep(1.0)  # the first wave is decoding
+    aborted = 0
+    for v in range(old + 1, old + 1 + pushes):
+        ctrl.weights.push(v)
+        aborted += sum(x.get("aborted", 0) for x in ctrl.weights.wait())  # the send reports none
+    return {"answers": ray.get(pending, timeout=600), "old": old, "aborted": aborted}

@@ -21,8 +21,9 @@ from areal_kit import logs
 from bench.faults import kill_session
 
 EXE = os.path.join(os.path.dirname(sys.executable), "areal-kit")
+# The tiny preset's model as the base: resuming needs no prior, and it skips building the preset's.
 ARGS = ["exp_ctrl.total_train_steps=4", "exp_ctrl.ckpt_freq_secs=0", "exp_ctrl.ckpt_freq_steps=2",
-        "ppo.max_head_offpolicyness=0", "exp_ctrl.save_freq_epochs=0"]
+        "ppo.max_head_offpolicyness=0", "exp_ctrl.save_freq_epochs=0", "actor.path=tiny://toy"]
 LOSS_TOL = 1e-7  # as tests/integration/test_recover_tiny.py: float32 summation-order noise at most
 
 

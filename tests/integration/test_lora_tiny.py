@@ -18,7 +18,7 @@ import torch
 from rl_run import Run, _engine_vs_trainer
 
 from areal_kit import adapters
-from areal_kit.rl import lora
+from areal_kit.rl import lora, memory
 from areal_kit.rl.agreement import fixed_sequences
 
 LORA = ["actor.lora.rank=8", "actor.lr=5e-3", "rollout.mode=batch", "ppo.max_head_offpolicyness=0",
@@ -100,6 +100,7 @@ def test_the_saved_adapter_loads_in_vllm_with_the_trainers_logprobs(lora_run, tm
             from areal_kit import adapters
             plat = hardware.detect()
             os.environ.update(hardware.vllm_env(plat, 1))
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # apply_model sends the worker a function
             from vllm import LLM, SamplingParams
             folder = {_saved(lora_run)!r}
             llm = adapters.adapter_llm(LLM, hardware.vllm_kwargs(plat, adapters.adapter_base(folder), 64), folder)
@@ -108,6 +109,10 @@ def test_the_saved_adapter_loads_in_vllm_with_the_trainers_logprobs(lora_run, tm
                                 SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0), use_tqdm=False)
             print("LOGPROBS", json.dumps([[d[t].logprob for d, t in zip(o.prompt_logprobs[1:], s[1:])]
                                           for s, o in zip(seqs, outs)]))
+            def lora_elements(model):
+                return sum(t.numel() for m in model.modules() for name in ("lora_a_stacked", "lora_b_stacked")
+                           for t in getattr(m, name, None) or ())
+            print("LORA_BUFFERS", sum(llm.apply_model(lora_elements)))
     """))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, check=False)
     line = [x for x in done.stdout.splitlines() if x.startswith("LOGPROBS ")]
@@ -116,6 +121,9 @@ def test_the_saved_adapter_loads_in_vllm_with_the_trainers_logprobs(lora_run, tm
     got = [x for p, e in zip(prompts, engine) for x in e[len(p) - 1:]]
     want = [x for a in _trainer_logprobs(lora_run) for x in a]
     assert max(abs(x - y) for x, y in zip(got, want)) < 1e-4
+    # The memory plan's count of the engine's LoRA buffers is what vLLM allocated (rank 8, one slot).
+    buffers = [x for x in done.stdout.splitlines() if x.startswith("LORA_BUFFERS ")]
+    assert int(buffers[0].split()[1]) == memory.model_shape(lora_run.job.model_path).vllm_lora_params(8, 1)
 
 
 def test_a_merged_save_is_a_plain_model_with_the_same_logprobs(lora_run, tmp_path):

@@ -5,7 +5,8 @@ AsyncLLM, in one tiny run with the two-turn workflow plug-in (one Ray start, one
    and the two-turn workflow's samples agree with the trainer's logprobs.
 2. A weight update interrupts generations in flight: answers sampled across the update carry
    both versions, and the tokens after it have the new weights' logprobs (recomputed by the
-   trainer), the tokens before it the old ones'.
+   trainer), the tokens before it the old ones'. An update aborts the answers that began more
+   than k versions before it: no step could train them.
 3. The staleness bound holds under a slow trainer and under a slow engine, and the capacity bound
    holds: the controller's Stream against stand-in engines (real Ray actors) whose timing the
    test controls, which the real engine's cannot be made to be.
@@ -21,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import ray
-from rl_run import Run, interrupt_check
+from rl_run import Run, abort_check, interrupt_check
 
 from areal_kit.config.loader import load_config
 from areal_kit.data.prompts import PromptLoader
@@ -76,6 +77,18 @@ def test_a_weight_update_interrupts_generations_and_later_tokens_use_the_new_wei
     assert got["monotone"], "a token came from older weights than one before it"
     assert got["new_gap"] < 1e-4, "tokens after the update do not have the new weights' logprobs"
     assert got["old_gap"] > 1e-2, "tokens before the update already had the new weights' logprobs"
+
+
+def test_an_update_aborts_the_answers_no_step_can_train_any_more(run):
+    k = run.job.cfg.ppo.max_head_offpolicyness
+    got = abort_check(run, 160, LONG)
+    answers = got["answers"]
+    aborted = [versions for reason, versions in answers if reason == "abort"]
+    assert got["aborted"] > 0 and aborted, "no answer outlived k updates: the test did not test the abort"
+    # None sampled a token more than k versions after its first: it was aborted at that update.
+    assert all(max(v) - v[0] <= k for _, v in answers if v), max(max(v) - v[0] for _, v in answers if v)
+    assert all(len(v) < LONG for v in aborted)  # cut short
+    assert any(reason == "length" for reason, _ in answers)  # the fresh ones ran to the end
 
 
 # ------------------------------------------------------------------ the staleness bound
@@ -141,6 +154,11 @@ def test_staleness_and_capacity_bounds_hold(run, tmp_path, k, train_s, slow_s, s
         state.version += 1
         state.global_step += 1
         ray.get([e.set_version.remote(state.version) for e in engines])
+        if state.global_step < steps:
+            stream.refill()  # as the controller does once the weights are pushed
+            assert len(stream.flight) + len(stream.finished) <= (1 + k) * 8
+        if not dynamic:  # every prompt taken from the loader is trained or pending, none both
+            assert state.batches * 8 - len(state.pending) == state.global_step * 8
     assert max(peak for peak, _ in ray.get([e.stats.remote() for e in engines])) <= (1 + k) * 8
     if slow_every and k and not dynamic:
         assert restarted > 0, "no group outlived the bound: the test did not test it"

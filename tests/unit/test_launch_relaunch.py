@@ -204,10 +204,11 @@ def fake_run(monkeypatch, tmp_path):
             fresh_flags.append(fresh)
             return RunState()  # a start at global step 1
 
-    monkeypatch.setattr(launch, "prepare", lambda cfg: job)
-    monkeypatch.setattr(launch, "Controller", FakeController)
-    monkeypatch.setattr(launch, "Checkpointer", FakeCheckpointer)
-    monkeypatch.setattr(launch, "start_ray", lambda cfg: None)
+    # launch imports these when it runs (its own imports stay light: Ray starts meanwhile).
+    monkeypatch.setattr("areal_kit.rl.job.prepare", lambda cfg: job)
+    monkeypatch.setattr("areal_kit.rl.controller.Controller", FakeController)
+    monkeypatch.setattr("areal_kit.rl.checkpoint.checkpointer.Checkpointer", FakeCheckpointer)
+    monkeypatch.setattr(launch, "start_ray_early", lambda cfg: launch.raystart.InBackground(lambda: None))
     log = Log()
     monkeypatch.setattr(logs, "RunLogger", lambda *a: log)
     monkeypatch.setattr(launch.time, "sleep", lambda s: None)
@@ -481,3 +482,39 @@ def test_a_signal_that_comes_back_as_another_error_is_still_a_stop(monkeypatch):
         wrapped = e
     assert interrupts.interruption(wrapped) is interrupts._signalled[-1]
     assert interrupts.interruption(RuntimeError("engine died")) is None
+
+
+def test_a_ray_start_that_failed_on_its_thread_ends_the_run_in_one_line_without_a_relaunch(fake_run, monkeypatch):
+    """Ray starts on a thread while the driver prepares the run; its failure reaches the user as
+    any start failure does: one RunFailed line naming the error, the attempt's workers stopped."""
+
+    def no_raylet():
+        raise RuntimeError("The current node timed out during startup.")
+
+    monkeypatch.setattr(launch, "start_ray_early", lambda cfg: launch.raystart.InBackground(no_raylet))
+    with pytest.raises(RunFailed) as got:
+        launch.launch(cfg(retries=3))
+    assert str(got.value) == ("run e/t failed: RuntimeError: The current node timed out during startup. "
+                              f"(traceback in {fake_run.dir}/train.log)")
+    assert len(FakeController.made) == 1 and FakeController.made[0].stopped
+
+
+def test_bad_input_found_while_ray_starts_stops_that_ray_and_is_reported(fake_run, monkeypatch):
+    """A UserError from prepare ends the launch with that error; the Ray it was starting on its
+    thread is shut down once up, so a caller that goes on (a test, a notebook) has none left over.
+    A Ray that was up before the launch (start_ray returned False) is the caller's: left alone."""
+    import ray
+
+    shut = []
+    monkeypatch.setattr(ray, "shutdown", lambda: shut.append(True))
+
+    def bad(cfg):
+        raise UserError("actor.path=/nowhere is not a model folder")
+
+    monkeypatch.setattr("areal_kit.rl.job.prepare", bad)
+    for started, shutdowns in ((True, [True]), (False, [True])):
+        monkeypatch.setattr(launch, "start_ray_early", lambda cfg, s=started: launch.raystart.InBackground(lambda: s))
+        with pytest.raises(UserError, match="actor.path=/nowhere"):
+            launch.launch(cfg())
+        assert shut == shutdowns
+    assert FakeController.made == []

@@ -48,10 +48,10 @@ def test_1_5b_weights_in_bf16_are_3_55_gb_and_zero_2_splits_the_optimizer_over_t
 
 
 @pytest.mark.parametrize("stage, weights, grads, optim", [
-    (0, 2, 2, 12),       # nothing partitioned; bf16 gradients (no fp32 accumulation without ZeRO)
+    (0, 2, 2 + 4, 12),   # nothing partitioned; bf16 gradients and the fp32 copy the optimizer steps on
     (1, 2, 4, 12 / 16),  # the optimizer partitioned, the fp32 gradients whole
     (2, 2, 4 / 16, 12 / 16),
-    (3, 2 / 16, 4 / 16, 12 / 16),
+    (3, 2 / 16, (4 + 2) / 16, 12 / 16),  # ZeRO-3 also keeps a bf16 partition beside the fp32 one
 ])
 def test_each_zero_stage_partitions_what_it_says(stage, weights, grads, optim):
     t = memory.trainer_plan(R1_7B, zero_stage=stage, ranks=16, tokens=19456, reference=True)
@@ -118,15 +118,15 @@ def test_shared_gpus_fit_in_both_turns_as_shipped(capsys):
         assert gen == pytest.approx(share + p.trainer.resident) and gen < p.capacity
         assert train == p.trainer.total + memory.SLEEP_RESIDUE < p.capacity
     out = dry_run(["train", "1.5B_1gpu", "--dry-run"], capsys)
-    assert "    while generating: vLLM's 36 GB + the trainer's resident states 37.5 GB" in out
-    assert "    while training: the trainer's 42.9 GB + a sleeping engine's 3 GB" in out
+    assert "    while generating: vLLM's 36 GB + the trainer's resident states 39.5 GB" in out
+    assert "    while training: the trainer's 44.9 GB + a sleeping engine's 3 GB" in out
 
 
 def test_a_shared_gpu_that_overflows_while_generating_is_refused(capsys):
     code, _, err = run_cli(["train", "1.5B_1gpu", "--dry-run", "actor.vllm.gpu_memory_utilization=0.6"], capsys)
     assert_one_line_error(code, err, "shared GPU while generating: vLLM's 48 GB + the trainer's resident states "
-                          "37.5 GB = 85.5 GB, more than the 80 GB it has",
-                          "try actor.vllm.gpu_memory_utilization=0.52 or less")
+                          "39.5 GB = 87.5 GB, more than the 80 GB it has",
+                          "try actor.vllm.gpu_memory_utilization=0.50 or less")
 
 
 def test_the_dry_run_of_a_gpu_preset_prints_both_gpus(capsys):
@@ -146,9 +146,9 @@ def test_gpu_memory_gb_sets_the_cards_size(capsys):
 def test_a_zero_0_7b_is_refused_with_the_arithmetic(capsys):
     code, out, err = run_cli(["train", "7B_n4", "--dry-run", "actor.zero_stage=0"], capsys)
     assert_one_line_error(code, err, "the memory plan does not fit: trainer GPU (ZeRO-0 over 16 rank(s), bf16) needs",
-                          "weights 15.2 + gradients 15.2 + optimizer 91.4 + reference model 15.2",
-                          "= 148 GB, more than the 80 GB it has", "try actor.zero_stage=3")
-    assert "  trainer GPU (ZeRO-0 over 16 rank(s), bf16): 148 GB of 80 GB" in out  # the plan came first
+                          "weights 15.2 + gradients 45.7 + optimizer 91.4 + reference model 15.2",
+                          "= 178 GB, more than the 80 GB it has", "try actor.zero_stage=3")
+    assert "  trainer GPU (ZeRO-0 over 16 rank(s), bf16): 178 GB of 80 GB" in out  # the plan came first
 
 
 def test_a_micro_batch_whose_activations_do_not_fit_is_refused(capsys):

@@ -1,6 +1,7 @@
 """The plain parts of streaming rollouts: per-token weight versions from vLLM's spans, a sample's
-interrupted flag, the loader's batch by index (what a resumed stream regenerates), the
-rollout section's validation, and the pending prompts a recover checkpoint carries."""
+interrupted flag, which requests an update aborts as too stale, the loader's batch by index (what
+a resumed stream regenerates), the rollout section's validation, and the pending prompts a recover
+checkpoint carries."""
 
 from types import SimpleNamespace
 
@@ -11,13 +12,23 @@ from areal_kit.data.prompts import PromptLoader
 from areal_kit.errors import UserError
 from areal_kit.rl.checkpoint import recover
 from areal_kit.rl.sample import Sample
-from areal_kit.rl.workers.streaming_llm import token_versions
+from areal_kit.rl.workers.streaming_llm import stale_requests, token_versions
 
 
 def test_token_versions_follow_vllms_spans():
     spans = [SimpleNamespace(version="3", start=0, end=2), SimpleNamespace(version="4", start=2, end=5)]
     assert token_versions(spans, 5, default=9) == [3, 3, 4, 4, 4]
     assert token_versions(None, 3, default=7) == [7, 7, 7]  # no label reported: the engine's own version
+
+
+def test_the_requests_aborted_at_an_update_are_those_begun_before_the_bound():
+    running = [("r1", [("2", 0), ("4", 9)]),  # began at 2: interrupted twice, still too old at 4 - 1
+               ("r2", [("3", 0)]),  # began at 3: trainable at version 4 under k = 1
+               ("r3", []),  # queued, not sampled yet: its first token comes from the new weights
+               ("r4", [("1", 0)]), ("r4", [("3", 0)])]  # two answers of one request: the older decides
+    assert stale_requests(running, before=3) == ["r1", "r4"]
+    assert stale_requests(running, before=1) == []
+    assert stale_requests(running, before=10) == ["r1", "r2", "r4"]
 
 
 def _sample(versions):

@@ -34,7 +34,10 @@ LAZY_BY_DESIGN = ("vllm", "deepspeed", "flash_attn", "wandb", "plotext", "torch.
 MODEL_CODE_IN_WORKERS = {"areal_kit.rl.workers.trainer": ("transformers", "areal_kit.rl.algo"),
                          "areal_kit.data.tiny_model": ("transformers",),
                          # the driver builds a LoRA run's model on the meta device to check its targets
-                         "areal_kit.rl.lora": ("transformers",)}
+                         "areal_kit.rl.lora": ("transformers",),
+                         # the driver starts Ray on a thread first; the controller and what it loads
+                         # (torch, the workers' modules) import while Ray comes up
+                         "areal_kit.rl.launch": ("areal_kit.rl.controller", "areal_kit.rl.checkpoint")}
 
 
 def _module(path: Path) -> str:

@@ -70,9 +70,11 @@ class WeightReceiver:
         self.version = version
         if isinstance(self.llm, lora.AdapterLLM):  # its generations name the new adapter from now on
             self.llm.loaded(version)
+        extra = {}
         if self.streaming:
-            self.llm.resume(version)
-        return {"load_time": time.time() - t0, **{f"load_{k}": max(p[k] for p in parts) for k in parts[0]}}
+            # A request that began before version - k can no longer be trained: abort it now.
+            extra["aborted"] = self.llm.resume(version, stale_before=version - self.cfg.ppo.max_head_offpolicyness)
+        return {"load_time": time.time() - t0, **{f"load_{k}": max(p[k] for p in parts) for k in parts[0]}, **extra}
 
     def get_version(self) -> int:
         return self.version

@@ -18,6 +18,7 @@ from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.rollout import streaming
 from areal_kit.errors import UserError
+from areal_kit.rl.raystart import start_ray  # noqa: F401  (controller.start_ray calls it from here)
 from areal_kit.rl.workers import placement
 from areal_kit.rl.workers.rollout import RolloutWorker
 from areal_kit.rl.workers.trainer import TrainerWorker
@@ -30,20 +31,6 @@ def worker_env(cfg, cache_root: str) -> dict[str, str]:
     env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
     env["PYTHONHASHSEED"] = str(cfg.seed)
     return env
-
-
-def start_ray(cfg, n_slots: int) -> None:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit: a Ray without it wants a token the workers do not have
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    if ray.is_initialized():
-        return
-    verbose = bool(os.environ.get("AREAL_VERBOSE"))
-    if cfg.ray_address:
-        ray.init(address=cfg.ray_address, log_to_driver=verbose, logging_level="WARNING")
-        return
-    ncpu = max(n_slots, os.cpu_count() or 1) if hardware.detect().is_cpu else None
-    ray.init(num_cpus=ncpu, include_dashboard=False, log_to_driver=verbose, logging_level="WARNING")
 
 
 def shard_batch(samples: list[dict], world: int) -> list[list[dict]]:
@@ -132,6 +119,7 @@ class Workers:
     engines: EngineGroup
     watchdog: Watchdog
     places: placement.Reservation | None = None
+    engine_setups: list | None = None  # the engines' setup calls, when create() made them already
 
     def actors(self) -> list:
         return self.trainers.actors + self.engines.actors
@@ -149,7 +137,9 @@ class Workers:
                                                                  self.trainers.names))
             t = tt + te
         else:
-            t = self.watchdog.wait("setup", self.watchdog.label([a.setup.remote() for a in self.actors()], names))
+            engines = self.engine_setups or [a.setup.remote() for a in self.engines.actors]
+            refs = [a.setup.remote() for a in self.trainers.actors] + engines
+            t = self.watchdog.wait("setup", self.watchdog.label(refs, names))
         self.watchdog.arm(dict(zip(self.trainers.names + self.engines.names, self.actors(), strict=True)))
         n = len(self.trainers)
         return {"trainer_setup": max(t[:n]), "rollout_setup": max(t[n:])}
@@ -203,11 +193,14 @@ def create(cfg, model_path: str, cache_root: str, total_steps: int, stacks_dir: 
     rollouts = [Rollout.options(**places.engine_options(i)).remote(
         i, model_path, cfg, _on_gpus(_pinned(env, cores, range(n_train + i * tp, n_train + (i + 1) * tp)), gpus, i, tp),
         tp) for i in range(alloc.gen.dp)]
+    # An engine sets up longest, and needs no trainer: it starts as soon as its process is up, not
+    # after the rendezvous below. On shared GPUs the engines set up alone first (Workers.setup).
+    setups = None if places.layout.shared else [a.setup.remote() for a in rollouts]
     # Rank 0's node hosts the DeepSpeed rendezvous; the port must be free there, not here.
     master, port = ray.get(trainers[0].address.remote())
     ray.get([t.set_master.remote(master, port) for t in trainers])
     dog = Watchdog(cfg.exp_ctrl, stacks_dir)
-    return Workers(TrainerGroup(trainers, dog), EngineGroup(rollouts, dog, tp), dog, places)
+    return Workers(TrainerGroup(trainers, dog), EngineGroup(rollouts, dog, tp), dog, places, setups)
 
 
 def _on_gpus(env: dict[str, str], gpus: list[str] | None, index: int, tp: int) -> dict[str, str]:

@@ -14,6 +14,7 @@ failing or hanging plug-in from stopping the engine.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import time
@@ -56,13 +57,14 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         kw = engine_kwargs(self.cfg, plat, self.model_path, self.index, self.tp)
         self.streaming = streaming(self.cfg)
         if self.streaming:
-            from areal_kit.rl.workers.streaming_llm import StreamingLLM
-
-            self.llm = StreamingLLM(**kw)
+            from areal_kit.rl.workers.streaming_llm import StreamingLLM as LLM
         else:
             from vllm import LLM
-
-            self.llm = LLM(**kw)
+        # vLLM collects the whole heap several times while it builds the engine (after the weights
+        # load, around its warm-up): what the imports loaded is frozen first, so those passes walk
+        # only the engine's own objects. heap.freeze() below collects the rest once set up.
+        gc.freeze()
+        self.llm = LLM(**kw)
         self.llm = lora.serving(self.llm, self.cfg)  # under LoRA, generations name the adapter loaded last
         self.tokenizer = load_tokenizer(self.model_path, check=False)  # the driver checked it
         self.rewards = RewardScorer(self.cfg.ppo)

@@ -10,11 +10,13 @@ New weights interrupt the generations in flight: pause (rollout.interrupt=keep: 
 queued, their KV cache is dropped as it was computed with the old weights; wait: they finish
 first), load, label the new version, resume. vLLM itself records which weight version sampled
 each output token (the weight_versions of each completion), so a sample knows the version of every
-token, and its behaviour logprobs are the ones the weights of that token gave.
+token, and its behaviour logprobs are the ones the weights of that token gave. A request whose
+first token is more than max_head_offpolicyness versions older than the new weights can no
+longer be trained: the update aborts it rather than recompute its KV and finish it.
 
     llm = StreamingLLM(**engine_kwargs)          # the same arguments as vllm.LLM
     outs = llm.generate(prompts, params)         # blocks this thread only
-    llm.pause("keep"); llm.collective_rpc("receive_weights", ...); llm.resume(version=3)
+    llm.pause("keep"); llm.collective_rpc("receive_weights", ...); llm.resume(version=3, stale_before=2)
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def token_versions(spans, n_tokens: int, default: int) -> list[int]:
     for span in spans or ():
         out[span.start:span.end] = [int(span.version)] * (span.end - span.start)
     return out
+
+
+def stale_requests(requests, before: int) -> list[str]:
+    """The ids among (request id, vLLM's (version, first token index) spans) whose first token came
+    from a version older than `before`; a request not yet sampled has no spans, and is fresh."""
+    return sorted({rid for rid, starts in requests if starts and int(starts[0][0]) < before})
 
 
 class StreamingLLM:
@@ -134,14 +142,28 @@ class StreamingLLM:
                 self._run(self.engine.pause_generation(mode=mode, clear_cache=True))
                 self._paused = True
 
-    def resume(self, version: int) -> None:
-        """Label the tokens sampled from now on with `version`, then schedule again."""
+    def resume(self, version: int, stale_before: int | None = None) -> int:
+        """Label the tokens sampled from now on with `version`, then schedule again. Requests whose
+        first token came from a version older than `stale_before` are aborted first: no step may
+        train them any more, so neither their KV recompute nor the rest of their decode is worth
+        running. Their answers end there (finish_reason abort); the controller generates their
+        prompts again. How many requests were aborted."""
         with self._lock:
             self._run(self.engine.update_weight_version(str(version)))
             self.version = version
+            aborted = 0 if stale_before is None else self._run(self._abort_stale(stale_before))
             if self._paused:
                 self._run(self.engine.resume_generation())
                 self._paused = False
+        return aborted
+
+    async def _abort_stale(self, before: int) -> int:
+        states = self.engine.output_processor.request_states.values()
+        ids = stale_requests(((s.parent_req.external_req_id if s.parent_req else s.external_req_id,
+                               s.weight_version_starts) for s in states), before)
+        if ids:
+            await self.engine.abort(ids)  # by our request id: every answer of an n > 1 request
+        return len(ids)
 
     def shutdown(self) -> None:
         self.engine.shutdown()

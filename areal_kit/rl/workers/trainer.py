@@ -12,6 +12,7 @@ rl/workers/deepspeed_zero.py.
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import os
 import shutil
@@ -67,6 +68,9 @@ class TrainerWorker(WeightSender, StackDumps):
 
         from areal_kit.rl.algo import varlen
 
+        # What the imports loaded lives as long as the process: frozen now, heap.freeze()'s
+        # collection at the end walks only what the set-up built.
+        gc.freeze()
         plat = hardware.detect()
         self.device = plat.torch_device
         self.outbox.exclusive = plat.exclusive_weight_send
@@ -89,8 +93,11 @@ class TrainerWorker(WeightSender, StackDumps):
         a = self.cfg.actor
         model = lora.wrap(model, a.lora)  # actor.lora: PEFT's adapter, the only weights trained
         # A torch AdamW from code: DeepSpeed's config "AdamW" JIT-compiles FusedAdam (~110 s on CPU).
+        # On a GPU its fused kernel: the default there (foreach) allocates temporaries as large as
+        # the fp32 states it updates for the step's duration, which the memory plan would have to
+        # hold free. On CPU the default updates one tensor at a time, as the presets were tuned.
         opt = torch.optim.AdamW(lora.trainable(model), lr=a.lr, betas=tuple(a.adam_betas),
-                                weight_decay=a.weight_decay)
+                                weight_decay=a.weight_decay, fused=True if plat.device == "cuda" else None)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, self._lr_lambda())
         self.engine, _, _, self.scheduler = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched,
                                                                  config=deepspeed_config(a, dtype))

@@ -1,0 +1,81 @@
+"""Join or start the Ray cluster a run's workers go on; light enough to begin before the driver's
+heavy imports, so launch.py starts it on a thread while the driver prepares the run.
+
+    from areal_kit.rl.raystart import InBackground, start_ray
+    start_ray(cfg, n_slots)                             # here and now (controller.start_ray)
+    up = InBackground(start_ray, cfg, n_slots)          # on its own thread; the caller goes on
+    up.wait()                                           # until it is up; raises what it raised
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import ray
+
+from areal_kit import hardware
+
+
+def start_ray(cfg, n_slots: int) -> bool:
+    """Join cfg.ray_address or start a cluster on this machine; False when Ray was up already."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit: a Ray without it wants a token the workers do not have
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    if ray.is_initialized():
+        return False
+    verbose = bool(os.environ.get("AREAL_VERBOSE"))
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, log_to_driver=verbose, logging_level="WARNING")
+        return True
+    ncpu = max(n_slots, os.cpu_count() or 1) if hardware.detect().is_cpu else None
+    ray.init(num_cpus=ncpu, include_dashboard=False, log_to_driver=verbose, logging_level="WARNING")
+    return True
+
+
+class _NoSigtermNotice(logging.Filter):
+    """ray.init on a thread says it leaves SIGTERM's handler alone; launch.py installs its own anyway."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+logging.getLogger("ray._private.worker").addFilter(_NoSigtermNotice())
+
+
+class InBackground:
+    """fn(*args) on a thread of its own, started now; wait() returns what it returned, once it
+    has, or raises in the waiting thread what it raised (every wait() the same error).
+
+    The thread then stays parked until the process ends, as a daemon: Ray's head processes die
+    with the thread that started them (Linux's parent-death signal follows the creating thread,
+    not the process), so a thread that returned would take the cluster down with it. A process
+    that ends early (bad input found while Ray starts) ends the thread and those processes too.
+    """
+
+    def __init__(self, fn, *args):
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._result = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name=f"background {fn.__name__}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, args) -> None:
+        try:
+            self._result = fn(*args)
+        except BaseException as e:  # noqa: BLE001  (any error, raised again in the waiting thread)
+            self._error = e
+        finally:
+            self._done.set()
+        threading.Event().wait()  # parked: see the class docstring
+
+    def wait(self):
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def done(self) -> bool:
+        return self._done.is_set()
