@@ -32,8 +32,8 @@ from dataclasses import dataclass, field, replace
 import ray
 
 from areal_kit import logs
-from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.rollout import streaming
+from areal_kit.rl import raystart
 from areal_kit.rl.algo.batch import Shaped, informative_groups, sample_seed, shape_rewards, step_stats
 from areal_kit.rl.checkpoint.checkpointer import Checkpointer
 from areal_kit.rl.job import Job, RunState
@@ -324,9 +324,7 @@ class Controller:
 
 def start_ray(cfg) -> None:
     """Join (or start) the Ray cluster the run's workers go on; before Controller.start."""
-    # One Ray slot per trainer rank and per engine GPU: colocated roles share GPUs, not slots.
-    a = parse_allocation(cfg.allocation_mode)
-    groups.start_ray(cfg, a.gen_gpus + a.train_gpus)
+    raystart.start_ray(cfg)
 
 
 def _round(d: dict) -> dict:

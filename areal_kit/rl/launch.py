@@ -65,8 +65,7 @@ class _Progress:
 def start_ray_early(cfg) -> raystart.InBackground:
     """Ray's start (controller.start_ray's), begun on a thread: its processes come up while this
     one imports the rest and prepares the run; the first attempt waits for it."""
-    a = parse_allocation(cfg.allocation_mode)
-    return raystart.InBackground(raystart.start_ray, cfg, a.gen_gpus + a.train_gpus)
+    return raystart.InBackground(raystart.start_ray, cfg)
 
 
 def stop_ray_early(ray_up: raystart.InBackground) -> None:

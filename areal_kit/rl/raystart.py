@@ -2,8 +2,8 @@
 heavy imports, so launch.py starts it on a thread while the driver prepares the run.
 
     from areal_kit.rl.raystart import InBackground, start_ray
-    start_ray(cfg, n_slots)                             # here and now (controller.start_ray)
-    up = InBackground(start_ray, cfg, n_slots)          # on its own thread; the caller goes on
+    start_ray(cfg)                                      # here and now (controller.start_ray)
+    up = InBackground(start_ray, cfg)                   # on its own thread; the caller goes on
     up.wait()                                           # until it is up; raises what it raised
 """
 
@@ -16,9 +16,10 @@ import threading
 import ray
 
 from areal_kit import hardware
+from areal_kit.config.alloc import parse_allocation
 
 
-def start_ray(cfg, n_slots: int) -> bool:
+def start_ray(cfg) -> bool:
     """Join cfg.ray_address or start a cluster on this machine; False when Ray was up already."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit: a Ray without it wants a token the workers do not have
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -29,7 +30,9 @@ def start_ray(cfg, n_slots: int) -> bool:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, log_to_driver=verbose, logging_level="WARNING")
         return True
-    ncpu = max(n_slots, os.cpu_count() or 1) if hardware.detect().is_cpu else None
+    # One Ray slot per trainer rank and per engine GPU: colocated roles share GPUs, not slots.
+    a = parse_allocation(cfg.allocation_mode)
+    ncpu = max(a.gen_gpus + a.train_gpus, os.cpu_count() or 1) if hardware.detect().is_cpu else None
     ray.init(num_cpus=ncpu, include_dashboard=False, log_to_driver=verbose, logging_level="WARNING")
     return True
 

@@ -18,7 +18,6 @@ from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.rollout import streaming
 from areal_kit.errors import UserError
-from areal_kit.rl.raystart import start_ray  # noqa: F401  (controller.start_ray calls it from here)
 from areal_kit.rl.workers import placement
 from areal_kit.rl.workers.rollout import RolloutWorker
 from areal_kit.rl.workers.trainer import TrainerWorker

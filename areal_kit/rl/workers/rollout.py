@@ -14,7 +14,6 @@ failing or hanging plug-in from stopping the engine.
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import time
@@ -60,10 +59,7 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
             from areal_kit.rl.workers.streaming_llm import StreamingLLM as LLM
         else:
             from vllm import LLM
-        # vLLM collects the whole heap several times while it builds the engine (after the weights
-        # load, around its warm-up): what the imports loaded is frozen first, so those passes walk
-        # only the engine's own objects. heap.freeze() below collects the rest once set up.
-        gc.freeze()
+        heap.freeze_imports()
         self.llm = LLM(**kw)
         self.llm = lora.serving(self.llm, self.cfg)  # under LoRA, generations name the adapter loaded last
         self.tokenizer = load_tokenizer(self.model_path, check=False)  # the driver checked it

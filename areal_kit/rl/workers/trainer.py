@@ -12,7 +12,6 @@ rl/workers/deepspeed_zero.py.
 from __future__ import annotations
 
 import functools
-import gc
 import math
 import os
 import shutil
@@ -68,9 +67,7 @@ class TrainerWorker(WeightSender, StackDumps):
 
         from areal_kit.rl.algo import varlen
 
-        # What the imports loaded lives as long as the process: frozen now, heap.freeze()'s
-        # collection at the end walks only what the set-up built.
-        gc.freeze()
+        heap.freeze_imports()
         plat = hardware.detect()
         self.device = plat.torch_device
         self.outbox.exclusive = plat.exclusive_weight_send
