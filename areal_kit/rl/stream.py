@@ -5,7 +5,9 @@ Staleness is bounded per sample, as AReaL bounds it. At most (1 + k) x train_bs_
 (k = ppo.max_head_offpolicyness) are in flight or finished and not yet trained, and a step at
 weight version v trains only on groups whose first token was sampled at version v - k or later:
 a group too stale (a long answer that outlived k updates; the engines abort it at that update) is
-generated again from its prompt, never trained. k = 0 is synchronous: a batch in flight, trained
+generated again from its prompt, never trained. Each group runs at the priority of the version it
+was first submitted at, so when the engines' slots run short the oldest groups (one generated again
+included) run first and make the bound. k = 0 is synchronous: a batch in flight, trained
 when all of it is in. The engines get new prompts as soon as a step's weights are pushed (refill).
 
 Under ppo.dynamic_sampling the groups whose answers all got the same task reward are dropped and
@@ -40,6 +42,7 @@ class Prompt:
     epoch: int
     epoch_step: int
     row: dict
+    ticket: int | None = None  # the weight version at its first submission: its engine priority
 
 
 class Stream:
@@ -68,8 +71,10 @@ class Stream:
             if not self.waiting:
                 self._take_batch()
             p = self.waiting.popleft()
+            if p.ticket is None:
+                p.ticket = self.state.version
             engine = min(range(len(self.load)), key=self.load.__getitem__)
-            self.flight[self.workers.engines.submit_group(p.row, engine)] = (p, engine)
+            self.flight[self.workers.engines.submit_group(p.row, engine, p.ticket)] = (p, engine)
             self.load[engine] += 1
 
     def refill(self) -> None:

@@ -53,7 +53,9 @@ def test_a_streaming_run_trains_every_step_once_within_the_bound(run):
     for r in rows:
         assert 0 <= r["stream/staleness_min"] <= r["stream/staleness_max"] <= k
         assert r["stream/token_staleness_max"] <= k  # two-turn answers carry no versions: each token is its first one's
-        assert 0.0 < r["stream/occupancy"] <= 1.0
+        assert 0.0 <= r["stream/occupancy"] <= 1.0
+    # A step whose groups were all done before it began saw an idle engine (0); the first never does.
+    assert rows[0]["stream/occupancy"] > 0.0
     # Asynchronous from the second step on: generation ran on while the trainer trained.
     assert max(r["stream/staleness_max"] for r in rows[1:]) == k
 
@@ -99,13 +101,15 @@ class TimedEngine:
 
     def __init__(self, slow_s: float, slow_every: int):
         self.version, self.running, self.peak = 0, 0, 0
+        self.priorities = []  # (seed, priority, version at submission) of every group asked for
         self.slow_s, self.slow_every = slow_s, slow_every
 
     def set_version(self, v: int) -> None:
         self.version = v
 
-    def generate(self, rows: list[dict]) -> Generated:
+    def generate(self, rows: list[dict], priority: int = 0) -> Generated:
         row, v = rows[0], self.version
+        self.priorities.append((row["seed"], priority, v))
         self.running += 1
         self.peak = max(self.peak, self.running)
         time.sleep(self.slow_s if self.slow_every and row["seed"] % self.slow_every == 0 else 0.005)
@@ -122,6 +126,9 @@ class TimedEngine:
 
     def stats(self) -> tuple[int, int]:
         return self.peak, self.running
+
+    def asked(self) -> list[tuple[int, int, int]]:
+        return self.priorities
 
 
 @pytest.mark.parametrize("k, train_s, slow_s, slow_every, dynamic", [
@@ -162,6 +169,16 @@ def test_staleness_and_capacity_bounds_hold(run, tmp_path, k, train_s, slow_s, s
     assert max(peak for peak, _ in ray.get([e.stats.remote() for e in engines])) <= (1 + k) * 8
     if slow_every and k and not dynamic:
         assert restarted > 0, "no group outlived the bound: the test did not test it"
+        # A group generated again keeps the priority of its first submission: older than the
+        # version it is submitted at now, so it runs before the newer groups.
+        asked = [a for e in engines for a in ray.get(e.asked.remote())]
+        again = [(seed, prio, v) for seed, prio, v in asked if [x[0] for x in asked].count(seed) > 1]
+        assert again and all(prio <= v for _, prio, v in again)
+        assert any(prio < v for _, prio, v in again), again
+        firsts = {}
+        for seed, prio, _ in asked:
+            firsts.setdefault(seed, prio)
+            assert prio == firsts[seed], (seed, prio, firsts[seed])
     if dynamic:
         assert dropped > 0, "no group was uninformative: the test did not test dynamic sampling"
     for e in engines:

@@ -97,9 +97,9 @@ class EngineGroup:
         refs = [self.actors[i].generate.remote(chunk) for i, chunk in parts]
         return self.watchdog.label(refs, [self.names[i] for i, _ in parts])
 
-    def submit_group(self, row: dict, engine: int):
-        """Streaming: queue one prompt's group on one engine; the handle to wait on."""
-        return self.watchdog.label([self.actors[engine].generate.remote([row])], [self.names[engine]])[0]
+    def submit_group(self, row: dict, engine: int, priority: int = 0):
+        """Streaming: queue one prompt's group on one engine (lower priority runs first); the handle to wait on."""
+        return self.watchdog.label([self.actors[engine].generate.remote([row], priority)], [self.names[engine]])[0]
 
     def occupancy(self) -> list[float]:
         """Streaming: each engine's mean share of busy slots since the last call."""

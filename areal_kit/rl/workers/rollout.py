@@ -14,6 +14,7 @@ failing or hanging plug-in from stopping the engine.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -39,6 +40,11 @@ def engine_kwargs(cfg, plat: hardware.Platform, model_path: str, index: int, tp:
     max_len = cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens
     kw = hardware.vllm_kwargs(plat, model_path, max_len, seed=cfg.seed + index, tp=tp, engine=cfg.actor.vllm,
                               sleep_mode=turns.sleep_mode(cfg, plat))
+    if streaming(cfg):
+        # The stream names each group's priority (the weight version it was first submitted at):
+        # when slots run short the oldest groups run first, so they finish within the staleness
+        # bound instead of queueing behind newer ones, a group generated again included.
+        kw["scheduling_policy"] = "priority"
     return {**kw, "worker_extension_cls": EXTENSION, "logprobs_mode": "processed_logprobs", **lora.engine_kwargs(cfg)}
 
 
@@ -80,34 +86,37 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
                               max_tokens=max_tokens, min_tokens=min(g.min_new_tokens, max_tokens), logprobs=0,
                               detokenize=False, seed=seed)
 
-    def _generate_batch(self, requests: list) -> list[list]:
-        """One vLLM call for the workflows' pending requests (workflow.Engine)."""
+    def _generate_batch(self, requests: list, priority: int = 0) -> list[list]:
+        """One vLLM call for the workflows' pending requests (workflow.Engine); `priority`: the
+        streaming engine's scheduling priority of the call's group (lower runs first)."""
+        more = {"priority": priority} if self.streaming else {}
         outs = self.llm.generate([{"prompt_token_ids": r.prompt_ids} for r in requests],
                                  [self._params(r.seed, r.n, r.max_tokens, r.temperature) for r in requests],
-                                 use_tqdm=False)
+                                 use_tqdm=False, **more)
         return [[workflow.Completion(list(o.token_ids), [lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)],
                                      o.finish_reason, getattr(o, "versions", None)) for o in out.outputs]
                 for out in outs]
 
-    def _workflow_engine(self) -> workflow.Engine:
+    def _workflow_engine(self, priority: int = 0) -> workflow.Engine:
         # One per call: a streaming engine runs many calls at once, each with its own pending requests.
         max_len = self.cfg.dataset.max_prompt_len + self.cfg.ppo.gen.max_new_tokens
-        return workflow.Engine(self._generate_batch, self.tokenizer, self.cfg.ppo.gen, self.cfg.ppo.group_size,
-                               max_len)
+        return workflow.Engine(functools.partial(self._generate_batch, priority=priority), self.tokenizer,
+                               self.cfg.ppo.gen, self.cfg.ppo.group_size, max_len)
 
     def occupancy(self) -> float | None:
         """Streaming: the mean share of the engine's slots that held a running request since the last call."""
         return self.llm.take_occupancy() if self.streaming else None
 
-    def generate(self, rows: list[dict]) -> Generated:
+    def generate(self, rows: list[dict], priority: int = 0) -> Generated:
         """Run the workflow on every row (group_size samples each) and score the answers.
 
-        Each row's `seed` makes its samples reproducible. Besides the samples: reward_failures
+        Each row's `seed` makes its samples reproducible; `priority` orders a streaming engine's
+        groups when its slots run short (lower first). Besides the samples: reward_failures
         {kind: (count, first message)} and reward_extras {key: mean} of the dict rewards.
         """
         t0 = time.time()
         version = self.version
-        groups = workflow.run_episodes(self.episode, self._workflow_engine(), rows)
+        groups = workflow.run_episodes(self.episode, self._workflow_engine(priority), rows)
         gen_time = time.time() - t0
         t1 = time.time()
         answers = [(gi, t, self._text(t.output_ids) if t.text is None else t.text)

@@ -88,16 +88,18 @@ class StreamingLLM:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     # ------------------------------------------------------------ generation
-    def generate(self, prompts: list[dict], params, use_tqdm: bool = False) -> list[Reply]:
-        """vllm.LLM.generate's answer for every prompt, each prompt a request of its own."""
+    def generate(self, prompts: list[dict], params, use_tqdm: bool = False, priority: int = 0) -> list[Reply]:
+        """vllm.LLM.generate's answer for every prompt, each prompt a request of its own, all at
+        `priority` (lower runs first when the engine's slots run short; the engine is started with
+        scheduling_policy="priority")."""
         if not isinstance(params, list):
             params = [params] * len(prompts)
-        return self._run(self._all(prompts, params))
+        return self._run(self._all(prompts, params, priority))
 
-    async def _all(self, prompts: list[dict], params: list) -> list[Reply]:
-        return list(await asyncio.gather(*(self._one(p, sp) for p, sp in zip(prompts, params))))
+    async def _all(self, prompts: list[dict], params: list, priority: int) -> list[Reply]:
+        return list(await asyncio.gather(*(self._one(p, sp, priority) for p, sp in zip(prompts, params))))
 
-    async def _one(self, prompt: dict, params) -> Reply:
+    async def _one(self, prompt: dict, params, priority: int = 0) -> Reply:
         from vllm.sampling_params import RequestOutputKind
 
         params = params.clone()
@@ -105,7 +107,7 @@ class StreamingLLM:
         self._count(+params.n)
         try:
             last = None
-            async for out in self.engine.generate(prompt, params, request_id=f"r{next(self._ids)}"):
+            async for out in self.engine.generate(prompt, params, request_id=f"r{next(self._ids)}", priority=priority):
                 last = out
         finally:
             self._count(-params.n)
