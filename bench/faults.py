@@ -12,6 +12,7 @@ redone (run again after a resume: the work since the last checkpoint), resumes t
 corrupt or unreadable checkpoint). Synchronous (k=0) and a checkpoint every step.
 
     python bench/run.py faults           # 3 of each kind (~15 minutes)
+    python -c "from bench.faults import KINDS, campaign; print(campaign(list(KINDS), preset='tiny_lora'))"
     tests/integration/test_fault_campaign.py runs one of each in CI
 """
 
@@ -75,13 +76,13 @@ def kill_session(sid: int) -> None:
 class Run:
     """The tiny run under test: started, watched through its train.log, re-run when it stops."""
 
-    def __init__(self, root: str, steps: int, extra: list[str]):
+    def __init__(self, root: str, steps: int, extra: list[str], preset: str = "tiny"):
         self.root, self.steps = root, steps
-        self.args = [_exe(), "train", "tiny", f"fileroot={root}", "trial_name=faults", "tensorboard=false",
+        self.args = [_exe(), "train", preset, f"fileroot={root}", "trial_name=faults", "tensorboard=false",
                      f"exp_ctrl.total_train_steps={steps}", "exp_ctrl.ckpt_freq_steps=1", "exp_ctrl.ckpt_freq_secs=0",
                      "ppo.max_head_offpolicyness=0", "recover_retries=100", "exp_ctrl.hang_factor=5",
                      "exp_ctrl.hang_floor_s=15", "exp_ctrl.hang_warmup=2", *extra]
-        self.paths = logs.run_paths(root, "tiny", "faults", "faults")
+        self.paths = logs.run_paths(root, preset, "faults", "faults")
         self.proc: subprocess.Popen | None = None
         self.launches = 0
 
@@ -149,12 +150,13 @@ class Run:
         return code
 
 
-def campaign(kinds: list[str], seed: int = 0, root: str | None = None) -> dict:
-    """Hit one run with each fault of kinds, in order, at random moments; the tally."""
+def campaign(kinds: list[str], seed: int = 0, root: str | None = None, preset: str = "tiny",
+             extra: tuple[str, ...] = ()) -> dict:
+    """Hit one run of `preset` with each fault of kinds, in order, at random moments; the tally."""
     rng = random.Random(seed)
     root = root or tempfile.mkdtemp(prefix="bench-faults-")
     steps = 4 + 6 * len(kinds)  # room for every fault, a few steps apart, and the steps each one redoes
-    run = Run(root, steps, [f"seed={seed + 1}"])
+    run = Run(root, steps, [f"seed={seed + 1}", *extra], preset)
     run.start()
     resumed, t0 = 0, time.time()
     try:

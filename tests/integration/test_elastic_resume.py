@@ -33,49 +33,55 @@ ONE_RANK = ["n_gpus_per_node=2", "allocation_mode=vllm.d1p1m1+d1p1m1"]
 REL_TOL = 1e-4
 
 
-def train(root: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([EXE, "train", "tiny", f"fileroot={root}", *COMMON, *args], cwd=root, capture_output=True,
-                          text=True, timeout=900, check=False, env={**os.environ, "AREAL_USER": "t"})
+# The full model, and a LoRA adapter (its recover checkpoint holds the adapter and its optimizer
+# state; the base is the tiny preset's model, as in test_lora_recover.py).
+PRESETS = {"tiny": [], "tiny_lora": ["actor.path=tiny://toy"]}
+
+
+def train(root: Path, preset: str, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([EXE, "train", preset, f"fileroot={root}", *COMMON, *PRESETS[preset], *args], cwd=root,
+                          capture_output=True, text=True, timeout=900, check=False, env={**os.environ, "AREAL_USER": "t"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
 
 
-def step(root: Path, g: int) -> dict:
-    p = logs.run_paths(str(root), "tiny", "elastic", "t")
+def step(root: Path, preset: str, g: int) -> dict:
+    p = logs.run_paths(str(root), preset, "elastic", "t")
     [row] = [r for r in logs.read_metrics(p.metrics_file) if r["global_step"] == g]
     return row
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(PRESETS))
+def runs(request, tmp_path_factory):
     if not os.path.exists(EXE):
         pytest.skip(f"{EXE} not installed")
+    preset = request.param
     two, one = tmp_path_factory.mktemp("two"), tmp_path_factory.mktemp("one")
-    train(two, *TWO_RANKS, "exp_ctrl.total_train_steps=2")
+    train(two, preset, *TWO_RANKS, "exp_ctrl.total_train_steps=2")
     shutil.rmtree(one)
     shutil.copytree(two, one)
-    train(two, *TWO_RANKS, "exp_ctrl.total_train_steps=4")
-    train(one, *ONE_RANK, "exp_ctrl.total_train_steps=4")
-    return two, one
+    train(two, preset, *TWO_RANKS, "exp_ctrl.total_train_steps=4")
+    train(one, preset, *ONE_RANK, "exp_ctrl.total_train_steps=4")
+    return preset, two, one
 
 
 def test_a_two_rank_checkpoint_resumes_on_one_rank_and_says_so(runs):
-    _, one = runs
-    log = Path(logs.run_paths(str(one), "tiny", "elastic", "t").log_file).read_text()
+    preset, _, one = runs
+    log = Path(logs.run_paths(str(one), preset, "elastic", "t").log_file).read_text()
     assert "Will recover from: " in log
     assert ("Resuming on 1 trainer rank and 1 rollout engine (vllm.d1p1m1+d1p1m1), written by 2 trainer ranks and "
             "1 rollout engine (vllm.d1p1m1+d2p1m1)") in log
     assert "engine (written by 2 ranks: DeepSpeed's universal format, loaded in " in log
-    metrics = logs.run_paths(str(one), "tiny", "elastic", "t").metrics_file
+    metrics = logs.run_paths(str(one), preset, "elastic", "t").metrics_file
     assert [r["global_step"] for r in logs.read_metrics(metrics)] == [1, 2, 3, 4]
 
 
 def test_the_next_steps_on_one_rank_match_the_two_rank_continuation(runs):
     """Step 3 shows the weights were taken over; step 4 shows the optimizer state was too (AdamW's
     moments and step count set the update made in step 3, which step 4's loss reflects)."""
-    two, one = runs
+    preset, two, one = runs
     for g in (3, 4):
-        a, b = step(two, g), step(one, g)
+        a, b = step(two, preset, g), step(one, preset, g)
         assert a["task_reward"] == b["task_reward"], (g, "the same weights and seeds generate the same samples")
         assert a["n_valid_tokens"] == b["n_valid_tokens"], g
         for k in ("actor_loss", "grad_norm", "entropy", "ppo_approx_kl"):
