@@ -15,20 +15,21 @@ import os
 from areal_kit.config.lora import vllm_rank
 from areal_kit.errors import UserError
 
-
-def adapter_id(version: int) -> int:
-    """vLLM's id of the adapter of weight version `version` (ids start at 1)."""
-    return version + 1
+# vLLM's id of the trained adapter, whatever its version. Each new version replaces the last under
+# this id (with the prefix cache reset), so a streaming request that an update interrupts goes on
+# with the new adapter, as a full-weight update's requests go on with the new weights.
+SERVED_ID = 1
 
 
 def request(version: int):
-    """The LoRARequest of weight version `version`; None for version 0 (the fresh adapter is zero:
-    the base model is the policy). Its path is never read: the adapter is loaded before it is used."""
+    """The LoRARequest that serves weight version `version`; None for version 0 (the fresh adapter
+    is zero: the base model is the policy). Its path is never read: the adapter is loaded before
+    it is used."""
     if version <= 0:
         return None
     from vllm.lora.request import LoRARequest
 
-    return LoRARequest(f"areal-kit-v{version}", adapter_id(version), f"areal-kit-memory://v{version}")
+    return LoRARequest("areal-kit", SERVED_ID, "areal-kit-memory://adapter")
 
 
 class AdapterLLM:

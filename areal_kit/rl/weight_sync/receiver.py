@@ -45,13 +45,13 @@ class WeightReceiver:
         for too (WeightSync.push), which Ray resolves before this starts."""
         if lora.sends_adapter(self.cfg):  # a LoRA adapter, served as version `version` (vllm_lora.py)
             return self._load(version, "receive_adapter",
-                              (lora.adapter_id(version), lora.engine_peft_config(self.cfg.actor.lora)))
+                              (lora.SERVED_ID, lora.engine_peft_config(self.cfg.actor.lora)))
         return self._load(version, "receive_weights", (shared,))
 
     def load_from_disk(self, path: str, version: int) -> dict:
         """The same, from a Hugging Face folder (weight_sync=disk), or a PEFT adapter folder."""
         if lora.sends_adapter(self.cfg):
-            return self._load(version, "load_adapter_from_disk", (path, lora.adapter_id(version)))
+            return self._load(version, "load_adapter_from_disk", (path, lora.SERVED_ID))
         return self._load(version, "load_weights_from_disk", (path,))
 
     def ready_for_weights(self) -> int:
@@ -72,8 +72,11 @@ class WeightReceiver:
             self.llm.loaded(version)
         extra = {}
         if self.streaming:
-            # A request that began before version - k can no longer be trained: abort it now.
-            extra["aborted"] = self.llm.resume(version, stale_before=version - self.cfg.ppo.max_head_offpolicyness)
+            # A request that began before version - k can no longer be trained: abort it now. Under
+            # LoRA a request begun at version 0 names no adapter and would go on with the base.
+            before = version - self.cfg.ppo.max_head_offpolicyness
+            extra["aborted"] = self.llm.resume(version, stale_before=max(before, 1) if lora.sends_adapter(self.cfg)
+                                               else before)
         return {"load_time": time.time() - t0, **{f"load_{k}": max(p[k] for p in parts) for k in parts[0]}, **extra}
 
     def get_version(self) -> int:

@@ -3,9 +3,10 @@
 With actor.lora.rank > 0 and actor.lora.sync=adapter the trainer sends only the adapter's tensors
 (PEFT names) over the same sync group as full weights. Here, in each vLLM worker process, they
 become a vLLM LoRA model (vLLM's LoRAModel built from tensors: the constructor its own folder
-loader ends in) registered in the worker's LoRA manager under the version's id, so the
-next request that carries that version's `LoRARequest` (areal_kit/rl/lora.py) finds it loaded:
-vLLM never reads the request's path. Older versions are dropped; no folder is written.
+loader ends in) registered in the worker's LoRA manager under the one id every version is
+served as, replacing the version before, so the next request that carries the `LoRARequest`
+(areal_kit/rl/lora.py), or a request an update interrupted, finds it loaded: vLLM never reads
+the request's path. No folder is written.
 Mixed into WeightSyncExtension (vllm_ext.py); called through `llm.collective_rpc`.
 """
 
@@ -68,6 +69,6 @@ class LoRAExtension:
         for old in list(mgr.list_adapters()):  # the engine serves one version: the newest
             if old != lora_id:
                 mgr.remove_adapter(old)
-        mgr.remove_adapter(lora_id)  # the same id again (a resumed run re-sends its version)
+        mgr.remove_adapter(lora_id)  # the version before, under the same id
         mgr.add_adapter(lora)
         mgr.activate_adapter(lora_id)

@@ -88,18 +88,20 @@ class StreamingLLM:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     # ------------------------------------------------------------ generation
-    def generate(self, prompts: list[dict], params, use_tqdm: bool = False, priority: int = 0) -> list[Reply]:
+    def generate(self, prompts: list[dict], params, use_tqdm: bool = False, priority: int = 0,
+                 lora_request=None) -> list[Reply]:
         """vllm.LLM.generate's answer for every prompt, each prompt a request of its own, all at
         `priority` (lower runs first when the engine's slots run short; the engine is started with
-        scheduling_policy="priority")."""
+        scheduling_policy="priority") and with the adapter `lora_request` names, if any."""
         if not isinstance(params, list):
             params = [params] * len(prompts)
-        return self._run(self._all(prompts, params, priority))
+        return self._run(self._all(prompts, params, priority, lora_request))
 
-    async def _all(self, prompts: list[dict], params: list, priority: int) -> list[Reply]:
-        return list(await asyncio.gather(*(self._one(p, sp, priority) for p, sp in zip(prompts, params))))
+    async def _all(self, prompts: list[dict], params: list, priority: int, lora_request) -> list[Reply]:
+        return list(await asyncio.gather(*(self._one(p, sp, priority, lora_request)
+                                           for p, sp in zip(prompts, params))))
 
-    async def _one(self, prompt: dict, params, priority: int = 0) -> Reply:
+    async def _one(self, prompt: dict, params, priority: int = 0, lora_request=None) -> Reply:
         from vllm.sampling_params import RequestOutputKind
 
         params = params.clone()
@@ -107,7 +109,8 @@ class StreamingLLM:
         self._count(+params.n)
         try:
             last = None
-            async for out in self.engine.generate(prompt, params, request_id=f"r{next(self._ids)}", priority=priority):
+            async for out in self.engine.generate(prompt, params, request_id=f"r{next(self._ids)}", priority=priority,
+                                                  lora_request=lora_request):
                 last = out
         finally:
             self._count(-params.n)
