@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from areal_kit.config.fields import check_choices, opt
+from areal_kit.config.fields import check, check_choices, opt
 
 
 @dataclass
@@ -28,9 +28,17 @@ class RolloutConfig:
         "the weights, resume (tokens after the update come from the new weights; each sample records "
         "the version of every token); wait = in-flight requests finish on the old weights first.",
         choices=("keep", "wait"))
+    max_restarts: int = opt(1,
+        "stream mode: how often a group that outlived the staleness bound (a long answer that "
+        "max_head_offpolicyness updates overtook) is generated again as any other before it is held: "
+        "generated first, and trained by the step that is its last chance within the bound, which then "
+        "waits for it. So no prompt is regenerated forever (the longest answers would never be trained); "
+        "a higher value trades such waits for regenerated work.")
 
     def __post_init__(self):
         check_choices(self, "rollout.")
+        check(isinstance(self.max_restarts, int) and self.max_restarts >= 0,
+              f"rollout.max_restarts={self.max_restarts}; expected an integer >= 0")
 
 
 def streaming(cfg) -> bool:

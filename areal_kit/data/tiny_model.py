@@ -65,6 +65,9 @@ class TinySpec:
     # (see arith_prior): a base that already reads the digits of its prompt, as a pretrained
     # model does, for adapters (LoRA) that cannot move embeddings or biases; 0 = none.
     arith_steps: int = 0
+    # The seed the weights are built with when > 0, whatever the run's seed (0 = the run's): a
+    # LoRA run adapts one given pretrained base, so runs of every seed start from the same one.
+    model_seed: int = 0
     seed: int = 0
 
     def __post_init__(self):
@@ -230,8 +233,11 @@ def build(out_dir: str, spec: TinySpec | None = None) -> str:
     # The tokenizer's whole definition is part of the key: a folder built by a version of this
     # module with another vocabulary or decoder is rebuilt, never trained on.
     key = {**asdict(spec), "tokenizer": json.loads(tok.backend_tokenizer.to_str())}
-    if not spec.arith_steps:
-        del key["arith_steps"]  # the key of a folder built before arith_prior existed: no rebuild
+    seed = spec.model_seed or spec.seed
+    key["seed"] = seed  # the weights' seed: a pinned base is reused by runs of every seed
+    for late in ("arith_steps", "model_seed"):
+        if not key[late]:
+            del key[late]  # the key of a folder built before the field existed: no rebuild
     if os.path.exists(marker) and json.loads(Path(marker).read_text()) == key:
         return out_dir
     # bpe: a multiple of 16 like real checkpoints. toy: exactly the tokenizer, so no probability
@@ -254,12 +260,12 @@ def build(out_dir: str, spec: TinySpec | None = None) -> str:
         pad_token_id=tok.pad_token_id,
         torch_dtype="float32",
     )
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
     if spec.kind == "toy" and spec.prior_steps:
-        format_prior(model, tok, spec.prior_steps, spec.seed)
+        format_prior(model, tok, spec.prior_steps, seed)
     if spec.kind == "toy" and spec.arith_steps:
-        arith_prior(model, tok, spec.arith_steps, spec.seed)
+        arith_prior(model, tok, spec.arith_steps, seed)
     save_atomic(model, tok, out_dir, {"tiny_spec.json": key})
     return out_dir
 

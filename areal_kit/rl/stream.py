@@ -7,7 +7,10 @@ weight version v trains only on groups whose first token was sampled at version 
 a group too stale (a long answer that outlived k updates; the engines abort it at that update) is
 generated again from its prompt, never trained. Each group runs at the priority of the version it
 was first submitted at, so when the engines' slots run short the oldest groups (one generated again
-included) run first and make the bound. k = 0 is synchronous: a batch in flight, trained
+included) run first and make the bound. A group that finished too stale more than
+rollout.max_restarts times is held: generated before any other, and the step that is its last
+chance within the bound waits for it, so no prompt is regenerated forever (a long answer would
+otherwise never be trained). k = 0 is synchronous: a batch in flight, trained
 when all of it is in. The engines get new prompts as soon as a step's weights are pushed (refill).
 
 Under ppo.dynamic_sampling the groups whose answers all got the same task reward are dropped and
@@ -43,6 +46,9 @@ class Prompt:
     epoch_step: int
     row: dict
     ticket: int | None = None  # the weight version at its first submission: its engine priority
+    attempt: int = 0  # the weight version at its latest submission
+    restarts: int = 0  # how often it finished too stale and was generated again
+    held: bool = False  # generated first, and waited for by the step that is its last chance
 
 
 class Stream:
@@ -71,10 +77,12 @@ class Stream:
             if not self.waiting:
                 self._take_batch()
             p = self.waiting.popleft()
+            p.attempt = self.state.version
             if p.ticket is None:
-                p.ticket = self.state.version
+                p.ticket = p.attempt
             engine = min(range(len(self.load)), key=self.load.__getitem__)
-            self.flight[self.workers.engines.submit_group(p.row, engine, p.ticket)] = (p, engine)
+            priority = -1 if p.held else p.ticket  # a held group before every other
+            self.flight[self.workers.engines.submit_group(p.row, engine, priority)] = (p, engine)
             self.load[engine] += 1
 
     def refill(self) -> None:
@@ -108,30 +116,50 @@ class Stream:
                 self.finished.append((p, out))
         return self.finished.popleft()
 
+    def _due(self, prompt: Prompt) -> bool:
+        """A held group whose last chance within the bound is this step."""
+        return prompt.held and prompt.attempt <= self.state.version - self.k
+
+    def _waiting_for_held(self) -> bool:
+        return any(self._due(q) for q, _ in [*self.flight.values(), *self.finished])
+
     def gather(self) -> Gathered:
         """The step's groups: the first train_bs_n_seqs to finish fresh enough (under dynamic
-        sampling: informative), in the order they were taken from the loader."""
+        sampling: informative), and every held group whose last chance this step is, waited for;
+        in the order they were taken from the loader."""
         t0, version, p = time.time(), self.state.version, self.cfg.ppo
         limit = self.need * (1 + (p.dynamic_sampling_max_rounds if p.dynamic_sampling else 0))
-        taken, keep, dropped, restarted = [], [], 0, 0
-        while len(keep) < self.need and len(taken) < limit:
-            self.fill(len(keep))
+        taken, keep, later, dropped, restarted = [], [], [], 0, 0
+        while (len(keep) < self.need and len(taken) < limit) or self._waiting_for_held():
+            self.fill(len(keep) + len(later))  # those set aside for the next step count too
             prompt, out = self._next()
             if version - min(s.version for s in out.samples) > self.k:  # began too long ago: generate it again
+                prompt.restarts += 1
+                prompt.held = prompt.restarts > self.cfg.rollout.max_restarts
                 self.waiting.appendleft(prompt)
                 restarted += 1
                 continue
+            if len(keep) >= self.need:  # full: waiting for a held group only
+                if not self._due(prompt):
+                    later.append((prompt, out))
+                    continue
+                room = [i for i, (q, _) in enumerate(keep) if not self._due(q)]
+                if room:  # the newest kept group makes room, and is trained next step
+                    later.append(keep.pop(room[-1]))
             taken.append((prompt, out))
-            informative = not p.dynamic_sampling or informative_groups(out.samples)[0]
-            if informative:
+            if not p.dynamic_sampling or informative_groups(out.samples)[0]:
                 keep.append((prompt, out))
             else:
                 dropped += 1
+        self.finished.extendleft(reversed(later))
+        taken = [po for po in taken if all(po is not x for x in later)]
         if not keep:  # not one informative group: train on what came
             keep = taken[:self.need]
         keep.sort(key=lambda po: (po[0].batch, po[0].index))
         self._record_pending()
-        return self._gathered(taken, keep, dropped, restarted, time.time() - t0)
+        got = self._gathered(taken, keep, dropped, restarted, time.time() - t0)
+        got.stream["stream/held"] = sum(q.held for q, _ in keep)
+        return got
 
     def _record_pending(self) -> None:
         """What a recover checkpoint written now must generate again: every prompt not trained."""

@@ -57,6 +57,9 @@ def test_rollout_mode_and_interrupt_are_validated_in_one_line():
     assert load_config("tiny").rollout.mode == "batch"
     with pytest.raises(UserError, match="rollout.mode"):
         load_config("tiny", ["rollout.mode=async"])
+    assert load_config("tiny").rollout.max_restarts == 1
+    with pytest.raises(UserError, match=r"rollout.max_restarts=-1; expected an integer >= 0"):
+        load_config("tiny", ["rollout.max_restarts=-1"])
 
 
 def test_a_checkpoints_pending_prompts_come_back_in_the_run_state():
