@@ -120,9 +120,11 @@ def run() -> Result:
     best = max(res[(K, "stream, interrupt")]["steps_per_hour"], res[(K, "stream, wait")]["steps_per_hour"])
     notes = [f"Answer lengths drawn over 20 batches (tokens: answers): {hist}.",
              (f"Ratio = stream mode with interrupts over batch mode at max_head_offpolicyness {K}, steps/hour "
-              "(median steady step); trained tokens/s (the median step's tokens over its time) shows the steps "
-              "are of like size. Trainer s/step is the trainer's own time (without waiting for a batch engine "
-              "to take the weights): a mode whose s/step is near it is bound by the trainer.")]
+              "(median steady step). Trained tokens/s (the median step's tokens over its time) counts the "
+              "work: a stream step trains fewer tokens than a batch step, as a group with a long answer that "
+              "outlives the bound is generated again and trained at a later step (held after "
+              "rollout.max_restarts). Trainer s/step is the trainer's own time (without waiting for a batch "
+              "engine to take the weights): a mode whose s/step is near it is bound by the trainer.")]
     return Result("streaming", f"steps/hour on heavy-tailed answer lengths: stream (interrupt, wait) vs batch "
                   f"mode, at max_head_offpolicyness {K} and {SECOND_K}", figures,
                   ratio=res[(K, "stream, interrupt")]["steps_per_hour"] / base, target=1.5,
