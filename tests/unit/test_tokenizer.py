@@ -85,3 +85,7 @@ def test_a_tiny_model_url_sets_its_shape_and_folder():
     assert (spec.kind, spec.hidden, spec.layers, spec.heads) == ("bpe", 128, 4, 2)
     # Another shape gets its own folder: it is never mistaken for the default one.
     assert spec.dirname() == "tiny-bpe-hidden128-layers4"
+    # A pinned base (LoRA presets): one folder and one weight seed for runs of every seed.
+    pinned = [TinySpec.from_url("tiny://toy?arith_steps=1500&model_seed=1", seed=s) for s in (2, 3)]
+    assert {p.dirname() for p in pinned} == {"tiny-toy-arith_steps1500-model_seed1"}
+    assert all(p.model_seed == 1 and p.seed != 1 for p in pinned)
