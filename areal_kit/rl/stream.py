@@ -48,7 +48,6 @@ class Prompt:
     ticket: int | None = None  # the weight version at its first submission: its engine priority
     attempt: int = 0  # the weight version at its latest submission
     restarts: int = 0  # how often it finished too stale and was generated again
-    held: bool = False  # generated first, and waited for by the step that is its last chance
 
 
 class Stream:
@@ -81,7 +80,7 @@ class Stream:
             if p.ticket is None:
                 p.ticket = p.attempt
             engine = min(range(len(self.load)), key=self.load.__getitem__)
-            priority = -1 if p.held else p.ticket  # a held group before every other
+            priority = -1 if self._held(p) else p.ticket  # a held group before every other
             self.flight[self.workers.engines.submit_group(p.row, engine, priority)] = (p, engine)
             self.load[engine] += 1
 
@@ -116,9 +115,14 @@ class Stream:
                 self.finished.append((p, out))
         return self.finished.popleft()
 
+    def _held(self, prompt: Prompt) -> bool:
+        """Regenerated more than rollout.max_restarts times: generated first, and waited for by the
+        step that is its last chance."""
+        return prompt.restarts > self.cfg.rollout.max_restarts
+
     def _due(self, prompt: Prompt) -> bool:
         """A held group whose last chance within the bound is this step."""
-        return prompt.held and prompt.attempt <= self.state.version - self.k
+        return self._held(prompt) and prompt.attempt <= self.state.version - self.k
 
     def _waiting_for_held(self) -> bool:
         return any(self._due(q) for q, _ in [*self.flight.values(), *self.finished])
@@ -135,7 +139,6 @@ class Stream:
             prompt, out = self._next()
             if version - min(s.version for s in out.samples) > self.k:  # began too long ago: generate it again
                 prompt.restarts += 1
-                prompt.held = prompt.restarts > self.cfg.rollout.max_restarts
                 self.waiting.appendleft(prompt)
                 restarted += 1
                 continue
@@ -157,9 +160,7 @@ class Stream:
             keep = taken[:self.need]
         keep.sort(key=lambda po: (po[0].batch, po[0].index))
         self._record_pending()
-        got = self._gathered(taken, keep, dropped, restarted, time.time() - t0)
-        got.stream["stream/held"] = sum(q.held for q, _ in keep)
-        return got
+        return self._gathered(taken, keep, dropped, restarted, time.time() - t0)
 
     def _record_pending(self) -> None:
         """What a recover checkpoint written now must generate again: every prompt not trained."""
@@ -179,15 +180,16 @@ class Stream:
         if self.cfg.ppo.dynamic_sampling:
             got.rounds = max(0, -(-len(taken) // self.need) - 1)
             got.dropped, got.kept = dropped, len(keep)
-        got.stream = self._metrics(train, restarted)
+        got.stream = self._metrics(train, restarted, held=sum(self._held(q) for q, _ in keep))
         return got
 
-    def _metrics(self, train: list, restarted: int) -> dict:
+    def _metrics(self, train: list, restarted: int, held: int) -> dict:
         v = self.state.version
         seq = [v - s.version for s in train]
         tok = [v - x for s in train for x in (s.versions or [s.version] * len(s.output_ids))]
         occupancy = [x for x in self.workers.engines.occupancy() if x is not None]
         return {"stream/interrupted": sum(s.interrupted for s in train), "stream/restarted": restarted,
+                "stream/held": held,
                 "stream/staleness_min": min(seq), "stream/staleness_mean": statistics.fmean(seq),
                 "stream/staleness_max": max(seq), "stream/token_staleness_min": min(tok),
                 "stream/token_staleness_mean": statistics.fmean(tok), "stream/token_staleness_max": max(tok),

@@ -67,8 +67,6 @@ class LoRAExtension:
             model_vocab_size=worker_mgr.vocab_size, weights_mapper=mapper.get_rename_mapper() if mapper else None,
             skip_prefixes=getattr(model, "lora_skip_prefixes", None))
         for old in list(mgr.list_adapters()):  # the engine serves one version: the newest
-            if old != lora_id:
-                mgr.remove_adapter(old)
-        mgr.remove_adapter(lora_id)  # the version before, under the same id
+            mgr.remove_adapter(old)
         mgr.add_adapter(lora)
         mgr.activate_adapter(lora_id)
