@@ -7,6 +7,7 @@ GPU and CPU run the same code; this module is the only place that branches on th
 from __future__ import annotations
 
 import fcntl
+import glob
 import json
 import os
 import socket
@@ -48,6 +49,10 @@ class Platform:
 
 def detect(force: str | None = None) -> Platform:
     choice = force or os.environ.get("AREAL_DEVICE", "")
+    if not choice and not glob.glob("/dev/nvidia[0-9]*"):
+        # No GPU device node, so no CUDA: torch's import (about a second) is not needed to say
+        # so, and Ray, which starts on a thread beside the driver's imports, waits for this.
+        choice = "cpu"
     if not choice:
         try:
             import torch

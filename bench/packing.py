@@ -44,16 +44,20 @@ def packed_pass(model, prompts, answers, max_tokens: int = MAX_TOKENS) -> int:
     """The trainer's own micro-batching and packed forward (TrainerWorker._logprobs); real tokens."""
     import torch
 
+    from areal_kit.rl.algo import varlen
     from areal_kit.rl.algo.packing import pack, partition
     from areal_kit.rl.workers.trainer import TrainerWorker
 
+    # The trainer's layout for its own attention; stock SDPA finds the sequences from the positions.
+    ours = model.config._attn_implementation == varlen.NAME
     me = SimpleNamespace(device=torch.device("cpu"), cfg=SimpleNamespace(ppo=SimpleNamespace(
-        gen=SimpleNamespace(temperature=workload.TEMPERATURE))))
+        gen=SimpleNamespace(temperature=workload.TEMPERATURE))),
+        layout=lambda views, device: varlen.layout_kwargs(varlen.NAME, views, device) if ours else {})
     bins = partition([len(p) + len(a) for p, a in zip(prompts, answers)], max_tokens)
     for idx in bins:
         pk = pack([prompts[i] for i in idx], [answers[i] for i in idx])
         lp, _ = TrainerWorker._logprobs(me, model, pk, grad=True)
-        lp[pk.answer_mask].sum().backward()
+        lp.sum().backward()
     return sum(len(p) + len(a) for p, a in zip(prompts, answers))
 
 

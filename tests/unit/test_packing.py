@@ -17,30 +17,37 @@ def test_pack_layout():
     pk = pack(PROMPTS, ANSWERS)
     assert pk.input_ids.tolist() == [1, 2, 3, 11, 12, 4, 13, 14, 15, 5, 6, 16, 7, 8, 9, 10]
     assert pk.position_ids.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3]
+    assert pk.views == [(0, 0, 0, 5), (5, 0, 5, 4), (9, 0, 9, 3), (12, 0, 12, 4)]
     assert pk.seq_lens == [5, 4, 3, 4]
-    assert pk.prompt_lens == [3, 1, 2, 4]
     assert pk.n_tokens == 16
-    # position t predicts token t+1: True where the next token is a generated one
-    assert pk.answer_mask.tolist() == [False, False, True, True, False,
-                                       True, True, True, False,
-                                       False, True, False,
-                                       False, False, False, False]
-    assert int(pk.answer_mask.sum()) == sum(len(a) for a in ANSWERS)
+    # position t predicts token t+1: each answer token is predicted from the position before it
+    assert pk.pred_pos.tolist() == [2, 3, 5, 6, 7, 10]
+    assert pk.targets.tolist() == [11, 12, 13, 14, 15, 16]
+    assert (pk.input_ids[pk.pred_pos + 1] == pk.targets).all()
 
 
-def test_labels_are_next_tokens_within_each_sequence():
+def test_shared_prompt_layout():
+    """Answers to one prompt hold one copy of it: the later ones read it as their prefix, their
+    positions continuing the prompt's, their first token predicted from its last position."""
+    prompts = [[1, 2, 3], [1, 2, 3], [4], [1, 2, 3], [4]]
+    answers = [[11, 12], [13], [14, 15], [], [16, 17, 18]]
+    pk = pack(prompts, answers, share_prompts=True)
+    assert pk.input_ids.tolist() == [1, 2, 3, 11, 12, 13, 4, 14, 15, 16, 17, 18]
+    assert pk.position_ids.tolist() == [0, 1, 2, 3, 4, 3, 0, 1, 2, 1, 2, 3]
+    # (prefix start, prefix length, own start, own length); the empty answer adds nothing
+    assert pk.views == [(0, 0, 0, 5), (0, 3, 5, 1), (6, 0, 6, 3), (6, 1, 9, 3)]
+    assert pk.pred_pos.tolist() == [2, 3, 2, 6, 7, 6, 9, 10]
+    assert pk.targets.tolist() == [11, 12, 13, 14, 15, 16, 17, 18]
+    with pytest.raises(ValueError, match="shared prompts"):
+        pk.seq_lens  # noqa: B018  (flash-attn's layout has no place for them)
+    # without sharing: the plain layout
+    assert pack(prompts, answers).input_ids.tolist() == [t for p, a in zip(prompts, answers) for t in p + a]
+
+
+def test_round_trip_answers_through_targets():
     pk = pack(PROMPTS, ANSWERS)
-    labels = pk.labels()
-    assert labels.tolist() == [2, 3, 11, 12, 0, 13, 14, 15, 0, 6, 16, 0, 8, 9, 10, 0]
-    assert pk.input_ids.tolist()[0] == 1  # labels() must not modify the ids
-
-
-def test_round_trip_answers_through_labels():
-    pk = pack(PROMPTS, ANSWERS)
-    back = Answers([len(a) for a in ANSWERS]).split(pk.labels()[pk.answer_mask])
+    back = Answers([len(a) for a in ANSWERS]).split(pk.targets)
     assert [b.tolist() for b in back] == ANSWERS
-    # the masked positions are exactly the split positions, in order
-    assert pk.labels()[pk.answer_mask].tolist() == [t for a in ANSWERS for t in a]
 
 
 def test_round_trip_random():
@@ -51,7 +58,8 @@ def test_round_trip_random():
     offsets = torch.tensor([0] + pk.seq_lens).cumsum(0)
     for i, (p, a) in enumerate(zip(prompts, answers)):
         assert pk.input_ids[offsets[i]:offsets[i + 1]].tolist() == p + a
-    assert [b.tolist() for b in Answers([len(a) for a in answers]).split(pk.labels()[pk.answer_mask])] == answers
+    assert [b.tolist() for b in Answers([len(a) for a in answers]).split(pk.targets)] == answers
+    assert (pk.input_ids[pk.pred_pos + 1] == pk.targets).all()
 
 
 def test_pad_layout():
@@ -158,8 +166,8 @@ def test_packed_forward_equals_per_sequence_forwards(tiny_model):
     with torch.no_grad():
         hidden = model.model(input_ids=pk.input_ids[None], position_ids=pk.position_ids[None],
                              use_cache=False).last_hidden_state[0]
-        lp, _ = Fn.chunked_logprobs(hidden, head, pk.labels(), temperature=0.7, chunk=7)
-        packed = Answers([len(a) for a in answers]).split(lp[pk.answer_mask])
+        lp, _ = Fn.chunked_logprobs(hidden[pk.pred_pos], head, pk.targets, temperature=0.7, chunk=7)
+        packed = Answers([len(a) for a in answers]).split(lp)
         offset = 0
         for i, (p, a) in enumerate(zip(prompts, answers)):
             ids = torch.tensor(p + a)[None]
@@ -194,8 +202,8 @@ def test_varlen_gradients_equal_per_sequence_gradients(tiny_path):
     head = model.get_output_embeddings()
     hidden = model.model(input_ids=pk.input_ids[None], position_ids=pk.position_ids[None],
                          use_cache=False).last_hidden_state[0]
-    lp, _ = Fn.chunked_logprobs(hidden, head, pk.labels(), temperature=1.0)
-    lp[pk.answer_mask].sum().backward()
+    lp, _ = Fn.chunked_logprobs(hidden[pk.pred_pos], head, pk.targets, temperature=1.0)
+    lp.sum().backward()
     packed = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     for p, a in zip(prompts, answers):
@@ -223,18 +231,55 @@ def test_varlen_padded_batch_falls_back_to_sdpa(tiny_path):
 def test_varlen_segments():
     from areal_kit.rl.algo.varlen import segments
 
-    assert segments(torch.tensor([0, 1, 2, 0, 0, 1])) == [(0, 3), (3, 4), (4, 6)]
-    assert segments(torch.tensor([0, 1, 2, 3])) == [(0, 4)]
+    assert segments(torch.tensor([0, 1, 2, 0, 0, 1])) == [(0, 0, 0, 3), (3, 0, 3, 1), (4, 0, 4, 2)]
+    assert segments(torch.tensor([0, 1, 2, 3])) == [(0, 0, 0, 4)]
+
+
+def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_path):
+    """The trainer's forward (TrainerWorker._logprobs) over GRPO groups: with each group's prompt
+    packed once, the answer logprobs, entropies and parameter gradients are those of the plain
+    packed row, on fewer tokens; answers of several lengths and an empty one included."""
+    import functools
+
+    from areal_kit.rl.algo import varlen
+    from areal_kit.rl.workers.trainer import TrainerWorker
+
+    model = _load(tiny_path, varlen.register())
+    w = TrainerWorker.__new__(TrainerWorker)
+    w.device = torch.device("cpu")
+    w.cfg = type("Cfg", (), {"ppo": type("P", (), {"gen": type("G", (), {"temperature": 0.7})})})()
+    w.layout = functools.partial(varlen.layout_kwargs, varlen.NAME)
+    g = torch.Generator().manual_seed(3)
+    vocab = model.config.vocab_size
+    prompts, answers = [], []
+    for p_len, a_lens in ((4, [3, 3, 1, 5]), (2, [2, 0, 2]), (6, [4])):
+        p = torch.randint(0, vocab, (p_len,), generator=g).tolist()
+        for a in a_lens:
+            prompts.append(p)
+            answers.append(torch.randint(0, vocab, (a,), generator=g).tolist())
+    outs = {}
+    for share in (False, True):
+        pk = pack(prompts, answers, share_prompts=share)
+        model.zero_grad()
+        lp, ent = w._logprobs(model, pk, grad=True)
+        (lp * torch.linspace(0.5, 2.0, lp.numel())).sum().add(ent.sum()).backward()
+        outs[share] = (pk.n_tokens, lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    (n0, lp0, ent0, g0), (n1, lp1, ent1, g1) = outs[False], outs[True]
+    assert (n0, n1) == (28 + 10 + 10, 16 + 6 + 10)
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent1, ent0, atol=1e-5, rtol=1e-5)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], atol=1e-4, rtol=1e-4)
 
 
 def test_answers_index_matches_the_packed_order_of_any_rows():
     """Answers.index(rows) lists the flat positions of those rows' answer tokens in the order a
-    Packed of the same rows lays them out, so flat[index] lines up with logprobs[answer_mask]."""
+    Packed of the same rows lays them out, so flat[index] lines up with its targets' logprobs."""
     answers = [[5, 6], [7], [8, 9, 10], [11]]
     prompts = [[1, 2], [1], [3, 4, 4], [2]]
     ans = Answers([len(a) for a in answers])
     flat = torch.tensor([t for a in answers for t in a])
     for rows in ([0, 1, 2, 3], [2, 0], [3], [1, 3, 2]):
         pk = pack([prompts[i] for i in rows], [answers[i] for i in rows])
-        assert flat[ans.index(rows)].tolist() == pk.labels()[pk.answer_mask].tolist()
+        assert flat[ans.index(rows)].tolist() == pk.targets.tolist()
     assert [t.tolist() for t in ans.split(flat)] == answers

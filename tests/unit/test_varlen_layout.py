@@ -64,7 +64,7 @@ def test_no_layer_reads_the_sequence_starts_back_from_the_device(model_of, layer
     with CountReads() as plain:
         _forward(model, pk)
     assert plain.reads["nonzero"] == layers  # without the layout: every layer asks (the old path)
-    kw = varlen.layout_kwargs(varlen.NAME, pk.seq_lens, "cpu")
+    kw = varlen.layout_kwargs(varlen.NAME, pk.views, "cpu")
     with CountReads() as laid_out:
         _forward(model, pk, **kw)
     assert laid_out.reads["nonzero"] == laid_out.reads["tolist"] == laid_out.reads["item"] == 0, laid_out.reads
@@ -77,7 +77,7 @@ def test_the_layout_gives_bit_identical_outputs_and_gradients(model_of):
     for prompts, answers in (BATCH, ([[1, 2]], [[3]]), ([[1], [2]], [[3, 4], [5, 6]])):
         pk = pack(prompts, answers)
         outs = []
-        for kw in ({}, varlen.layout_kwargs(varlen.NAME, pk.seq_lens, "cpu")):
+        for kw in ({}, varlen.layout_kwargs(varlen.NAME, pk.views, "cpu")):
             model.zero_grad()
             hidden = _forward(model, pk, **kw)
             hidden.square().sum().backward()
@@ -91,7 +91,7 @@ def test_flash_attn_gets_the_varlen_arguments_transformers_would_derive_per_laye
     from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 
     pk = pack(*BATCH)
-    kw = varlen.layout_kwargs(varlen.FLASH, pk.seq_lens, "cpu")
+    kw = varlen.layout_kwargs(varlen.FLASH, pk.views, "cpu")
     (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(pk.position_ids[None])
     assert torch.equal(kw["cu_seq_lens_q"], cu_q) and kw["cu_seq_lens_q"].dtype == cu_q.dtype == torch.int32
     assert torch.equal(kw["cu_seq_lens_k"], cu_k)

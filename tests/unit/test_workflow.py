@@ -140,3 +140,23 @@ def test_trainer_loss_masks_are_flat_over_the_shard():
     assert loss_masks([plain], Answers([3])).tolist() == [1.0, 1.0, 1.0]
     # A sample without a mask keeps all its tokens beside one with a mask.
     assert loss_masks([masked, plain], Answers([3, 3])).tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_a_batch_calls_sampling_seed_comes_from_its_requests_seeds_in_any_process():
+    """rollout.call_seed: a batch-mode engine call samples from one seed mixed from its requests'
+    seeds (None for a request without one). The same call gets the same seed in another process,
+    whatever its hash randomization (a resumed run's engine is a new process); another call,
+    the same seeds in another order included, gets another."""
+    import os
+    import subprocess
+    import sys
+
+    from areal_kit.rl.workers.rollout import call_seed
+
+    here = call_seed([11, None, 12])
+    code = "from areal_kit.rl.workers.rollout import call_seed; print(call_seed([11, None, 12]))"
+    there = subprocess.check_output([sys.executable, "-c", code], text=True,
+                                    env={**os.environ, "PYTHONHASHSEED": "7"})
+    assert int(there) == here
+    assert len({here, call_seed([12, None, 11]), call_seed([11, 0, 12]), call_seed([11, 12])}) == 4
+    assert 0 <= here < 2**63 - 1

@@ -37,7 +37,8 @@ def check_rows(rows: list[dict], reward_fns: list[str]) -> None:
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:
-    """Sampling seed of one prompt: the same (seed, step, prompt) always samples the same answers."""
+    """Sampling seed of one prompt: the same (seed, step, prompt) always samples the same answers
+    (a batch-mode engine call samples from one seed mixed from its prompts': the same call, the same answers)."""
     return (seed * 1_000_003 + step * 10_007 + index) % (2**31 - 1)
 
 

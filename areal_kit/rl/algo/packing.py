@@ -1,11 +1,12 @@
 """Pack variable-length sequences into micro-batches without padding.
 
 Sequences of a micro-batch are concatenated into one row; position ids restart at 0 for each
-sequence, which transformers turns into a block-diagonal causal mask (SDPA and flash-attn), so no
-token attends across a boundary and no compute goes to padding.
+sequence and attention runs within each (flash-attn's varlen kernel, or rl/algo/varlen.py), so no
+token attends across a boundary and no compute goes to padding. With share_prompts (our attention
+only) a group's answers share one copy of their prompt.
 
     bins = partition(lengths, max_tokens=4096, n_bins=None)   # -> list of index lists
-    batch = pack([seqs[i] for i in bins[0]])                 # -> input_ids, position_ids, ...
+    batch = pack(prompts, answers, share_prompts=True)       # -> input_ids, position_ids, views, ...
 """
 
 from __future__ import annotations
@@ -62,25 +63,33 @@ def partition(lengths: list[int], max_tokens: int, n_bins: int | None = None) ->
     return [sorted(b) for b in bins]
 
 
+# A causal sequence as attention sees it: (prefix start, prefix length, own start, own length) in
+# the packed row. Its tokens are the prefix's then its own; it writes the attention output of its
+# own tokens only. A plain sequence has no prefix; the later answers to a shared prompt have the
+# prompt's copy as their prefix (rl/algo/varlen.py attends over views).
+View = tuple[int, int, int, int]
+
+
 @dataclass
 class Packed:
     input_ids: torch.Tensor  # [T] tokens of all sequences, concatenated
-    position_ids: torch.Tensor  # [T] restarting at 0 per sequence
-    seq_lens: list[int]  # full length (prompt + answer) of each sequence
-    prompt_lens: list[int]
-    # Positions whose next token is a generated one: logits at t predict token t+1.
-    answer_mask: torch.Tensor  # [T] bool
+    position_ids: torch.Tensor  # [T] each sequence's own positions (an answer continues its prompt's)
+    views: list[View]  # the causal sequences attention runs over, in row order
+    # Answer tokens of the packed sequences, sequence after sequence: the position whose hidden
+    # state predicts each (logits at t predict token t+1) and the token itself.
+    pred_pos: torch.Tensor  # [N] long
+    targets: torch.Tensor  # [N] long
 
     @property
     def n_tokens(self) -> int:
         return int(self.input_ids.numel())
 
-    def labels(self) -> torch.Tensor:
-        """Next-token targets (the last position of each sequence gets a dummy 0)."""
-        nxt = torch.roll(self.input_ids, -1)
-        ends = torch.tensor(self.seq_lens).cumsum(0) - 1
-        nxt[ends] = 0
-        return nxt
+    @property
+    def seq_lens(self) -> list[int]:
+        """Lengths of the row's contiguous sequences (flash-attn's layout: no shared prompt)."""
+        if any(pre for _, pre, _, _ in self.views):
+            raise ValueError("a packed row with shared prompts has no contiguous sequence lengths")
+        return [n for _, _, _, n in self.views]
 
 
 class Answers:
@@ -112,20 +121,38 @@ class Answers:
         return list(flat.split(self.lens.tolist()))
 
 
-def pack(prompts: list[list[int]], answers: list[list[int]]) -> Packed:
-    """Concatenate (prompt + answer) token lists into one packed row."""
-    ids, pos, mask, seq_lens, prompt_lens = [], [], [], [], []
+def pack(prompts: list[list[int]], answers: list[list[int]], share_prompts: bool = False) -> Packed:
+    """Concatenate (prompt + answer) token lists into one packed row.
+
+    share_prompts: sequences with the same prompt (a GRPO group's answers) hold one copy of it,
+    which each of their answers attends to; every layer but attention then runs on it once, not
+    group_size times. The hidden states, and so the logprobs, are those of the unshared row.
+    """
+    ids: list[int] = []
+    pos: list[int] = []
+    views: list[View] = []
+    pred: list[int] = []
+    copies: dict[tuple[int, ...], tuple[int, int]] = {}  # prompt -> (start, length) of its copy
     for p, a in zip(prompts, answers):
-        n = len(p) + len(a)
-        ids.extend(p)
-        ids.extend(a)
-        pos.extend(range(n))
-        # Position t predicts token t+1: answer tokens are predicted from p-1 .. n-2.
-        mask.extend([False] * (len(p) - 1) + [True] * len(a) + [False])
-        seq_lens.append(n)
-        prompt_lens.append(len(p))
-    return Packed(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long),
-                  seq_lens, prompt_lens, torch.tensor(mask, dtype=torch.bool))
+        s, copy = len(ids), copies.get(tuple(p)) if share_prompts else None
+        if copy is None:
+            ids.extend(p)
+            ids.extend(a)
+            pos.extend(range(len(p) + len(a)))
+            views.append((s, 0, s, len(p) + len(a)))
+            # Position t predicts token t+1: answer tokens are predicted from p-1 .. n-2.
+            pred.extend(range(s + len(p) - 1, s + len(p) + len(a) - 1))
+            if share_prompts:
+                copies[tuple(p)] = (s, len(p))
+        elif a:  # its prompt is in the row already: the answer alone, after that prompt's positions
+            start, n = copy
+            ids.extend(a)
+            pos.extend(range(n, n + len(a)))
+            views.append((start, n, s, len(a)))
+            pred.append(start + n - 1)
+            pred.extend(range(s, s + len(a) - 1))
+    return Packed(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long), views,
+                  torch.tensor(pred, dtype=torch.long), torch.tensor([t for a in answers for t in a], dtype=torch.long))
 
 
 def pad(prompts: list[list[int]], answers: list[list[int]], pad_id: int = 0):

