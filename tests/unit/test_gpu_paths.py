@@ -200,3 +200,24 @@ def test_platform_picks_the_weight_send_rule():
     assert not hardware.detect("cpu").exclusive_weight_send
     assert hardware.detect("cuda").torch_device == torch.device("cuda", 0)
     assert hardware.detect("cpu").torch_device == torch.device("cpu")
+
+
+def test_detect_asks_torch_only_where_a_gpu_device_node_exists(monkeypatch):
+    """Without AREAL_DEVICE, a machine with no /dev/nvidia* node is CPU before torch is imported
+    (Ray's start waits for this); where a node exists torch's CUDA check decides. The node and the
+    CUDA answer are stand-ins: this machine has neither."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.delenv("AREAL_DEVICE", raising=False)
+    code = ("import sys; from areal_kit import hardware; "
+            "print(hardware.detect().device, 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "AREAL_DEVICE"}
+    if not hardware.glob.glob("/dev/nvidia[0-9]*"):
+        assert subprocess.check_output([sys.executable, "-c", code], text=True, env=env).split() == ["cpu", "False"]
+    monkeypatch.setattr(hardware.glob, "glob", lambda pattern: ["/dev/nvidia0"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert hardware.detect().device == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert hardware.detect().device == "cpu"

@@ -18,7 +18,7 @@ def test_pack_layout():
     assert pk.input_ids.tolist() == [1, 2, 3, 11, 12, 4, 13, 14, 15, 5, 6, 16, 7, 8, 9, 10]
     assert pk.position_ids.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3]
     assert pk.views == [(0, 0, 0, 5), (5, 0, 5, 4), (9, 0, 9, 3), (12, 0, 12, 4)]
-    assert pk.seq_lens == [5, 4, 3, 4]
+    assert [n for _, _, _, n in pk.views] == [5, 4, 3, 4]
     assert pk.n_tokens == 16
     # position t predicts token t+1: each answer token is predicted from the position before it
     assert pk.pred_pos.tolist() == [2, 3, 5, 6, 7, 10]
@@ -29,6 +29,8 @@ def test_pack_layout():
 def test_shared_prompt_layout():
     """Answers to one prompt hold one copy of it: the later ones read it as their prefix, their
     positions continuing the prompt's, their first token predicted from its last position."""
+    from areal_kit.rl.algo import varlen
+
     prompts = [[1, 2, 3], [1, 2, 3], [4], [1, 2, 3], [4]]
     answers = [[11, 12], [13], [14, 15], [], [16, 17, 18]]
     pk = pack(prompts, answers, share_prompts=True)
@@ -38,8 +40,8 @@ def test_shared_prompt_layout():
     assert pk.views == [(0, 0, 0, 5), (0, 3, 5, 1), (6, 0, 6, 3), (6, 1, 9, 3)]
     assert pk.pred_pos.tolist() == [2, 3, 2, 6, 7, 6, 9, 10]
     assert pk.targets.tolist() == [11, 12, 13, 14, 15, 16, 17, 18]
-    with pytest.raises(ValueError, match="shared prompts"):
-        pk.seq_lens  # noqa: B018  (flash-attn's layout has no place for them)
+    with pytest.raises(ValueError, match="shared prompts"):  # flash-attn's layout has no place for them
+        varlen.layout_kwargs(varlen.FLASH, pk.views, "cpu")
     # without sharing: the plain layout
     assert pack(prompts, answers).input_ids.tolist() == [t for p, a in zip(prompts, answers) for t in p + a]
 
@@ -55,9 +57,8 @@ def test_round_trip_random():
     prompts = [[rng.randrange(100) for _ in range(rng.randint(1, 9))] for _ in range(30)]
     answers = [[rng.randrange(100) for _ in range(rng.randint(0, 12))] for _ in range(30)]
     pk = pack(prompts, answers)
-    offsets = torch.tensor([0] + pk.seq_lens).cumsum(0)
-    for i, (p, a) in enumerate(zip(prompts, answers)):
-        assert pk.input_ids[offsets[i]:offsets[i + 1]].tolist() == p + a
+    for (start, pre, _, n), p, a in zip(pk.views, prompts, answers, strict=True):
+        assert pre == 0 and pk.input_ids[start:start + n].tolist() == p + a
     assert [b.tolist() for b in Answers([len(a) for a in answers]).split(pk.targets)] == answers
     assert (pk.input_ids[pk.pred_pos + 1] == pk.targets).all()
 

@@ -84,13 +84,6 @@ class Packed:
     def n_tokens(self) -> int:
         return int(self.input_ids.numel())
 
-    @property
-    def seq_lens(self) -> list[int]:
-        """Lengths of the row's contiguous sequences (flash-attn's layout: no shared prompt)."""
-        if any(pre for _, pre, _, _ in self.views):
-            raise ValueError("a packed row with shared prompts has no contiguous sequence lengths")
-        return [n for _, _, _, n in self.views]
-
 
 class Answers:
     """Where each sequence's answer tokens sit in flat per-token tensors (the answers of a batch
@@ -134,7 +127,8 @@ def pack(prompts: list[list[int]], answers: list[list[int]], share_prompts: bool
     pred: list[int] = []
     copies: dict[tuple[int, ...], tuple[int, int]] = {}  # prompt -> (start, length) of its copy
     for p, a in zip(prompts, answers):
-        s, copy = len(ids), copies.get(tuple(p)) if share_prompts else None
+        s, key = len(ids), tuple(p)
+        copy = copies.get(key) if share_prompts else None
         if copy is None:
             ids.extend(p)
             ids.extend(a)
@@ -143,7 +137,7 @@ def pack(prompts: list[list[int]], answers: list[list[int]], share_prompts: bool
             # Position t predicts token t+1: answer tokens are predicted from p-1 .. n-2.
             pred.extend(range(s + len(p) - 1, s + len(p) + len(a) - 1))
             if share_prompts:
-                copies[tuple(p)] = (s, len(p))
+                copies[key] = (s, len(p))
         elif a:  # its prompt is in the row already: the answer alone, after that prompt's positions
             start, n = copy
             ids.extend(a)

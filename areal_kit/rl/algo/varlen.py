@@ -108,10 +108,7 @@ def layout(views: list[tuple[int, int, int, int]], device) -> Layout:
         keep = None
         if any(v[1] for v in vs):  # a prefix is read, not written: only the own tokens' outputs are kept
             keep = torch.arange(len(vs) * length).masked_select((ar >= pre).flatten())
-            idx_owned = idx[keep]
-        else:
-            idx_owned = idx
-        owned.append(idx_owned)
+        owned.append(idx if keep is None else idx[keep])
         groups.append((idx.to(device), len(vs), length, None if keep is None else keep.to(device)))
     perm = torch.cat(owned)
     if torch.equal(perm, torch.arange(perm.numel())):

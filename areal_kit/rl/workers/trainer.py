@@ -144,7 +144,7 @@ class TrainerWorker(WeightSender, StackDumps):
 
     # ---------------------------------------------------------------- forward
     def _pack(self, shard: list[dict], idx: list[int]) -> Packed:
-        return pack(*([shard[i][k] for i in idx] for k in ("prompt_ids", "output_ids")), self.share_prompts)
+        return pack([shard[i]["prompt_ids"] for i in idx], [shard[i]["output_ids"] for i in idx], self.share_prompts)
 
     def _logprobs(self, model, pk: Packed, grad: bool):
         """(logprob, entropy) of each answer token of pk, in its order (Packed.targets)."""
