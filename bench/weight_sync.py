@@ -10,7 +10,10 @@ sends the buckets over the standalone gloo group, received straight into the par
 engine on another node gets them; disk = the trainer saves a Hugging Face folder with fsync (as
 a write to shared storage must be) and the engine reloads it. The raw broadcast is a bare
 torch.distributed (gloo) broadcast of the same bytes, one flat buffer ready on both sides,
-between this process and a child: no Ray call, no loading. All four alternate, 5 of each.
+between this process and a child: no Ray call, no loading. All four alternate, 5 of each. The
+colocated row (shared GPUs: CUDA IPC, rl/weight_sync/colocated.py) runs only where a GPU is: the
+trainer mixin hands a child on the same GPU its buffer chunk by chunk and the child copies every
+tensor into its own (an engine's load, without vLLM); on CPU the row says it was skipped.
 
     python bench/run.py weight_sync
 """
@@ -71,6 +74,58 @@ class RawBroadcast:
         self.child.join(60)
 
 
+def _ipc_child(requests, replies) -> None:
+    """The engine worker's end of the colocated row: map the buffer, copy each chunk out."""
+    import torch
+
+    from areal_kit.rl.weight_sync import cuda_ipc
+
+    importer, params = cuda_ipc.Importer(), {}
+    uuid = str(torch.cuda.get_device_properties(0).uuid)
+    while (msg := requests.get()) is not None:
+        handles, chunk = msg
+        for name, view in cuda_ipc.views(importer.open(handles, uuid, 0), [cuda_ipc.Slot(*s) for s in chunk]):
+            params.setdefault(name, torch.empty_like(view)).copy_(view)
+        torch.cuda.synchronize()
+        replies.put(len(chunk))
+    importer.close()
+
+
+def colocated(model_path: str, reps: int) -> float | None:
+    """Median seconds of a CUDA IPC sync of the model's bf16 weights between a trainer rank
+    (colocated.IpcSender) and a child on the same GPU; None without a GPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from areal_kit.rl.weight_sync.colocated import IpcSender
+
+    if not torch.cuda.is_available():
+        return None
+    rank = IpcSender()
+    rank.device = torch.device("cuda", 0)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).to(rank.device)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:  # as the trainer sends it: the engine ties lm_head itself
+        state.pop("lm_head.weight", None)
+    rank._sync_state, rank.release_memory = lambda: state, dict
+    ctx = mp.get_context("spawn")
+    requests, replies = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_ipc_child, args=(requests, replies), daemon=True)
+    child.start()
+    times = []
+    for _ in range(reps + 1):  # the first maps the buffer and warms the child's CUDA context
+        t0 = time.time()
+        start = rank.ipc_start()
+        for i in range(start["chunks"]):
+            requests.put((start["handles"], rank.ipc_fill(i)))
+            replies.get(timeout=600)
+        rank.ipc_end()
+        times.append(time.time() - t0)
+    requests.put(None)
+    child.join(60)
+    return engines.median(times[1:])
+
+
 def run() -> Result:
     import ray
 
@@ -104,6 +159,7 @@ def run() -> Result:
         ray.shutdown()
         log.close()
         raw.close()
+    ipc = colocated(model_path, REPS)
     m, b, d, raw_s = (engines.median(times[k]) for k in ("auto", "broadcast", "disk", "raw"))
     load = {k: {part: engines.median(r[-1][part] for r in v) for part in v[0][-1]} for k, v in reports.items()}
     rp = {k: v["load_repack"] for k, v in load.items()}  # every path's engine ends in vLLM's re-pack
@@ -121,7 +177,11 @@ def run() -> Result:
     rows = [["in memory, auto (shared memory on one node)", m, rp["auto"], mb / m, f"{m / raw_s:.1f}x raw"],
             ["in memory, broadcast (gloo, as across nodes)", b, rp["broadcast"], mb / b, f"{b / raw_s:.1f}x raw"],
             ["disk: save + fsync + reload", d, rp["disk"], mb / d, f"{d / raw_s:.1f}x raw"],
-            ["raw gloo broadcast", raw_s, 0.0, mb / raw_s, "1.0x"]]
+            ["raw gloo broadcast", raw_s, 0.0, mb / raw_s, "1.0x"],
+            ["colocated: CUDA IPC (shared GPUs), bf16", *((ipc, 0.0, mb / 2 / ipc, f"{ipc / raw_s:.1f}x raw") if ipc
+                                                          else ("skipped: no GPU here", "-", "-", "-"))]]
+    if ipc:
+        figures["colocated_ipc_s"] = ipc
     notes = [(f"{n / 1e6:.1f}M parameters, {mb:.0f} MB per sync (fp32; the tied lm_head is not sent, the engine "
              f"ties it); disk path on {_fs(fileroot)}. Seconds per sync include the Ray calls and vLLM's weight "
              "re-packing (every path pays it). The ratio is disk over auto; broadcast alone is "

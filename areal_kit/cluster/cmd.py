@@ -6,6 +6,7 @@
     areal-kit status            # the cluster set up last from this machine (--name to choose)
     areal-kit doctor            # check it: limits, versions, storage, GPU stack, Ray, network (cluster/doctor.py)
     areal-kit down
+    areal-kit train 1.5B_n4 --cluster areal   # training again, later: setup's train steps alone (train_on)
 
 Steps (cluster/steps.py, cluster/ray_cluster.py, cluster/data.py, cluster/train_start.py) run on
 all hosts in parallel via cluster/parallel.py; the exit code is an ExitCode (areal_kit/errors.py):
@@ -23,14 +24,15 @@ import functools
 import os
 import re
 import secrets as secrets_mod
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 
-from areal_kit.cluster.flags import build, command, params
-from areal_kit.cluster.options import STOP_GRACE, Cluster, ConnectOptions, Limits, SetupOptions, save_state
+from areal_kit.cluster.flags import build, command, flag, params
+from areal_kit.cluster.options import STOP_GRACE, TRAIN_WAIT, Cluster, ConnectOptions, Limits, SetupOptions, save_state
 from areal_kit.cluster.target import Hosts, Target
-from areal_kit.errors import ExitCode
+from areal_kit.errors import ExitCode, RunFailed, UserError
 from areal_kit.home import state_dir
 
 # status, down and doctor: which cluster, and how this machine reaches it.
@@ -119,11 +121,15 @@ def setup(
                       f"logs in {opts.log_dir}")
         ok = run_steps(cluster, plan, console)
         _print_findings(cluster, console)
-        save_state(opts)
+        if not opts.fetch_only:  # the hosts' cluster is the one a full setup saved
+            save_state(opts)
     finally:
         _close(cluster)
     if not ok:
         return ExitCode.FAILED
+    if opts.fetch_only:
+        console.print(f"fetched onto {opts.storage}; Ray and training not started (--fetch-only)")
+        return ExitCode.OK
     head = cluster.head
     console.print(f"cluster {opts.spec.cluster_name} is up: Ray at {head.ip}:{opts.ray_port}"
                   + (f", dashboard http://{head.ip}:8265" if opts.dashboard else ""))
@@ -150,7 +156,81 @@ def _setup_plan(opts: SetupOptions, assets, mirror: str, train_cfg, checks: Limi
     if opts.train_param:  # the preset against the nodes as soon as preflight knows them; its start, watched
         plan.insert(2, Step("preset", functools.partial(train_start.preset, cfg=train_cfg), head_only=True, gate=True))
         plan.append(Step("train_wait", train_start.wait, head_only=True))
+    if opts.fetch_only:  # what the data step needs (hosts, storage, the image it fetches in), then it
+        return plan[:[s.name for s in plan].index("data") + 1]
     return plan
+
+
+@dataclass
+class OnCluster:
+    """`areal-kit train`'s options for a run on a cluster's head (cli.py adds them to rl/cmd.py's)."""
+
+    cluster: str | None = flag(None, "--cluster", help="Run it on the head of the cluster setup saved under this "
+                               "--name (setup's default: areal), in its runtime, with its fileroot and storage, as "
+                               "setup's own start does: resumes a matching recover checkpoint; refused while the "
+                               "run's driver runs there. Give the overrides again: setup's --train-arg are not "
+                               "kept. With --dry-run: the commands it would run there.")
+    train_wait: float | None = flag(None, "--train-wait", min=0, help=f"With --cluster: seconds to wait for a sign "
+                                    f"of life in the run's log (default {TRAIN_WAIT:g}); 0: start it, do not wait.")
+
+
+# train's options beyond rl/cmd.py's: the cluster, and how this machine reaches it.
+TRAIN_ON = (params(OnCluster), params(ConnectOptions, "known_hosts host_key_policy"))
+
+
+def train_on(preset: str, overrides: list[str], *, fresh: bool, dry_run: bool, given: dict) -> int:
+    """`areal-kit train PRESET --cluster NAME`: setup's train and train_wait steps alone, on the cluster
+    saved under NAME, for this preset and these overrides (setup's --train-arg are not carried over):
+    the driver starts on the head, in the runtime, with the fileroot and storage setup used, and
+    resumes from a matching recover checkpoint. Refused (exit 2) while the run's driver runs there."""
+    from areal_kit.cluster import steps, train_start
+    from areal_kit.cluster.options import load_state, state_path
+    from areal_kit.cluster.parallel import Step, StepFailed, run_steps
+    from areal_kit.cluster.parallel import dry_run as print_plan
+    from areal_kit.config.loader import load_config
+    from areal_kit.console import make_console
+
+    where = build(OnCluster, given)
+    name, wait = where.cluster, where.train_wait
+    if not state_path(name).exists():
+        saved = sorted(p.stem for p in state_path(name).parent.glob("*.json"))
+        raise UserError(f"--cluster {name}: no cluster of that name was set up from here ({state_path(name)} "
+                        f"missing); expected the --name given to setup (default areal)"
+                        + (f": {', '.join(saved)}" if saved else ""))
+    opts = load_state(name)
+    cfg = load_config(preset, [*train_start.placement(opts), *overrides])  # bad input before any host
+    if Path(preset).suffix in (".yaml", ".yml"):
+        raise UserError(f"--cluster: the head reads presets by name from its own package, not {preset} of this "
+                        "machine; expected a preset name like 1.5B_n4")
+    opts = dataclasses.replace(opts, train_param=preset, train_args=list(overrides), dry_run=dry_run, log_dir=None,
+                               train_wait=TRAIN_WAIT if wait is None else wait)
+    copts = build(ConnectOptions, given, ssh_config=opts.ssh_config, gateway=opts.gateway)
+    # No secrets of its own: the runtime has setup's (the containers' env, the host runtime's file).
+    cluster = _build(opts, copts, {})
+    check = Step("running", functools.partial(train_start.not_running, cfg=cfg), head_only=True)
+    start = [Step("train", functools.partial(train_start.train, fresh=fresh), head_only=True),
+             Step("train_wait", train_start.wait, head_only=True)]
+    console = make_console(highlight=False)
+    try:
+        if dry_run:
+            return print_plan(cluster, [Step("connect", steps.connect, head_only=True), check, *start], console)
+        head = cluster.head
+        try:
+            steps.connect(cluster, head)
+            why = train_start.running(cluster, head, cfg)
+        except StepFailed as e:
+            raise RunFailed(f"cluster {name}, head {head.name}: {e}") from None
+        if why:
+            raise UserError(why)
+        console.print(f"train {preset} on cluster {name} ({opts.runtime}), head {head.name}; logs in {opts.log_dir}",
+                      markup=False, soft_wrap=True)
+        ok = run_steps(cluster, start, console)
+    finally:
+        _close(cluster)
+    said = [o.message for o in (head.outcomes.get("train_wait"), head.outcomes.get("train")) if o and o.status != "skipped"]
+    if ok and said:  # where the run stands (train_wait's), else where its log is (train's, not waited for)
+        console.print(said[0], markup=False, soft_wrap=True)
+    return ExitCode.OK if ok else ExitCode.FAILED
 
 
 @command(*_TARGET)

@@ -1,11 +1,14 @@
 """The data step: what training and eval read, onto shared storage, once, on the head host.
 
-What it fetches (`plan`): each `--data URI[=DEST]`, and with `--train_param PRESET` the preset's
-`assets` (name -> {uri, dest, sha256}, each dest the path the preset reads) and, with them, the
+What it fetches (`plan`): each `--data URI[=DEST]`, and with `--train_param PRESET` the assets of
+the preset as the run loads it (config/assets.py: the preset's own, name -> {uri, dest, sha256},
+each dest the path the preset reads, less those whose path a --train-arg names; and each hub id
+or URI a --train-arg names as a model or data path, at its storage path) and, with them, the
 eval sets of evaluation/manifest.yaml into STORAGE/datasets/eval (eval/data.py `eval_sets_dir`,
-where `areal-kit eval` reads them). `--data` without DEST lands a file as a file at
-STORAGE/datasets/<file name>, a hub model at STORAGE/models/<name>, a hub dataset or another
-folder at STORAGE/datasets/<name>. With `--mirror URL` every source comes from the mirror, laid
+where `areal-kit eval` reads them). An eval set that cannot be fetched is a warning, not a
+failure: training never reads one, and `areal-kit eval` fetches it on first use. `--data`
+without DEST lands a file as a file at STORAGE/datasets/<file name>, a hub model at
+STORAGE/models/<name>, a hub dataset or another folder at STORAGE/datasets/<name>. With `--mirror URL` every source comes from the mirror, laid
 out as its origin (data/assets.py `mirror_url`).
 
 `python -m areal_kit.cluster.fetch --plan JSON` does the work on the head, in a throwaway
@@ -19,15 +22,17 @@ import dataclasses
 import json
 import re
 import shlex
-import urllib.parse
 
 from areal_kit.cluster.options import Cluster, SetupOptions, q
 from areal_kit.cluster.parallel import HostState, Outcome
 from areal_kit.cluster.steps import fail
-from areal_kit.config.loader import load_config
-from areal_kit.data.assets import SCHEMES, Asset, is_folder, mirror_url, split_uri
+from areal_kit.config.assets import PATH_KEYS, dest_for
+from areal_kit.config.loader import load_resolved
+from areal_kit.data.assets import SCHEMES, Asset, is_folder, mirror_url
 from areal_kit.errors import UserError
 from areal_kit.eval.data import eval_set_assets, eval_sets_dir
+
+EVAL = "eval/"  # the eval sets' asset names (eval/data.py eval_set_assets)
 
 
 def validate(uri: str, what: str) -> None:
@@ -46,15 +51,12 @@ def split_data(spec: str) -> tuple[str, str]:
     return (uri, dest) if sep and dest.startswith("/") else (spec, "")
 
 
-def dest_for(storage: str, uri: str) -> str:
-    """Where `--data URI` lands without a DEST."""
-    base = split_uri(uri)[0]
-    parts = urllib.parse.urlsplit(base)
-    name = parts.path.rstrip("/").rsplit("/", 1)[-1] or parts.netloc
-    model = base.startswith("tiny://") or (base.startswith("hf://") and not base.startswith("hf://datasets/"))
-    if base.startswith("tiny://"):
-        name = f"tiny-{parts.netloc}"
-    return f"{storage.rstrip('/')}/{'models' if model else 'datasets'}/{name}"
+def preset_sources(opts: SetupOptions):
+    """(the preset's config as its assets are fetched, a line per preset asset a --train-arg dropped):
+    under the storage setup provides, unless a --train-arg says otherwise (it comes later, so it
+    wins); a cluster spec is the head's file, and the assets do not depend on it."""
+    args = [a for a in opts.train_args if a.split("=", 1)[0].strip() != "cluster"]
+    return load_resolved(opts.train_param, [f"storage_root={opts.storage}", *args])
 
 
 def plan(opts: SetupOptions, mirror: str = "", cfg=None) -> list[Asset]:
@@ -73,14 +75,11 @@ def plan(opts: SetupOptions, mirror: str = "", cfg=None) -> list[Asset]:
         dest = dest or dest_for(opts.storage, uri)
         out.append(Asset(f"data:{dest.rstrip('/').rsplit('/', 1)[-1]}", uri, dest))
     if opts.train_param:
-        # Under the storage setup provides, unless a --train-arg says otherwise (it comes later, so it wins);
-        # a cluster spec is the head's file, and the assets do not depend on it.
         if cfg is None:
-            args = [a for a in opts.train_args if a.split("=", 1)[0].strip() != "cluster"]
-            cfg = load_config(opts.train_param, [f"storage_root={opts.storage}", *args])
+            cfg = preset_sources(opts)[0]
         wanted = {name: a for name, a in cfg.assets.items() if a["uri"]}
         for name, a in wanted.items():
-            validate(a["uri"], f"{opts.train_param} assets.{name}.uri")
+            validate(a["uri"], name if name in PATH_KEYS else f"{opts.train_param} assets.{name}.uri")
             out.append(Asset(name, a["uri"], a["dest"], a["sha256"]))
         if wanted:
             out += eval_set_assets(eval_sets_dir(cfg.storage_root))
@@ -106,26 +105,37 @@ def _fetch_cmd(c: Cluster, h: HostState, *args: str) -> str:
 
 
 def data(c: Cluster, h: HostState, assets: list[Asset], mirror: str = "") -> Outcome:
-    if not assets:
-        return Outcome("skipped", "nothing to fetch (no --data, and the preset declares no assets)")
+    dropped = preset_sources(c.opts)[1] if c.opts.train_param else []
     if c.opts.dry_run:  # a line per source, readable beside the command that fetches them all
+        for line in dropped:
+            h.remote.commands.append(("fetch", line))
         for a in assets:
             kind = {True: "folder", False: "file", None: "file or folder"}[is_folder(a.uri)]
             h.remote.commands.append(("fetch", f"{a.name}: {mirror_url(a.uri, mirror)} -> {a.dest} ({kind})"))
+    mine = f"; not the preset's {', '.join(d.split(':', 1)[0] for d in dropped)} (a path you named)" if dropped else ""
+    if not assets:
+        return Outcome("skipped", "nothing to fetch (no --data, and the preset declares no assets)" + mine)
     sudo = c.opts.runtime == "docker"
     items = [{k: v for k, v in dataclasses.asdict(a).items() if v} for a in assets]
     args = ["--plan", json.dumps(items), *(["--mirror", mirror] if mirror else [])]
     names = ", ".join(a.name for a in assets)
     if h.remote.run(_fetch_cmd(c, h, *args, "--check"), sudo=sudo, check=True, timeout=600).ok:
-        return Outcome("ok", f"present: {names}")
+        return Outcome("ok", f"present: {names}{mine}")
     res = h.remote.run(_fetch_cmd(c, h, *args), sudo=sudo, timeout=6 * 3600)
     said = [line.split(maxsplit=2) for line in res.stdout.splitlines()]
-    if not res.ok:
-        failed = [" ".join(w[1:]) for w in said if w and w[0] == "failed"]
-        fail(c, f"fetching failed: {failed[0] if failed else f'exit {res.rc}'}"
-                + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""), res)
+    failed = [(w[1].rstrip(":"), " ".join(w[1:])) for w in said if len(w) > 1 and w[0] == "failed"]
+    needed = [why for name, why in failed if not name.startswith(EVAL)]
+    if not res.ok and (needed or not failed):  # an eval set alone never stops training: it reads none
+        fail(c, f"fetching failed: {needed[0] if needed else f'exit {res.rc}'}"
+                + (f" (and {len(needed) - 1} more)" if len(needed) > 1 else ""), res)
+    warn = ""
+    if failed:
+        warn = (f"; warning: eval set(s) not fetched ({failed[0][1]}"
+                + (f", and {len(failed) - 1} more" if len(failed) > 1 else "")
+                + "): training goes on, `areal-kit eval` fetches them on first use")
     fetched = [w[1] for w in said if len(w) > 1 and w[0] == "fetched"]
     present = [w[1] for w in said if len(w) > 1 and w[0] == "present"]
     if fetched:
-        return Outcome("changed", f"fetched {', '.join(fetched)}" + (f"; present {len(present)}" if present else ""))
-    return Outcome("ok", f"present: {names}")
+        return Outcome("changed", f"fetched {', '.join(fetched)}" + (f"; present {len(present)}" if present else "")
+                       + mine + warn)
+    return Outcome("ok", f"present: {', '.join(present) or names}{mine}{warn}")

@@ -24,7 +24,9 @@ stop a host's later checks, so one run finds every fault):
            the trainers'
 `areal-kit setup` runs host (the GPU stack included), agree, ray and the network step's all-reduce
 over the weight sync's group (NCCL across the GPU nodes) at its end and starts no training after a
-failed one (unless --skip-doctor). The figures are saved beside the cluster's
+failed one (unless --skip-doctor). `areal-kit train` on a GPU runs the host step's GPU-stack check
+of its own node before it builds any actor (probe.py `cuda`, through hardware.check_cuda). The
+figures are saved beside the cluster's
 state (netfigures.py), where `areal-kit train PRESET --dry-run` finds the measured bandwidth for its
 weight-sync estimate.
 """

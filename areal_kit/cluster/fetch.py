@@ -104,7 +104,7 @@ def run_plan(items: list[Asset], mirror: str = "", check_only: bool = False, ver
         try:
             print(fetch(a, mirror), flush=True)
         except (FetchError, OSError) as e:
-            print(f"failed {a.name}: {e}", flush=True)
+            print(f"failed {a.name}: {str(e).removeprefix(f'{a.name}: ')}", flush=True)
             bad += 1
     return ExitCode.FAILED if bad else ExitCode.OK
 

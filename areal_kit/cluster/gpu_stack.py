@@ -76,9 +76,16 @@ def all_reduce_result(n: int, nbytes: int, ranks: list[dict], lost: str = "") ->
     return out
 
 
-def _driver_fix(need: int) -> str:
+def driver_fix(need: int) -> str:
     return (f"install NVIDIA driver {need} or newer on the host (Ubuntu: apt-get install nvidia-driver-{need}, or "
             "NVIDIA's CUDA repository), then reboot")
+
+
+def driver_needed(driver: str, cuda: str) -> int | None:
+    """The driver (major version) CUDA `cuda` needs where `driver` ("550.54.15") is older; None
+    when it is new enough, or either is unknown (nvidia-smi gave none, a CUDA stack.py has no row for)."""
+    need, have = stack.min_driver(cuda), driver_major(driver)
+    return need if need is not None and have is not None and have < need else None
 
 
 def _runtime_fix(runtime: str) -> str:
@@ -91,11 +98,16 @@ def _runtime_fix(runtime: str) -> str:
 
 def _driver_findings(host: str, g: dict) -> list[Finding]:
     cuda = g.get("cuda") or stack.versions("cuda")["cuda"]
-    need, have = stack.min_driver(cuda), driver_major(g.get("driver", ""))
-    if need is None or have is None or have >= need:
-        return []
-    return [Finding(host, "gpu-driver", f"NVIDIA driver {g['driver']}",
-                    f">= {need} for CUDA {cuda} (torch {g.get('torch') or stack.TORCH})", _driver_fix(need))]
+    need = driver_needed(g.get("driver", ""), cuda)
+    if need is not None:
+        return [Finding(host, "gpu-driver", f"NVIDIA driver {g['driver']}",
+                        f">= {need} for CUDA {cuda} (torch {g.get('torch') or stack.TORCH})", driver_fix(need))]
+    if not (g.get("driver") or g.get("runtime_gpus") or g.get("host_gpus")):
+        # Checked where a GPU is required (`areal-kit train` on a cuda device), not counted on any side.
+        need = stack.min_driver(cuda) or 0
+        return [Finding(host, "gpu-driver", "no NVIDIA driver answers here (nvidia-smi is missing or lists no GPU)",
+                        f"a driver >= {need} for CUDA {cuda} and its GPUs", driver_fix(need))]
+    return []
 
 
 def _visible_findings(host: str, g: dict, runtime: str) -> list[Finding]:
@@ -108,16 +120,18 @@ def _visible_findings(host: str, g: dict, runtime: str) -> list[Finding]:
     want = max(seen, host_n)
     if not g.get("torch_cuda_available"):
         why = g.get("torch_error") or "no reason given"
-        need = stack.min_driver(g.get("cuda") or "")
-        have = driver_major(g.get("driver", ""))
-        if not g.get("cuda"):
+        need = driver_needed(g.get("driver", ""), g.get("cuda") or "")
+        if not g.get("cuda") and runtime == "docker":
             fix = "use the CUDA image (the runtime's torch is a CPU build): areal-kit setup on the GPU hosts builds it"
-        elif need and have is not None and have < need:
-            fix = _driver_fix(need)
+        elif not g.get("cuda"):
+            fix = ("this Python's torch is a CPU build: install the CUDA one (pip install 'areal-kit[gpu]'), or run "
+                   "in areal-kit's CUDA image")
+        elif need:
+            fix = driver_fix(need)
         else:
             fix = _runtime_fix(runtime) + "; nvidia-smi on the host must list the GPUs"
         found.append(Finding(host, "torch-cuda", f"torch.cuda.is_available() is False ({why})",
-                             f"True, with {want} GPUs", fix))
+                             f"True, with {want} GPUs" if want else "True", fix))
     elif g.get("torch_gpus", 0) < want:
         found.append(Finding(host, "torch-cuda", f"torch sees {g.get('torch_gpus', 0)} of the {want} GPUs",
                              f"all {want}", "unset CUDA_VISIBLE_DEVICES in the runtime's environment"))

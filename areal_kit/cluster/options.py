@@ -104,6 +104,9 @@ class SetupOptions:
     min_disk_gb: float = flag(20.0, "--min-disk-gb", min=0, help="Free space required on the storage, in GB.")
     log_dir: str | None = flag(None, "--log-dir", help="Per-host log files (default ~/.areal-kit/logs/NAME/TIME).")
     dry_run: bool = flag(False, "--dry-run", help="Print every command per host; run nothing.")
+    fetch_only: bool = flag(False, "--fetch-only", help="Run setup's steps up to its data step (connect, storage, "
+                            "image, data) and stop: fetch the preset's assets and --data onto the storage, start "
+                            "neither Ray nor training.")
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -141,6 +144,8 @@ class SetupOptions:
                 raise UserError(f"--train-arg: expected key=value, got {a!r}")
         if self.train_param is not None and not re.match(r"^[A-Za-z0-9_.\-]+$", self.train_param):
             raise UserError(f"--train_param: expected a preset name like 1.5B_n4, got {self.train_param!r}")
+        if self.fetch_only and not (self.train_param or self.data):
+            raise UserError("--fetch-only: nothing to fetch; expected --train_param PRESET or --data URI")
         if self.min_disk_gb < 0 or self.ray_wait <= 0 or self.train_wait < 0:
             raise UserError("--min-disk-gb and --train-wait must be >= 0, --ray-wait > 0")
         if not self.log_dir:
@@ -181,7 +186,7 @@ class SetupOptions:
 
     def to_state(self) -> dict:
         d = dataclasses.asdict(self)
-        d["dry_run"] = False
+        d["dry_run"] = d["fetch_only"] = False
         return d
 
     @classmethod

@@ -4,12 +4,15 @@ container of each host, or the host's Python for the host runtime). It prints on
 
     python -m areal_kit.cluster.probe host --storage /storage --ray-tmp /tmp/ray [--write-token T | --read-token]
         [--host-gpus 8]
+    python -m areal_kit.cluster.probe cuda
 
 `host`: this host's limits and versions, its accelerators, and whether the shared storage holds the
 head's token and survives the write, fsync, rename sequence the recover checkpoints rely on; on a
 host with GPUs (nvidia-smi here, or --host-gpus: what the host itself counts) the GPU stack as the
 training meets it: the driver, the GPUs this runtime and torch see, and an NCCL all-reduce over
 them, one spawned process a GPU (cluster/gpu_stack.py judges the figures).
+`cuda`: the same GPU stack of the node it runs on, judged, within CUDA_VISIBLE_DEVICES:
+`areal-kit train` runs it (hardware.check_cuda) on a cuda device before it builds any actor.
 doctor's checks that run the training's own parts on the cluster (its network, --rl-step) are
 rl/preflight.py, which doctor runs the same way.
 """
@@ -66,10 +69,11 @@ ALL_REDUCE_ITERS = 5
 ALL_REDUCE_TIMEOUT_S = 180.0
 
 
-def gpu_stack_facts(gpus: list[dict], host_gpus: int) -> dict:
-    """The GPU stack as the training meets it here; {"skipped": why} on a host without GPUs."""
+def gpu_stack_facts(gpus: list[dict], host_gpus: int, required: bool = False) -> dict:
+    """The GPU stack as the training meets it here; {"skipped": why} on a host without GPUs, unless
+    required (the device is cuda: no GPU found is then a finding)."""
     why = gpu_stack.skipped(len(gpus), host_gpus)
-    if why:
+    if why and not required:
         return {"skipped": why}
     facts = {"skipped": "", "host_gpus": host_gpus or len(gpus), "runtime_gpus": len(gpus),
              "driver": gpus[0]["driver"] if gpus else "", "cuda": torch.version.cuda, "torch": torch.__version__,
@@ -144,6 +148,26 @@ def _all_reduce_rank(rank: int, n: int, port: int, nbytes: int, device: str, res
             dist.destroy_process_group()
 
 
+def visible(gpus: list[dict], cuda_visible: str | None) -> list[dict]:
+    """nvidia-smi's GPUs narrowed to CUDA_VISIBLE_DEVICES (indices, or UUIDs counted): what torch
+    may see in a process the user started on some of a node's GPUs on purpose."""
+    if cuda_visible is None:
+        return gpus
+    entries = [e.strip() for e in cuda_visible.split(",") if e.strip()]
+    if all(e.isdigit() for e in entries):
+        return [gpus[int(e)] for e in entries if int(e) < len(gpus)]
+    return gpus[:len(entries)]
+
+
+def cuda() -> dict:
+    """`areal-kit train`'s check before it builds any actor, on a cuda device: the GPU stack of
+    this node judged as doctor judges a host's (driver, the GPUs torch sees, an NCCL all-reduce over
+    them), within the GPUs CUDA_VISIBLE_DEVICES leaves it. {findings: [lines], summary, gpu_stack}."""
+    facts = gpu_stack_facts(visible(_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")), 0, required=True)
+    found = gpu_stack.findings(socket.gethostname(), facts, "host")
+    return {"findings": [f.line() for f in found], "summary": gpu_stack.summary(facts), "gpu_stack": facts}
+
+
 def _storage_io(storage: str) -> str:
     """'' when a file written the way the recover checkpoints write theirs (a temporary file, fsynced,
     renamed into place, its folder fsynced: durable.replace_lines) reads back the same; else what failed."""
@@ -202,8 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     h.add_argument("--write-token")
     h.add_argument("--read-token", action="store_true")
     h.add_argument("--host-gpus", type=int, default=0, help="GPUs nvidia-smi -L counts on the host itself")
+    sub.add_parser("cuda", help="this node's GPU stack, judged (areal-kit train runs it on a cuda device)")
     a = ap.parse_args(argv)
-    res = host(a.storage, a.ray_tmp, a.write_token, a.read_token, a.host_gpus)
+    res = cuda() if a.what == "cuda" else host(a.storage, a.ray_tmp, a.write_token, a.read_token, a.host_gpus)
     print("PROBE " + json.dumps(res), flush=True)
     sys.exit(ExitCode.OK)
 

@@ -28,6 +28,7 @@ import time
 from areal_kit.cluster.options import STOP_GRACE, Cluster, env_prefix, parse_size, q
 from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
 from areal_kit.cluster.steps import must
+from areal_kit.config.loader import RUN_ENV
 
 # Runs on the head with the cluster's Python: waits (in one driver connection) until every
 # expected node address is alive with its GPUs, once each, prints {ip: gpus} of alive nodes.
@@ -83,12 +84,15 @@ def ray_start_args(c: Cluster, h: HostState) -> list[str]:
     return args
 
 
-def host_env(c: Cluster, h: HostState) -> str:
-    """Prefix for host-runtime commands: Ray env, plus the secrets file when there is one."""
+def host_env(c: Cluster, h: HostState, saved: bool = False) -> str:
+    """Prefix for host-runtime commands: Ray env, plus the secrets file when there is one (this run's;
+    saved: the one setup left on the host, if any, for a later command that brings no secrets)."""
     pre = env_prefix(runtime_env(c))
-    if c.secrets:
-        pre = f"set -a; . {shlex.quote(c.opts.secrets_path(h.remote.user))}; set +a; " + pre
-    return pre
+    if not (c.secrets or saved):
+        return pre
+    sec = shlex.quote(c.opts.secrets_path(h.remote.user))
+    load = f"set -a; . {sec}; set +a;"
+    return f"{load} {pre}" if c.secrets else f"if [ -f {sec} ]; then {load} fi; {pre}"
 
 
 INFINIBAND = "/dev/infiniband"
@@ -101,7 +105,11 @@ def runtime_env(c: Cluster) -> dict[str, str]:
     o = c.opts
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            # The training's cache folder (its fileroot's), so vLLM compiles a model once per cluster.
-           "VLLM_CACHE_ROOT": f"{o.spec.fileroot.rstrip('/')}/cache/vllm"}
+           "VLLM_CACHE_ROOT": f"{o.spec.fileroot.rstrip('/')}/cache/vllm",
+           # The defaults of `areal-kit train` run here by hand (config/loader.py): the places setup's
+           # own driver is given, and this cluster's Ray, so such a run resumes setup's.
+           **{RUN_ENV[key]: value for key, value in (("fileroot", o.spec.fileroot), ("storage_root", o.storage),
+                                                     ("ray_address", "auto"))}}
     return {**env, **o.spec.env, **o.ray_env()}
 
 

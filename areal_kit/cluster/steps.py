@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import shlex
 
+from areal_kit import stack
+from areal_kit.cluster import gpu_stack
 from areal_kit.cluster import image as own_image
 from areal_kit.cluster.options import Cluster, q
 from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
@@ -69,7 +71,41 @@ def parse_gpu_count(stdout: str) -> int:
     return int(raw) if raw.isdigit() else 0
 
 
-def _facts_script(storage: str) -> str:
+# nvidia-smi's GPUs, a "smi=name, MiB, driver" line each (doctor's query), and its exit code: a
+# driver that does not answer is told apart from a host without GPUs.
+SMI = (f"if command -v nvidia-smi >/dev/null 2>&1; then out=$({shlex.join(gpu_stack.GPU_QUERY)} 2>&1); "
+       "echo smi_rc=$?; printf '%s\\n' \"$out\" | sed 's/^/smi=/'; fi")
+
+# What setup's own steps need on a host, by the command that provides it: the Debian package the
+# install (or storage) step puts there with apt where it is missing, and what to install by hand
+# on a host without apt (RHEL/CentOS, SUSE): preflight names those before anything is done.
+TOOLS = {
+    "docker": ("docker.io", "docker (docker-ce from Docker's repository; systemctl enable --now docker)"),
+    "git-lfs": ("git-lfs", "git-lfs"),
+    "nvidia-ctk": ("nvidia-container-toolkit", ("nvidia-container-toolkit (NVIDIA's repository; then "
+                                                "nvidia-ctk runtime configure --runtime=docker and restart docker)")),
+    "mount.nfs": ("nfs-common", "nfs-utils"),
+}
+_HAS = "has() { command -v \"$1\" >/dev/null 2>&1 || [ -x \"/sbin/$1\" ] || [ -x \"/usr/sbin/$1\" ]; }"
+
+
+def needed_tools(c: Cluster, gpus: int) -> list[str]:
+    """The TOOLS a host needs for this setup: docker and git-lfs for the docker runtime, the NVIDIA
+    container toolkit where it has GPUs, mount.nfs with --nas-url."""
+    o = c.opts
+    need = ["docker", "git-lfs", *(["nvidia-ctk"] if gpus else [])] if o.runtime == "docker" else []
+    return need + (["mount.nfs"] if o.nas_url else [])
+
+
+def by_hand(host: str, facts: dict, missing: list[str]) -> str:
+    """The one line for a host without apt-get that lacks some TOOLS."""
+    mgr = facts.get("pkg", "none")
+    how = f"with {mgr}" if mgr != "none" else "(no package manager found)"
+    return (f"{host} ({facts.get('os', '?').strip()}) has no apt-get, so setup cannot install what it needs; "
+            f"install by hand {how}: {'; '.join(TOOLS[t][1] for t in missing)}; then run setup again")
+
+
+def _facts_script(storage: str, tools: list[str]) -> str:
     s = shlex.quote(storage)
     return "; ".join([
         ". /etc/os-release 2>/dev/null; echo \"os=${ID:-unknown} ${VERSION_ID:-}\"",
@@ -81,13 +117,54 @@ def _facts_script(storage: str) -> str:
         (f"if [ -d {s} ]; then echo disk_gb=$(df -Pk {s} | awk 'NR==2{{printf \"%.1f\", $4/1048576}}'); "
          "else echo disk_gb=missing; fi"),
         "command -v apt-get >/dev/null 2>&1 && echo apt=yes || echo apt=no",
+        "echo pkg=$(for m in apt-get dnf yum zypper pacman apk; do command -v $m >/dev/null 2>&1 && echo $m && break; done)",
+        *([_HAS, f"for t in {' '.join(tools)}; do has $t && echo has_$t=yes || echo has_$t=no; done"] if tools else []),
+        SMI,
     ])
+
+
+def read_facts(stdout: str) -> tuple[dict, list[dict], str]:
+    """The facts script's key=value lines, nvidia-smi's GPUs (gpu_stack.parse_gpu_query's) and, where
+    nvidia-smi ran and failed, what it said ("" when it answered or is not there)."""
+    facts: dict = {}
+    smi: list[str] = []
+    for line in stdout.splitlines():
+        if line.startswith("smi="):
+            smi.append(line[4:])
+        elif "=" in line:
+            k, v = line.split("=", 1)
+            facts[k] = v
+    facts["pkg"] = facts.get("pkg") or "none"
+    rc = facts.pop("smi_rc", "0")
+    failed = "" if rc == "0" else (next((ln.strip() for ln in smi if ln.strip()), "") or f"exit {rc}")
+    return facts, gpu_stack.parse_gpu_query("\n".join(smi)), failed
+
+
+def driver_check(c: Cluster, host: str, gpus: list[dict]) -> tuple[str, str]:
+    """(refusal, note) for the NVIDIA driver against the CUDA of the image setup builds: areal-kit's
+    own (stack.py's CUDA, which its pinned wheels are built for); an image of the user's or the host
+    runtime's Python is checked by doctor, inside it."""
+    driver = min((g["driver"] for g in gpus), key=lambda d: gpu_stack.driver_major(d) or 0, default="")
+    if not driver:
+        return "", ""
+    o = c.opts
+    own_cuda = o.runtime == "docker" and o.image is None and \
+        dict(a.split("=", 1) for a in o.build_args).get("ACCELERATOR", "cuda") == "cuda"
+    if not own_cuda:
+        return "", f", driver {driver} (doctor checks it against the runtime's CUDA)"
+    cuda = stack.versions("cuda")["cuda"]
+    need = gpu_stack.driver_needed(driver, cuda)
+    if need is None:
+        return "", f", driver {driver} (CUDA {cuda} needs >= {stack.min_driver(cuda)})"
+    return (f"NVIDIA driver {driver} on {host} is too old for areal-kit's image: CUDA {cuda} needs >= {need} (the pinned "
+            f"torch {stack.TORCH} and vLLM {stack.VLLM} are CUDA {cuda} builds, so no --build-arg makes an image "
+            f"for driver {gpu_stack.driver_major(driver)}); fix: {gpu_stack.driver_fix(need)}"), ""
 
 
 def preflight(c: Cluster, h: HostState) -> Outcome:
     o = c.opts
-    res = h.remote.run(_facts_script(o.storage), check=True)
-    facts = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+    res = h.remote.run(_facts_script(o.storage, needed_tools(c, gpus=1)), check=True)  # GPU or not: asked after
+    facts, gpu_list, smi_failed = read_facts(res.stdout)
     # The script prints a count or "none"; the host's facts hold a number from the start, as the
     # later steps (install, the image, Ray's flags) read it.
     facts.pop("gpus", None)
@@ -110,12 +187,21 @@ def preflight(c: Cluster, h: HostState) -> Outcome:
                          "(--min-disk-gb)", res)
     want = o.spec.n_gpus_per_node
     if want and gpus != want:
+        said = f"; nvidia-smi fails: {smi_failed}" if smi_failed else ""
         raise StepFailed(f"{h.name} has {gpus} GPUs (nvidia-smi -L), the cluster spec says "
-                         f"n_gpus_per_node={want}", res)
-    os_id = facts.get("os", "unknown").split()[0]
-    note = "" if os_id in ("ubuntu", "debian") else " (not Debian/Ubuntu: apt steps may fail)"
-    return Outcome("ok", f"{facts.get('os')} {facts.get('arch')}, sudo {sudo}, {gpus} GPUs, "
-                         f"{disk} GB free at {o.storage}{note}")
+                         f"n_gpus_per_node={want}{said}", res)
+    refusal, note = driver_check(c, h.name, gpu_list) if gpus else ("", "")
+    if refusal:
+        raise StepFailed(refusal, res)
+    if smi_failed and not gpus:
+        note += f" (nvidia-smi fails: {smi_failed}; taken as a host without GPUs)"
+    missing = [t for t in needed_tools(c, gpus) if facts.get(f"has_{t}") != "yes"]
+    if missing and facts.get("apt") == "no":
+        raise StepFailed(by_hand(h.name, facts, missing), res)
+    if facts.get("apt") == "no":
+        note += f" (no apt-get: {', '.join(needed_tools(c, gpus)) or 'nothing'} already present)"
+    return Outcome("ok", f"{facts.get('os')} {facts.get('arch')}, sudo {sudo}, {gpus} GPUs{note}, "
+                         f"{disk} GB free at {o.storage}")
 
 
 # -- 3. shared storage ------------------------------------------------------------------------
@@ -130,7 +216,7 @@ def storage(c: Cluster, h: HostState) -> Outcome:
     if o.nas_url:
         s = shlex.quote(o.storage)
         if not h.remote.run(f"mountpoint -q {s}", check=True).ok:
-            must(c, h, f"(command -v mount.nfs >/dev/null || ({APT_ENV} apt-get install -y -q nfs-common)) && "
+            must(c, h, f"(command -v mount.nfs >/dev/null || ({APT_ENV} apt-get install -y -q {TOOLS['mount.nfs'][0]})) && "
                        f"mkdir -p {s} && mount -t nfs {shlex.quote(o.nas_url)} {s}",
                  f"mounting {o.nas_url} at {o.storage}", sudo=True, timeout=300)
             changed = f"mounted {o.nas_url}; "
@@ -160,16 +246,15 @@ def install(c: Cluster, h: HostState) -> Outcome:
             fail(c, f"--runtime host needs {o.python} with ray and areal_kit on every host; "
                     f"install areal-kit there or pass --python PATH", res)
         return Outcome("ok", f"ray {res.stdout.strip()} via {o.python}")
-    missing = []
-    for binary, pkg in (("docker", "docker.io"), ("git-lfs", "git-lfs")):
-        if not h.remote.run(f"command -v {binary} >/dev/null 2>&1", check=True).ok:
-            missing.append(pkg)
     gpus = h.facts.get("gpus", 0)
-    need_nvidia = bool(gpus) and not h.remote.run("command -v nvidia-ctk >/dev/null 2>&1", check=True).ok
+    lacking = [t for t in needed_tools(c, gpus) if t != "mount.nfs"
+               and not h.remote.run(f"command -v {t} >/dev/null 2>&1", check=True).ok]
+    missing = [TOOLS[t][0] for t in lacking if t != "nvidia-ctk"]
+    need_nvidia = "nvidia-ctk" in lacking
     if not gpus:
         notes.append("no nvidia-smi: skipping nvidia-container-toolkit")
-    if (missing or need_nvidia) and h.facts.get("apt") == "no" and not o.dry_run:
-        raise StepFailed(f"{h.name} has no apt-get; install {' '.join(missing + ['nvidia-container-toolkit'] * need_nvidia)} by hand")
+    if lacking and h.facts.get("apt") == "no" and not o.dry_run:  # preflight names them first; gone since?
+        raise StepFailed(by_hand(h.name, h.facts, lacking))
     if missing:
         must(c, h, f"apt-get update -q && {APT_ENV} apt-get install -y -q {q(*missing)}",
              f"apt-get install {' '.join(missing)}", sudo=True, timeout=1200)

@@ -2,6 +2,7 @@
 
     areal-kit setup --hostnames h1 h2 --train_param 1.5B_n4                      # waits up to 900 s
     areal-kit setup --hostnames h1 h2 --train_param 1.5B_n4 --train-wait 0       # starts, does not wait
+    areal-kit train 1.5B_n4 --cluster areal         # later, again: the train and train_wait steps alone
 
 Before connecting, `load_preset` loads the preset with the run's overrides (bad input: exit 2).
 Right after preflight, the `preset` step (a gate: its failure stops every host before anything
@@ -11,6 +12,8 @@ own checks judge it (a subprocess: cluster/ does not import rl/). The `train` st
 run's driver on the head (in its container, or on the host with its pid recorded); then the
 `train_wait` step reads its log on the head until the log shows the workers ready
 or a step finished, or an error, or the driver is gone, or --train-wait seconds have passed.
+`areal-kit train PRESET --cluster NAME` (cluster/cmd.py train_on) runs those two steps on a cluster
+set up before, after `running` found no driver of the run on the head (exit 2 when one runs).
 """
 
 from __future__ import annotations
@@ -102,10 +105,15 @@ def train_log_path(c: Cluster) -> str:
     return f"{o.spec.fileroot.rstrip('/')}/logs/{o.spec.cluster_name}-{o.train_param}.log"
 
 
+def placement(o) -> list[str]:
+    """Where setup's cluster (SetupOptions o) runs a driver: its Ray, its fileroot, its storage (where the
+    data step put the preset's assets)."""
+    return ["ray_address=auto", f"fileroot={o.spec.fileroot}", f"storage_root={o.storage}"]
+
+
 def train_overrides(o) -> list[str]:
-    """What the run gets after its preset (SetupOptions o): setup's settings (storage_root: where the data
-    step put the preset's assets), then --train-arg (later wins)."""
-    return ["ray_address=auto", f"fileroot={o.spec.fileroot}", f"storage_root={o.storage}", *o.train_args]
+    """What the run gets after its preset (SetupOptions o): placement, then --train-arg (later wins)."""
+    return [*placement(o), *o.train_args]
 
 
 def driver_pattern(o) -> str:
@@ -114,9 +122,9 @@ def driver_pattern(o) -> str:
     return f"areal_kit[.]cli train {o.train_param.replace('.', '[.]')} "
 
 
-def train(c: Cluster, h: HostState) -> Outcome:
+def train(c: Cluster, h: HostState, fresh: bool = False) -> Outcome:
     """The head's step after ray_ready (and doctor's checks): start the preset's driver where Ray's
-    head runs, its output appended to train_log_path, unless one runs already."""
+    head runs, its output appended to train_log_path, unless one runs already (fresh: with --fresh)."""
     o = c.opts
     if not o.train_param:
         return Outcome("skipped", "no --train_param")
@@ -126,7 +134,7 @@ def train(c: Cluster, h: HostState) -> Outcome:
         raise StepFailed(f"doctor's checks failed on {', '.join(checked)} (see FAIL lines): training not started; "
                          "fix them, or setup --skip-doctor")
     log = train_log_path(c)
-    cmd = [o.python, "-m", "areal_kit.cli", "train", o.train_param, *train_overrides(o)]
+    cmd = [o.python, "-m", "areal_kit.cli", "train", o.train_param, *train_overrides(o), *(["--fresh"] * fresh)]
     logdir = log.rsplit("/", 1)[0]
     sudo = o.runtime == "docker"
     if h.remote.run(in_head(c, h, q("pgrep", "-f", driver_pattern(o))), sudo=sudo, check=True).ok:
@@ -143,10 +151,73 @@ def train(c: Cluster, h: HostState) -> Outcome:
     else:
         pidfile = f"{o.storage.rstrip('/')}/.areal-kit/train-{o.spec.cluster_name}.pid"
         must(c, h, f"mkdir -p {shlex.quote(logdir)} && cd {shlex.quote(o.storage)} && "
-                   f"{{ {host_env(c, h)} setsid {shlex.join(cmd)} >> {shlex.quote(log)} 2>&1 < /dev/null & "
+                   f"{{ {host_env(c, h, saved=True)} setsid {shlex.join(cmd)} >> {shlex.quote(log)} 2>&1 < /dev/null & "
                    f"echo $! > {shlex.quote(pidfile)}; }}", "starting training")
     wait = f"; waiting up to {o.train_wait:g}s for a sign of life (--train-wait)" if o.train_wait else ""
     return Outcome("changed", f"training {o.train_param} started; log {log}{wait}")
+
+
+# -- again: `areal-kit train PRESET --cluster NAME` ------------------------------------------------
+# Run on the head, in the runtime, with the run's fileroot, experiment and trial: "HELD [whose]" when a
+# driver holds the run's lock (rl/launch.py hold_run_lock: it outlives no driver, even after kill -9).
+HELD_SNIPPET = """
+import fcntl, json, os, sys
+from areal_kit.logs import run_paths
+d = run_paths(*sys.argv[1:4]).log_dir
+try:
+    fcntl.flock(os.open(os.path.join(d, ".driver.lock"), os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    try:
+        with open(os.path.join(d, "driver.json")) as f:
+            info = json.load(f)
+        print("HELD driver pid %s on %s" % (info["pid"], info["host"]))
+    except (OSError, ValueError, KeyError):
+        print("HELD")
+except OSError:  # no lock file: no driver has run; a filesystem without locks: nothing to enforce with
+    pass
+"""
+
+
+def running_cmd(c: Cluster, h: HostState, cfg) -> str:
+    """Prints "DRIVER PID" when setup's driver of this preset runs (its log is the one a new start
+    would write to), else "HELD ..." when another driver holds the run's lock, else nothing."""
+    o = c.opts
+    return in_head(c, h, f"p=$(pgrep -o -f {q(driver_pattern(o))}) && {{ echo DRIVER $p; exit 0; }}; "
+                         f"exec {q(o.python, '-c', HELD_SNIPPET, cfg.fileroot, cfg.experiment_name, cfg.trial_name)}")
+
+
+def running(c: Cluster, h: HostState, cfg) -> str:
+    """Why a start of the run (cfg, as the driver will load it) is refused: its driver runs on the
+    head; "" when none does. StepFailed when the head cannot be asked."""
+    o = c.opts
+    res = h.remote.run(running_cmd(c, h, cfg), sudo=o.runtime == "docker", check=True, timeout=60)
+    if o.dry_run:
+        return ""
+    if not res.ok:
+        if "No such container" in res.stderr or "is not running" in res.stderr:
+            raise StepFailed(f"the head's container {container_name(c, h)} is not running: start the cluster with "
+                             f"`areal-kit setup` (given --train_param {o.train_param}, it starts this training too)",
+                             res)
+        raise StepFailed(f"could not look for a running driver on {h.name} (exit {res.rc}: {res.tail(1)})", res)
+    said = res.stdout.strip().splitlines()[-1:] or [""]
+    then = (f"let it finish (`areal-kit status --name {o.spec.cluster_name}` shows where it stands) or stop it "
+            f"first (`areal-kit down --name {o.spec.cluster_name}`)")
+    if said[0].startswith("DRIVER "):
+        return (f"training {o.train_param} is already running on {h.name} (driver pid {said[0].split()[1]}, log "
+                f"{train_log_path(c)}); {then}")
+    if said[0].startswith("HELD"):
+        who = said[0][len("HELD"):].strip()
+        return (f"run {cfg.experiment_name}/{cfg.trial_name} is already running on {h.name}"
+                f"{f' ({who})' if who else ''}; {then}, or give this one another trial_name=")
+    return ""
+
+
+def not_running(c: Cluster, h: HostState, cfg) -> Outcome:
+    """`running` as a step (the dry run's listing)."""
+    why = running(c, h, cfg)
+    if why:
+        raise StepFailed(why)
+    return Outcome("ok", "no driver of this run on the head")
 
 
 # -- after: the run's log ----------------------------------------------------------------------

@@ -4,6 +4,8 @@
     describe_args(cfg)        # (key, value, help) rows: the table of `areal-kit train PRESET --show-args`
     describe_options(cfg)     # key, value, type, default, help, choices: what `--show-args --json` prints
 
+$AREAL_KIT_FILEROOT, $AREAL_KIT_STORAGE_ROOT and $AREAL_KIT_RAY_ADDRESS, which setup's runtime sets,
+are the defaults of fileroot, storage_root and ray_address (RUN_ENV).
 OmegaConf merges and type-checks; its errors are rewritten into one line naming the key,
 the nearest valid key or the expected type. Dataclass __post_init__ does the semantic checks.
 """
@@ -21,6 +23,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from areal_kit.config.assets import PATH_KEYS, resolve
 from areal_kit.config.cluster_spec import load_cluster_spec
 from areal_kit.config.schema import ConfigError, TrainConfig
 
@@ -34,6 +37,24 @@ WITHOUT_EFFECT = {
     "ppo.gae_lambda": "GAE needs a critic's value estimates and this PPO/GRPO has no critic (every token's "
                       "advantage comes from its answer's reward); drop the key",
 }
+# Keys of AReaL's configs whose value here can only be what areal-kit always does: that value is
+# accepted and dropped (nothing reads it), another is refused saying why.
+FIXED = {
+    "mode": ("ray", "areal-kit always runs on Ray (a local one, or ray_address's)"),
+    "actor.optimizer": ("adamw", "the trainer's optimizer is torch AdamW (actor.lr, actor.weight_decay, actor.adam_betas)"),
+}
+
+
+# Environment variables that give these keys their defaults, under the preset and the overrides:
+# setup's runtime (its Ray containers, its host-runtime Ray processes) sets them, so `areal-kit
+# train PRESET` run there reads and writes where setup's driver does, on the cluster's Ray.
+RUN_ENV = {"fileroot": "AREAL_KIT_FILEROOT", "storage_root": "AREAL_KIT_STORAGE_ROOT",
+           "ray_address": "AREAL_KIT_RAY_ADDRESS"}
+
+
+def env_defaults() -> dict[str, str]:
+    """RUN_ENV's keys that this environment sets (fileroot's is applied in finalize, below a cluster spec's)."""
+    return {key: os.environ[name] for key, name in RUN_ENV.items() if os.environ.get(name) and key != "fileroot"}
 
 
 def preset_names() -> list[str]:
@@ -82,10 +103,28 @@ def _parse_override(item: str) -> tuple[str, str]:
         raise ConfigError(f"override {item!r} is not key=value; expected e.g. actor.lr=2e-6")
     if key in WITHOUT_EFFECT:
         raise ConfigError(f"{key} has no effect here: {WITHOUT_EFFECT[key]}")
+    if key in FIXED:
+        _check_fixed(key, _yaml_value(value), "override ")
+        return key, value
     if key not in all_keys() and not _in_mapping(key):
         raise ConfigError(f"unknown config key {key!r}; did you mean {_nearest(key)!r}? "
                           "(areal-kit train PRESET --show-args lists every key)")
     return key, value
+
+
+def _check_fixed(key: str, value, source: str) -> None:
+    want, why = FIXED[key]
+    if value != want:
+        raise ConfigError(f"{source}{key}={value!r} is not valid; {why}: expected {want} or no {key}")
+
+
+def _drop_fixed(data, source: str) -> None:
+    """Remove the FIXED keys from a loaded preset, each checked."""
+    for key in FIXED:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(data, parent) if parent else data
+        if OmegaConf.is_dict(node) and leaf in node:
+            _check_fixed(key, node.pop(leaf), f"{source}: ")
 
 
 def _in_mapping(key: str) -> bool:
@@ -123,25 +162,62 @@ def _omegaconf_error(e: Exception, source: str) -> ConfigError:
 
 def load_config(preset: str, overrides: list[str] | None = None) -> TrainConfig:
     """Preset YAML + overrides -> a validated TrainConfig. Raises ConfigError (one line)."""
+    return load_resolved(preset, overrides)[0]
 
+
+def load_resolved(preset: str, overrides: list[str] | None = None) -> tuple[TrainConfig, list[str]]:
+    """load_config, and a line per preset asset that a path the overrides name dropped.
+
+    The overrides of the paths a run reads (config/assets.py PATH_KEYS) go last, so that the
+    preset's own paths, under the user's other settings (storage_root), are known: a URI or hub id
+    there becomes its storage path and an asset, and a preset asset filling a path the user
+    changed is dropped."""
     path = preset_path(preset)
     base = OmegaConf.structured(TrainConfig)
     try:
-        cfg = OmegaConf.merge(base, *_load_chain(path))
+        cfg = OmegaConf.merge(base, env_defaults(), *_load_chain(path))
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e, str(path)) from None
-    pairs = [_parse_override(o) for o in overrides or []]
+    pairs = [p for p in map(_parse_override, overrides or []) if p[0] not in FIXED]
+    _apply(cfg, [p for p in pairs if p[0] not in PATH_KEYS])
+    own, own_assets = _paths(cfg, path), _select(cfg, "assets", path)
+    _apply(cfg, [p for p in pairs if p[0] in PATH_KEYS])
+    named = set(own_assets) if any(k == "assets" for k, _ in pairs) else \
+        {k.split(".")[1] for k, _ in pairs if k.startswith("assets.")}
+    got = resolve(str(_select(cfg, "storage_root", path)), own, _paths(cfg, path), own_assets, named)
+    for key, value in got.paths.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    for name in got.dropped:
+        del cfg.assets[name]
+    for name, a in got.add.items():
+        cfg.assets[name] = a
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise _omegaconf_error(e, str(path)) from None
+    return finalize(obj), list(got.dropped.values())
+
+
+def _apply(cfg, pairs: list[tuple[str, str]]) -> None:
     for key, value in pairs:
         try:
             OmegaConf.update(cfg, key, _yaml_value(value), merge=False)
         except OmegaConfBaseException:
             expected = _expected_type(key) if key in all_keys() else "a value of the type its mapping holds"
             raise ConfigError(f"override {key}={value!r} is not valid; expected {expected}") from None
+
+
+def _select(cfg, key: str, path: Path):
+    """cfg's value at key, interpolations resolved (a mapping as plain dicts)."""
     try:
-        obj = OmegaConf.to_object(cfg)
+        value = OmegaConf.select(cfg, key)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e, str(path)) from None
-    return finalize(obj)
+
+
+def _paths(cfg, path: Path) -> dict[str, str]:
+    return {key: str(_select(cfg, key, path) or "") for key in PATH_KEYS}
 
 
 def _load_chain(path: Path, depth: int = 0) -> list:
@@ -155,6 +231,7 @@ def _load_chain(path: Path, depth: int = 0) -> list:
         raise ConfigError(f"{path}: not valid YAML{where} ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict) and not OmegaConf.is_dict(data):
         raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+    _drop_fixed(data, str(path))
     parent = data.pop("inherit", None)
     if parent is None:
         return [data]
@@ -168,7 +245,7 @@ def _load_chain(path: Path, depth: int = 0) -> list:
 
 
 def finalize(cfg: TrainConfig) -> TrainConfig:
-    """Check the config against its cluster spec; fill fileroot from the spec or ./areal_runs."""
+    """Check the config against its cluster spec; fill fileroot from the spec, $AREAL_KIT_FILEROOT or ./areal_runs."""
     if cfg.cluster:  # validated even when fileroot is overridden: a broken spec never passes
         spec = load_cluster_spec(cfg.cluster)
         cfg.fileroot = cfg.fileroot or spec.fileroot
@@ -181,8 +258,8 @@ def finalize(cfg: TrainConfig) -> TrainConfig:
                                   f"{name}={want}; expected them to match (override {name}={have} "
                                   "and allocation_mode)")
     if not cfg.fileroot:
-        # Under the current directory, so two checkouts never share a run by accident.
-        cfg.fileroot = os.path.join(os.getcwd(), "areal_runs")
+        # The runtime's, else under the current directory, so two checkouts never share a run by accident.
+        cfg.fileroot = os.environ.get(RUN_ENV["fileroot"]) or os.path.join(os.getcwd(), "areal_runs")
     cfg.fileroot = os.path.abspath(os.path.expanduser(cfg.fileroot))
     return cfg
 

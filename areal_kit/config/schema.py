@@ -182,9 +182,6 @@ class ModelConfig:
     path: str = opt("", "Hugging Face model folder, or tiny://toy | tiny://bpe for a locally built tiny model "
         "(its shape by query: tiny://toy?hidden=128&layers=4).")
     lr: float = opt(1e-6, "Learning rate (constant after warmup).")
-    optimizer: str = opt("adamw",
-        "Optimizer: adamw (torch AdamW passed to DeepSpeed; its config AdamW JIT-builds FusedAdam).",
-        choices=("adamw",))
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     adam_betas: list[float] = opt([0.9, 0.999], "AdamW betas.")
     warmup_steps_proportion: float = opt(0.0, "Fraction of total steps used for linear warmup.")
@@ -224,23 +221,24 @@ class MFCConfig:
     mb_spec: MBSpec = section(MBSpec, "Micro-batch spec of this model function call.")
 
 
+FREQS = tuple(f"{kind}_freq_{unit}" for kind in ("save", "ckpt") for unit in ("epochs", "steps", "secs"))
+
+
+SAVE_FREQ = "Persistent HF saves every N epochs / steps / seconds (0 or null = off); a final save always happens."
+CKPT_FREQ = "Recover checkpoints every N epochs / steps / seconds (0 or null = off); also after global step 2."
+
+
 @dataclass
 class ExpCtrl:
     total_train_epochs: int = opt(10, "Epochs over the dataset.")
     total_train_steps: int = opt(0, "Stop after this many global steps (0 = run all epochs).")
-    save_freq_epochs: int = opt(1,
-        "Persistent HF saves every N epochs / steps / seconds (0 = off); a final save always happens.")
-    save_freq_steps: int = opt(0,
-        "Persistent HF saves every N epochs / steps / seconds (0 = off); a final save always happens.")
-    save_freq_secs: int = opt(0,
-        "Persistent HF saves every N epochs / steps / seconds (0 = off); a final save always happens.")
+    save_freq_epochs: int | None = opt(1, SAVE_FREQ)
+    save_freq_steps: int | None = opt(0, SAVE_FREQ)
+    save_freq_secs: int | None = opt(0, SAVE_FREQ)
     keep_last_n: int = opt(0, "Keep only the last N persistent saves (0 = keep all).")
-    ckpt_freq_epochs: int = opt(0,
-        "Recover checkpoints every N epochs / steps / seconds (0 = off); also after global step 2.")
-    ckpt_freq_steps: int = opt(0,
-        "Recover checkpoints every N epochs / steps / seconds (0 = off); also after global step 2.")
-    ckpt_freq_secs: int = opt(600,
-        "Recover checkpoints every N epochs / steps / seconds (0 = off); also after global step 2.")
+    ckpt_freq_epochs: int | None = opt(0, CKPT_FREQ)
+    ckpt_freq_steps: int | None = opt(0, CKPT_FREQ)
+    ckpt_freq_secs: int | None = opt(600, CKPT_FREQ)
     eval_every: int = opt(0,
         "In-training evaluation on the held-out split every N steps (0 = off): greedy, pass@1 by the "
         "grader of `areal-kit eval`; the split is dataset.eval_path or dataset.eval_size.")
@@ -277,10 +275,11 @@ class ExpCtrl:
         "resumes from the last periodic checkpoint.", choices=("checkpoint", "stop"))
 
     def __post_init__(self):
+        for name in FREQS:  # null (the guide's save_freq_steps=null) is off, as 0 is
+            setattr(self, name, getattr(self, name) or 0)
         for name in ("total_train_epochs",):
             check_positive(f"exp_ctrl.{name}", getattr(self, name))
-        for name in ("total_train_steps", "save_freq_epochs", "save_freq_steps", "save_freq_secs",
-                     "keep_last_n", "ckpt_freq_epochs", "ckpt_freq_steps", "ckpt_freq_secs", "eval_every",
+        for name in ("total_train_steps", *FREQS, "keep_last_n", "eval_every",
                      "eval_max_new_tokens", "eval_n_samples", "stop_after_failed_reward_steps", "dump_samples_every",
                      "dump_samples_groups", "hang_factor", "hang_warmup", "hang_ceiling_s"):
             check_positive(f"exp_ctrl.{name}", getattr(self, name), allow_zero=True)
@@ -293,19 +292,20 @@ class ExpCtrl:
 class TrainConfig:
     experiment_name: str = opt("areal", "Experiment name (a folder level under fileroot).")
     trial_name: str = opt("run0", "Trial name (a folder level under the experiment).")
-    mode: str = opt("ray", "Where the job runs: ray (a local or existing Ray cluster).", choices=("ray",))
     n_nodes: int = opt(1, "Nodes in the cluster.")
     n_gpus_per_node: int = opt(8,
         "GPUs per node (on CPU: worker slots per node, one per trainer rank or rollout engine).")
     gpu_memory_gb: float = opt(0.0,
         "Memory of each GPU in GB (1e9 bytes), for the dry run's memory plan, which refuses a preset that "
-        "cannot fit (0 = this machine's first GPU when it has one, else 80).")
+        "cannot fit (0 = this machine's first GPU when it has one, else 85, what CUDA reports of an 80 GB card).")
     allocation_mode: str = opt("vllm.d1p1m1+d1p1m1",
         "Device allocation: d{DP}m{TP}p{PP}, actor_gen:...,*:..., or vllm.GEN+TRAIN (see config/alloc.py).")
     cluster: str = opt("",
         "Cluster spec file (JSON, the guide's format); gives fileroot and n_gpus_per_node on clusters.")
-    fileroot: str = opt("", "Root of logs, recover files and checkpoints (\"\" = ./areal_runs, or the cluster spec's).")
-    storage_root: str = opt("/storage", "Shared storage root that presets' model and data paths live under.")
+    fileroot: str = opt("", "Root of logs, recover files and checkpoints (\"\" = the cluster spec's, else "
+                            "$AREAL_KIT_FILEROOT, which setup's runtime sets, else ./areal_runs).")
+    storage_root: str = opt("/storage", "Shared storage root that presets' model and data paths live under "
+                            "($AREAL_KIT_STORAGE_ROOT, which setup's runtime sets, replaces the default).")
     assets: dict[str, dict] = opt({},
         "What the run reads from shared storage and where it comes from, name -> {uri, dest, sha256}: "
         "`areal-kit setup --train_param PRESET` fetches each uri to dest once, verified (sha256 optional), "
@@ -313,7 +313,8 @@ class TrainConfig:
         "leaves the path to you. uri: hf://ORG/NAME, hf://datasets/ORG/NAME, https://.../FILE, "
         "https://.../FOLDER/ (with its .areal-kit-manifest.json), file:///PATH, tiny://toy?seed=N, "
         "toy://sums/FILE?n=N&seed=S.")
-    ray_address: str = opt("", 'Ray cluster to join ("" = start a local one; "auto" or host:port = existing).')
+    ray_address: str = opt("", 'Ray cluster to join ("" = start a local one; "auto" or host:port = existing; '
+                           '$AREAL_KIT_RAY_ADDRESS, which setup\'s runtime sets to "auto", replaces the default).')
     spread_roles: bool = opt(False, "Place trainer and rollout actors on different nodes (multi-node clusters).")
     cpu_cores: str = opt("auto",
         "CPU only: cores per worker. split = each trainer rank and each engine gets its own cores (as "

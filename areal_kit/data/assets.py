@@ -181,6 +181,20 @@ def check(a: Asset, verify: bool = False) -> tuple[bool, str]:
 KEPT = "there already, not fetched by areal-kit: kept"
 
 
+def held(dest: Path) -> str:
+    """The source areal-kit recorded fetching to dest ("" where it recorded none)."""
+    rec = _read_json(dest / MANIFEST) if (dest / MANIFEST).is_file() else _read_json(record_path(dest))
+    return str(rec.get("uri") or "")
+
+
+def _refuse_other(a: Asset, dest: Path) -> None:
+    """dest holding what areal-kit fetched from another source is never replaced: a FetchError."""
+    other = held(dest)
+    if other and other != a.base and (dest.exists() or (dest / MANIFEST).is_file()):
+        raise FetchError(f"{a.name}: {dest} holds {other} (fetched by areal-kit), not {a.base}: refused, nothing "
+                         f"removed; name another path for {a.base}, or remove {dest} yourself")
+
+
 def _foreign(dest: Path) -> bool:
     """Whether dest holds what someone put there by hand: it is never overwritten, nor removed."""
     if (dest / MANIFEST).is_file() or record_path(dest).is_file():
@@ -208,9 +222,10 @@ def fetch_file(a: Asset, fill: Callable[[Path], int]) -> str:
     if dest.is_dir():
         raise FetchError(f"{a.name}: {dest} is a folder, and {a.base} a file; remove it or name another dest")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _refuse_other(a, dest)
     if _foreign(dest):
         if not (a.want_sha or a.rows):
-            return f"present {a.name} {dest} ({KEPT})"
+            return f"present {a.name} {dest} ({KEPT}; {a.base} not fetched)"
         try:
             rec = _verified(dest, a)
         except FetchError as e:
@@ -237,8 +252,12 @@ def fetch_folder(a: Asset, fill: Callable[[Path], dict | None]) -> str:
     dest = Path(a.dest)
     if a.want_sha:
         raise FetchError(f"{a.name}: a sha256 checks a single file, and {a.base} is a folder")
+    if dest.is_file():
+        raise FetchError(f"{a.name}: {dest} is a file ({held(dest) or 'not fetched by areal-kit'}), and {a.base} "
+                         "a folder: refused, nothing removed; name another path, or remove it yourself")
+    _refuse_other(a, dest)
     if _foreign(dest):
-        return f"present {a.name} {dest} ({KEPT})"
+        return f"present {a.name} {dest} ({KEPT}; {a.base} not fetched)"
     tmp = partial_path(dest)
     if tmp.exists() and not tmp.is_dir():
         tmp.unlink()
@@ -250,13 +269,15 @@ def fetch_folder(a: Asset, fill: Callable[[Path], dict | None]) -> str:
         if not any(tmp.iterdir()):
             tmp.rmdir()  # nothing to resume
         raise
-    (tmp / MANIFEST).write_text(json.dumps({"uri": a.base, "files": files}, indent=1))
-    if dest.is_dir():
-        shutil.rmtree(dest)
-    elif dest.exists():
-        dest.unlink()
-        record_path(dest).unlink(missing_ok=True)
-    os.rename(tmp, dest)
+    if dest.is_dir():  # the same source fetched before, incomplete now: its files replaced, no other touched
+        for rel in files:
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp / rel, dest / rel)
+        _write_json(dest / MANIFEST, {"uri": a.base, "files": files})
+        shutil.rmtree(tmp)
+    else:
+        (tmp / MANIFEST).write_text(json.dumps({"uri": a.base, "files": files}, indent=1))
+        os.rename(tmp, dest)
     return f"fetched {a.name} {dest} ({len(files)} files, {sum(s for s, _ in files.values())} bytes)"
 
 

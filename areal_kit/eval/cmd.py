@@ -47,9 +47,19 @@ def eval_(
                                     help="Prompt template from evaluation/prompts.yaml."),
     max_gen_tokens: int = typer.Option(32768, "--max_gen_tokens", "--max-gen-tokens",
                                        help="Maximum generated tokens per sample."),
-    num_samples: int = typer.Option(32, "--num_samples", "--num-samples",
-                                    help="Sampled generations per question (0: greedy only); "
-                                         "pass@k is reported for k in 1, 8, 16 up to this."),
+    num_samples: int | None = typer.Option(None, "--num_samples", "--num-samples",
+                                           help="Sampled generations per question (0: greedy only; default "
+                                                "32); pass@k is reported for k in 1, 8, 16 up to this."),
+    n_sampling: int | None = typer.Option(None, "--n_sampling", "--n-sampling",
+                                          help="The AReaL guide's name for --num_samples (with --num_sample_nodes: "
+                                               "at most their product, as there)."),
+    num_sample_nodes: int | None = typer.Option(None, "--num_sample_nodes", "--num-sample-nodes",
+                                                help="The guide's sampling runs: N runs of --samples_per_node "
+                                                     "answers there are N x M sampled answers per question here, "
+                                                     "each with its own seed, spread over the engines (default 8)."),
+    samples_per_node: int | None = typer.Option(None, "--samples_per_node", "--samples-per-node",
+                                                help="The guide's answers per sampling run (see --num_sample_nodes; "
+                                                     "default 4)."),
     temperature: float = typer.Option(0.6, "--temperature", help="Temperature of sampled generations."),
     top_p: float = typer.Option(0.95, "--top_p", "--top-p", help="Top-p of sampled generations."),
     greedy: bool = typer.Option(True, "--greedy/--no_greedy",
@@ -62,11 +72,18 @@ def eval_(
                                     help="Data-parallel vLLM engines (0: GPUs // tp; 1 on CPU)."),
     grade_timeout: float = typer.Option(5.0, "--grade_timeout", "--grade-timeout",
                                         help="Seconds math-verify may spend on one answer."),
+    enforce_eager: bool = typer.Option(True, "--enforce_eager/--no_enforce_eager",
+                                       "--enforce-eager/--no-enforce-eager",
+                                       help="Run vLLM eager, without CUDA graphs, as the guide's numbers were "
+                                            "made (--no_enforce_eager: faster, may round differently)."),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="Delete the records of an earlier evaluation in --output_path and "
+                                        "evaluate from scratch (without it a re-run resumes)."),
 ) -> None:
     """Evaluate checkpoints with vLLM on math datasets and print the accuracy / pass@k table."""
     from areal_kit.eval import compare
     from areal_kit.eval import data as evdata
-    from areal_kit.eval.evaluation import EvalConfig, run
+    from areal_kit.eval.evaluation import EvalConfig, run, sample_count
 
     models = compare.expand(model_path)
     out = Path(output_path)
@@ -75,6 +92,7 @@ def eval_(
         raise UserError(f"{out} holds the evaluation of {'one checkpoint' if several else 'several'}; "
                         "use another --output_path")
     names = evdata.parse_data_names(data_names)
+    num_samples = sample_count(num_samples, n_sampling, num_sample_nodes, samples_per_node)
     fetch_missing = data_dir is None  # into the storage's folder only, never into a folder the user named
     data_dir = data_dir or str(evdata.eval_sets_dir(storage_root))
     cfgs = [EvalConfig(model_path=str(m), output_path=str(out / m.name if several else out),
@@ -82,7 +100,8 @@ def eval_(
                        prompt_type=prompt_type, max_gen_tokens=max_gen_tokens, greedy=greedy,
                        num_samples=num_samples, temperature=temperature, top_p=top_p, seed=seed,
                        max_questions=max_questions, tp=tp, num_engines=num_engines,
-                       grade_timeout_s=grade_timeout) for m in models]
+                       grade_timeout_s=grade_timeout, enforce_eager=enforce_eager, overwrite=overwrite)
+            for m in models]
     console = make_console()
     for line in evdata.find_sets(data_dir, names, fetch_missing, mirror):  # the options are valid: fetch
         console.print(line, markup=False)

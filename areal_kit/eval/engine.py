@@ -6,6 +6,9 @@ GPU group, or the CPU) a single engine runs in-process. Both take token-id promp
 return the generated token ids: the caller decodes them with the checkpoint's own tokenizer
 (areal_kit/data/tokenizer.py), never with the one vLLM loads for itself through AutoTokenizer.
 
+Engines run eager (vLLM's enforce_eager, no CUDA graphs) unless told otherwise: the guide's eval
+numbers were made so, and a captured graph may round differently.
+
 Each request carries its own sampling seed (derived from the run seed and the sample's key),
 so a sample's completion does not depend on which engine or batch produced it: a resumed
 run generates the missing samples exactly as an uninterrupted run would have.
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 import ray
 
 from areal_kit import adapters, hardware
+from areal_kit.config.vllm_args import VLLMConfig
 from areal_kit.interrupts import sigterm_interrupts
 
 
@@ -58,7 +62,14 @@ def _generate(llm, requests: list[GenRequest]) -> list[GenResult]:
     return results
 
 
-def _make_llm(model_path: str, max_model_len: int, seed: int, tp: int):
+def llm_kwargs(platform, model_path: str, max_model_len: int, seed: int, tp: int, enforce_eager: bool) -> dict:
+    """vllm.LLM's arguments for an eval engine on platform (a LoRA checkpoint: its base's)."""
+    base = adapters.adapter_base(model_path) if adapters.is_adapter_folder(model_path) else model_path
+    return hardware.vllm_kwargs(platform, base, max_model_len, seed=seed, tp=tp,
+                                engine=VLLMConfig(enforce_eager=enforce_eager))
+
+
+def _make_llm(model_path: str, max_model_len: int, seed: int, tp: int, enforce_eager: bool):
     p = hardware.detect()
     if p.is_cpu:
         # vLLM reads these at import and engine start: set before importing it.
@@ -67,17 +78,17 @@ def _make_llm(model_path: str, max_model_len: int, seed: int, tp: int):
     os.environ.update(hardware.vllm_env(p, tp))
     from vllm import LLM
 
+    kw = llm_kwargs(p, model_path, max_model_len, seed, tp, enforce_eager)
     if adapters.is_adapter_folder(model_path):  # a LoRA checkpoint: its base, serving the adapter
-        kw = hardware.vllm_kwargs(p, adapters.adapter_base(model_path), max_model_len, seed=seed, tp=tp)
         return adapters.adapter_llm(LLM, kw, model_path)
-    return LLM(**hardware.vllm_kwargs(p, model_path, max_model_len, seed=seed, tp=tp))
+    return LLM(**kw)
 
 
 class LocalEngine:
     """One vLLM engine in this process (the CPU, or a single GPU group)."""
 
-    def __init__(self, model_path: str, max_model_len: int, seed: int = 0, tp: int = 1):
-        self.llm = _make_llm(model_path, max_model_len, seed, tp)
+    def __init__(self, model_path: str, max_model_len: int, seed: int = 0, tp: int = 1, enforce_eager: bool = True):
+        self.llm = _make_llm(model_path, max_model_len, seed, tp, enforce_eager)
         self.num_engines = 1
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
@@ -90,8 +101,8 @@ class LocalEngine:
 class _EngineActor:
     """Ray actor body: one vLLM engine on the GPUs Ray gave it."""
 
-    def __init__(self, model_path: str, max_model_len: int, seed: int, tp: int):
-        self.llm = _make_llm(model_path, max_model_len, seed, tp)
+    def __init__(self, model_path: str, max_model_len: int, seed: int, tp: int, enforce_eager: bool):
+        self.llm = _make_llm(model_path, max_model_len, seed, tp, enforce_eager)
 
     def generate(self, requests):
         return _generate(self.llm, requests)
@@ -101,10 +112,10 @@ class RayEngines:
     """Data parallel: n vLLM engines as Ray actors of `tp` GPUs (or one CPU) each."""
 
     def __init__(self, model_path: str, max_model_len: int, n: int, seed: int = 0, tp: int = 1,
-                 use_gpu: bool = True):
+                 use_gpu: bool = True, enforce_eager: bool = True):
         opts = {"num_gpus": tp} if use_gpu else {"num_cpus": 1}
         actor_cls = ray.remote(**opts)(_EngineActor)
-        self.actors = [actor_cls.remote(model_path, max_model_len, seed, tp) for _ in range(n)]
+        self.actors = [actor_cls.remote(model_path, max_model_len, seed, tp, enforce_eager) for _ in range(n)]
         self.num_engines = n
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
@@ -141,16 +152,16 @@ def available_gpus() -> int:
 
 
 def open_engines(model_path: str, max_model_len: int, seed: int = 0, tp: int = 1,
-                 num_engines: int = 0):
+                 num_engines: int = 0, enforce_eager: bool = True):
     """LocalEngine or RayEngines: num_engines=0 picks GPUs // tp (1 on the CPU)."""
 
     use_gpu = not hardware.detect().is_cpu
     n = num_engines or (max(1, available_gpus() // tp) if use_gpu else 1)
     if n == 1:
-        return LocalEngine(model_path, max_model_len, seed, tp)
+        return LocalEngine(model_path, max_model_len, seed, tp, enforce_eager)
 
     if not ray.is_initialized():
         env = hardware.worker_env(os.environ.get("AREAL_CACHE_ROOT"))
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, runtime_env={"env_vars": env})
         sigterm_interrupts()  # ray.init put in its own handler, which aborts eval (exit 134, a C++ stack dump)
-    return RayEngines(model_path, max_model_len, n, seed, tp, use_gpu)
+    return RayEngines(model_path, max_model_len, n, seed, tp, use_gpu, enforce_eager)

@@ -8,7 +8,8 @@ Outputs under output_path:
   results.md, results.csv    the table
 
 A re-run skips every sample already in samples.jsonl, so an interrupted evaluation resumes
-where it stopped and a finished one only rebuilds the table (no engine start). The pieces that
+where it stopped and a finished one only rebuilds the table (no engine start); --overwrite
+(overwrite=True) deletes the earlier records first and evaluates from scratch. The pieces that
 make it so (check_identity, load_records, append_records, generate) also serve `areal-kit
 filter` (eval/filter.py).
 
@@ -58,6 +59,8 @@ class EvalConfig:
     num_engines: int = 0  # data-parallel engines (0: GPUs // tp, 1 on the CPU)
     grade_timeout_s: float = 5.0  # math-verify budget per answer
     chunk_size: int = 256  # requests per engine between two record flushes
+    enforce_eager: bool = True  # vLLM without CUDA graphs, as the guide's numbers were made
+    overwrite: bool = False  # delete the earlier records in output_path: every sample anew
 
     def __post_init__(self):
         if not self.greedy and self.num_samples <= 0:
@@ -85,6 +88,41 @@ class EvalConfig:
         return {"model_path": str(Path(self.model_path).resolve()), "prompt_type": self.prompt_type,
                 "max_gen_tokens": self.max_gen_tokens, "temperature": self.temperature,
                 "top_p": self.top_p, "seed": self.seed}
+
+
+def sample_count(num_samples: int | None, n_sampling: int | None, nodes: int | None, per_node: int | None) -> int:
+    """Sampled answers per question, from --num_samples (32 by default) or the AReaL guide's flags.
+    --n_sampling is AReaL's name for --num_samples. AReaL's --num_sample_nodes N runs of
+    --samples_per_node M answers (8 and 4 by default) are N x M answers here, each with its own
+    seed, shared by the engines; as in AReaL, --n_sampling may not exceed N x M."""
+    if nodes is None and per_node is None:
+        if None not in (num_samples, n_sampling) and num_samples != n_sampling:
+            raise UserError(f"--num_samples {num_samples} and --n_sampling {n_sampling} disagree; --n_sampling "
+                            "is AReaL's name for --num_samples: give one of them")
+        return next((n for n in (num_samples, n_sampling) if n is not None), 32)
+    nodes, per_node = 8 if nodes is None else nodes, 4 if per_node is None else per_node
+    if nodes < 1 or per_node < 1:
+        raise UserError(f"--num_sample_nodes {nodes} x --samples_per_node {per_node} is not valid; expected "
+                        "both >= 1 (their product is the sampled answers per question)")
+    total = nodes * per_node
+    if num_samples is not None and num_samples != total:
+        raise UserError(f"--num_samples {num_samples} is not --num_sample_nodes {nodes} x --samples_per_node "
+                        f"{per_node} = {total}; give one of them")
+    if n_sampling is not None and n_sampling > total:
+        raise UserError(f"--n_sampling {n_sampling} is more than --num_sample_nodes {nodes} x --samples_per_node "
+                        f"{per_node} = {total} sampled answers; expected at most {total}")
+    return total
+
+
+def clear_records(out: Path) -> int:
+    """--overwrite: delete an earlier evaluation's settings and per-sample records in out (nothing
+    else there), so that every sample is generated and graded anew; the records deleted."""
+    n = 0
+    for path in sorted(out.glob("*/samples.jsonl")):
+        n += len(load_records(path))
+        path.unlink()
+    (out / "run_config.json").unlink(missing_ok=True)
+    return n
 
 
 def check_model_path(model_path: str) -> None:
@@ -166,6 +204,9 @@ def run(cfg: EvalConfig, console=None) -> dict:
     out = Path(cfg.output_path)
     questions = {n: evdata.load_questions(cfg.data_dir, n, cfg.prompt_type, cfg.max_questions)
                  for n in cfg.data_names}
+    if cfg.overwrite and (n := clear_records(out)):
+        console.print(f"--overwrite: deleted the {n} records of an earlier evaluation in {out}; evaluating from scratch",
+                      markup=False)
     check_identity(out, cfg.identity())
     done = {}
     for n in cfg.data_names:
@@ -221,7 +262,7 @@ def generate(cfg, tok, prompts: list[tuple[str, tuple[int, ...], bool]], make_re
     chunk, the completions decoded with `tok` become make_record(key, text, n_tokens,
     finish_reason) and go to store(records) before the next chunk starts, so a failure or a
     stop loses at most the chunk in flight. Shared by eval and filter; cfg needs model_path,
-    max_gen_tokens, temperature, top_p, seed, tp, num_engines and chunk_size.
+    max_gen_tokens, temperature, top_p, seed, tp, num_engines, chunk_size and enforce_eager.
 
     A sampled prompt's seed is sample_seed(cfg.seed, key), so a resumed run makes the samples an
     uninterrupted one would have. A prompt with no room for one generated token within the
@@ -244,7 +285,7 @@ def generate(cfg, tok, prompts: list[tuple[str, tuple[int, ...], bool]], make_re
     if not requests:
         return
     t0 = time.time()
-    engines = evengine.open_engines(cfg.model_path, max_len, cfg.seed, cfg.tp, cfg.num_engines)
+    engines = evengine.open_engines(cfg.model_path, max_len, cfg.seed, cfg.tp, cfg.num_engines, cfg.enforce_eager)
     console.print(f"{engines.num_engines} vLLM engine(s) ready in {time.time() - t0:.0f}s "
                   f"(max_model_len {max_len})")
     t1, n_tokens = time.time(), 0

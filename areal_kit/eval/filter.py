@@ -98,6 +98,7 @@ class FilterConfig:
     tp: int = 1  # tensor-parallel GPUs per engine
     num_engines: int = 0  # data-parallel engines (0: GPUs // tp, 1 on the CPU)
     chunk_size: int = 256  # requests per engine between two record flushes
+    enforce_eager: bool = False  # CUDA graphs: its pass rates are a filter, not numbers to compare
 
     def __post_init__(self):
         if self.type not in TYPES:

@@ -4,6 +4,9 @@
     areal-kit train 1.5B_n4 --dry-run ppo.gen.max_new_tokens=8192
     areal-kit train tiny --show-args                      # a table; markdown rows in a pipe
     areal-kit train tiny --show-args --json ppo.kl_ctl=0.01
+
+`areal-kit train PRESET --cluster NAME`, the same run on a cluster's head, is cluster/cmd.py's
+train_on; cli.py gives the command both sets of options and picks one by --cluster.
 """
 
 from __future__ import annotations
@@ -55,9 +58,12 @@ def train(
             raise UserError(refusal)
         console.print("[green]dry run: configuration is valid[/green]")
         return
+    from areal_kit import hardware
     from areal_kit.interrupts import stops_say_so
     from areal_kit.rl.launch import launch
 
+    if not hardware.detect().is_cpu:  # before Ray and any actor: a node whose CUDA does not start fails in one line
+        console.print(f"CUDA: {hardware.check_cuda(cfg.ray_address)}", highlight=False, markup=False, soft_wrap=True)
     with stops_say_so():
         rc = launch(cfg, fresh=fresh)
     raise typer.Exit(rc)

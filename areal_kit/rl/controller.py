@@ -97,7 +97,7 @@ class Controller:
                                          os.path.join(self.job.paths.log_dir, "stacks"))
         setup = w.setup()
         self.weights = WeightSync(self.cfg, w.trainers, w.engines)
-        self.turns = Turns(self.cfg, w.engines)
+        self.turns = Turns(self.cfg, w.engines, trainers=w.trainers)
         how = self.weights.connect()
         self.checkpoints.connect(self.state, self.timer, w.trainers)
         self.validator = Validator(self.cfg, self.job.eval_rows, w.engines, self.log, self.job.total_steps)

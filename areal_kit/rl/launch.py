@@ -1,10 +1,11 @@
 """Run a validated config to the end: logs, progress bar, recover and relaunch after failures.
 
 A worker that dies (a killed rollout or trainer actor, a lost node) or hangs (a call past the
-watchdog's bound, rl/workers/watchdog.py) ends the attempt; the run
-then relaunches from the last recover checkpoint, up to recover_retries times, saying so in the
-log. Any other error, including one our code raises inside a worker, ends the run at once: a
-relaunch would only fail the same way. It reaches the terminal as one line naming the worker
+watchdog's bound, rl/workers/watchdog.py), an out-of-memory, a vLLM engine core that died or an
+NCCL error ends the attempt; the run then relaunches from the last recover checkpoint, up to
+recover_retries times, saying so in the log (rl/retry.py says which failures count). Any other
+error, including one our code raises inside a worker, ends the run at once: a relaunch would only
+fail the same way. It reaches the terminal as one line naming the worker
 call it came from (RunFailed, exit code 1), its full traceback in train.log. Bad input raises
 UserError before any actor starts. Ctrl-C stops the run at once, cleanly (workers stopped, the
 log says so); the same command then resumes it from the last recover checkpoint. SIGTERM during
@@ -20,17 +21,14 @@ import json
 import os
 import signal
 import sys
-import time
 from typing import TYPE_CHECKING
-
-import ray.exceptions as rex
 
 from areal_kit import hardware, logs
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import ExitCode, RunFailed, UserError, describe
 from areal_kit.interrupts import Interrupted, interruption, raise_on_sigterm, sigterm_interrupts
 from areal_kit.rl import raystart
-from areal_kit.rl.workers.watchdog import WorkerHang
+from areal_kit.rl.retry import WorkerDied, relaunching, worker_died
 
 if TYPE_CHECKING:
     from areal_kit.rl.controller import Outcome
@@ -116,8 +114,9 @@ def launch(cfg, fresh: bool = False) -> int:
     sigterm = SigtermStop(log, graceful=cfg.exp_ctrl.on_sigterm == "checkpoint")
     previous = sigterm.install()
     try:
-        end = relaunching(lambda attempt: _attempt(job, log, progress, sigterm, fresh and attempt == 0, ray_up),
-                          retries, log)
+        failed = _FailedAt()
+        end = relaunching(lambda attempt: _attempt(job, log, progress, sigterm, fresh and attempt == 0, ray_up, failed),
+                          retries, log, where=lambda: failed.step, cfg=cfg)
         from areal_kit.rl.controller import Ending
 
         if end.ending is Ending.STOPPED:  # as asked: it ends as any stop does, said below, exit code 143
@@ -212,7 +211,14 @@ class SigtermStop:
         raise_on_sigterm(signum, frame)
 
 
-def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: raystart.InBackground) -> Outcome:
+class _FailedAt:
+    """The global step the last attempt failed in (None before a failure, or before training ran)."""
+
+    step: int | None = None
+
+
+def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: raystart.InBackground,
+             failed: _FailedAt | None = None) -> Outcome:
     """One launch: the run state, Ray (up, or the error its start raised), the workers (given the
     recover checkpoint's trainer state when the run state came from one), then training to the end
     or to a stop asked for."""
@@ -223,13 +229,14 @@ def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: rays
     state = checkpoints.load(fresh)
     state.wandb_id = log.resume_at(state.global_step, state.wandb_id)
     ctrl = Controller(job, log, state, progress, should_stop=sigterm.asked, checkpoints=checkpoints)
+    training = False  # set once the loop runs: a failure before it (a worker's setup) has no step
     try:
         ray_up.wait()
         sigterm.install()  # again: a ray.init on the main thread puts its own handler in place, one that aborts
         ctrl.start()
         if state.resumed:
             ctrl.restore()
-        sigterm.armed = True
+        sigterm.armed = training = True
         try:
             end = ctrl.run()
         finally:
@@ -241,6 +248,8 @@ def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: rays
     except Exception as e:
         if (stop := interruption(e)) is not None:  # a signal that came back as another error
             raise stop from None
+        if failed is not None:
+            failed.step = ctrl.state.global_step + 1 if training else None
         if sigterm.asked():  # the stop was asked for: no relaunch, no failure report
             log.warning(f"After SIGTERM the step did not finish ({describe(e)}); no recover checkpoint of it.")
             raise sigterm.interrupted() from e
@@ -252,41 +261,3 @@ def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: rays
         raise
     finally:
         ctrl.stop()
-
-
-class WorkerDied(RuntimeError):
-    """A worker of the attempt died while another one's error was what surfaced."""
-
-
-def relaunching(run_once, retries: int, log, pause: float = 1.0):
-    """run_once(attempt) again after a worker death, up to `retries` times; anything else raises at once."""
-    attempt = 0
-    while True:
-        try:
-            return run_once(attempt)
-        except Exception as e:
-            if attempt >= retries or not worker_died(e):
-                raise
-            attempt += 1
-            log.warning(f"Worker failure ({describe(e)}); relaunching "
-                        f"from the last recover checkpoint (retry {attempt}/{retries}).")
-            time.sleep(pause)
-
-
-def worker_died(e: BaseException) -> bool:
-    """True when a worker process, actor or node died (or hung), so a relaunch can help.
-
-    A RayTaskError only says a remote call raised: its cause may be our own bug (a ValueError in a
-    trainer method), which would fail the same way on every relaunch, so it must surface at once.
-    It counts only when its cause is itself a death, e.g. an actor method whose ray.get met a dead
-    actor. `raise ... from` chains are followed too, so wrapping a death does not hide it.
-    """
-    deaths = (rex.RayActorError, rex.WorkerCrashedError, rex.ObjectLostError, rex.NodeDiedError,
-              rex.LocalRayletDiedError, WorkerDied, WorkerHang)
-    seen = set()
-    while e is not None and id(e) not in seen:  # causes can nest; a cycle must not loop forever
-        seen.add(id(e))
-        if isinstance(e, deaths):
-            return True
-        e = getattr(e, "cause", None) if isinstance(e, rex.RayTaskError) else e.__cause__
-    return False

@@ -22,18 +22,21 @@ What a trainer GPU holds (P parameters, N data-parallel trainer ranks, b bytes o
   activations  with gradient checkpointing, each layer's input (hidden x layers x tokens x b) and one
                layer's working set recomputed in backward; without it, every layer's working set
   logits       one chunk of chunked_logprobs (rl/algo/functional.py): chunk x vocab x 4 B, three times
-  buffers      DeepSpeed's gradient reduce and parameter all-gather buckets (ZeRO-3: the reduce bucket and
-               the most parameters it gathers at once)
+  buffers      DeepSpeed's reduce and all-gather buckets, of this module's sizes (deepspeed_zero.py passes
+               them on); ZeRO 1-2: two reduce buckets, overlap_comm reducing one while backward fills the
+               next (ZeRO-3: the reduce bucket and the most parameters it gathers at once)
 Under LoRA (actor.lora, L adapter parameters) the base's weights stay, frozen; gradients and
 optimizer states are the adapter's alone (4 x L and 12 x L, split as above), and there is no
 reference model (the base with the adapter disabled is the reference).
 A generation GPU: vLLM takes gpu_memory_utilization of it; the weights take b x P / TP; what is left
 is the ceiling of its KV cache (vLLM's activations and CUDA graphs come out of it too), at
 2 x layers x KV heads per GPU x head_dim x b bytes a token.
-Shared GPUs (generation and training take turns, rl/workers/turns.py): while the engine generates,
-its share sits beside the trainer's resident states (everything but a micro-batch's activations and
-logits); while the trainer trains, the engine sleeps and holds only what its sleep mode cannot
-release (SLEEP_RESIDUE). Both sums must fit the GPU.
+Shared GPUs (turns, rl/workers/turns.py): while the trainer trains, the engine sleeps and holds only
+what its sleep mode cannot release (SLEEP_RESIDUE) beside the trainer's peak, which torch's caching
+allocator keeps reserved until the trainer returns it (torch.cuda.empty_cache) before the engine
+wakes: while generating, the engine's share sits beside the trainer's resident states (all but a
+micro-batch's activations and logits). The trainer's CUDA context counts in both (TRAINER_CONTEXT).
+Both sums must fit the GPU's capacity as CUDA reports it (an 80 GB card: CARD_80GB).
 """
 
 from __future__ import annotations
@@ -45,10 +48,17 @@ from dataclasses import dataclass, replace
 from areal_kit.errors import UserError
 
 GB = 1e9
-# DeepSpeed's defaults (deepspeed/runtime/zero/config.py), in elements: the gradient reduce bucket,
-# the ZeRO 1/2 parameter all-gather bucket, and ZeRO-3's most parameters gathered at once.
-REDUCE_BUCKET = 500_000_000
-ALLGATHER_BUCKET = 500_000_000
+GIB = 2**30
+# What CUDA reports of an "80 GB" card (torch.cuda.get_device_properties(0).total_memory on an
+# H100 80 GB: 79.2 GiB): the plan's capacity where the config names none and no GPU is here.
+CARD_80GB = 85.0e9
+# DeepSpeed's buckets, in elements: the reduce and the ZeRO 1/2 all-gather bucket (deepspeed_zero.py
+# sets both), and ZeRO-3's most parameters gathered at once (its default). DeepSpeed's 5e8 for the
+# two would hold 1 GB in bf16 and 2 GB for a reduced bucket's fp32 copy, beside vLLM on a shared
+# GPU; 5e7 (100 MB in bf16) still saturates NCCL's rings (tens of MB a call suffice).
+REDUCE_BUCKET = 50_000_000
+ALLGATHER_BUCKET = 50_000_000
+ZERO0_ALLREDUCE_BUCKET = 500_000_000  # without ZeRO: DeepSpeed's MEMORY_OPT_ALLREDUCE_SIZE, no config sets it
 ZERO3_LIVE_PARAMS = 1_000_000_000
 # Tokens a chunk of chunked_logprobs turns into logits at once (its default there comes from here).
 LOGITS_CHUNK = 1024
@@ -60,6 +70,8 @@ TRANSIENT = ("activations", "recomputed layer", "logits chunk")
 # allocated outside the sleep-mode pool (NCCL buffers under tensor parallel). An estimate: vLLM
 # logs the real figure at each sleep ("Sleep mode freed ... GiB, ... GiB still in use").
 SLEEP_RESIDUE = 3 * GB
+# A trainer rank's GPU memory outside torch's allocator (CUDA context ~0.5 GB, NCCL's buffers): an estimate.
+TRAINER_CONTEXT = 1 * GB
 
 
 @dataclass(frozen=True)
@@ -278,7 +290,8 @@ def _buffers(s: ModelShape, zero_stage: int, b: int) -> Part:
     p = s.params
     reduce, gather = min(REDUCE_BUCKET, p), min(ALLGATHER_BUCKET, p)
     if zero_stage == 0:
-        return Part("DeepSpeed buffers", reduce * b, f"gradient all-reduce bucket {_billions(reduce)} elements x {b} B")
+        whole = min(ZERO0_ALLREDUCE_BUCKET, p)
+        return Part("DeepSpeed buffers", whole * b, f"gradient all-reduce bucket {_billions(whole)} elements x {b} B")
     # Under ZeRO a bf16 model's reduced bucket is added to the fp32 accumulation through an fp32 copy.
     rb, copy = (b + 4, f" ({b} B + its fp32 copy 4 B)") if b == 2 else (b, "")
     if zero_stage == 3:
@@ -286,9 +299,10 @@ def _buffers(s: ModelShape, zero_stage: int, b: int) -> Part:
         return Part("DeepSpeed buffers", live * b + reduce * rb,
                     f"parameters gathered at once {_billions(live)} elements x {b} B + reduce bucket "
                     f"{_billions(reduce)} elements x {rb} B{copy}")
-    return Part("DeepSpeed buffers", reduce * rb + gather * b,
-                f"reduce bucket {_billions(reduce)} elements x {rb} B{copy} + all-gather bucket {_billions(gather)} "
-                f"elements x {b} B")
+    # overlap_comm (ZeRO 1-2): a second bucket in the weights' dtype fills while the first reduces.
+    return Part("DeepSpeed buffers", reduce * (rb + b) + gather * b,
+                f"reduce bucket {_billions(reduce)} elements x {rb} B{copy} + the next one filling while it "
+                f"reduces (overlap_comm) x {b} B + all-gather bucket {_billions(gather)} elements x {b} B")
 
 
 def trainer_plan(s: ModelShape, zero_stage: int, ranks: int, tokens: int, reference: bool,
@@ -377,22 +391,24 @@ class MemoryPlan:
 
     def lines(self) -> list[str]:
         s = self.shape
-        head = (f"memory plan per GPU of {gb(self.capacity)} ({self.capacity_note}); {s.name}: "
+        head = (f"memory plan per GPU of {gb(self.capacity)} = {self.capacity / GIB:.3g} GiB ({self.capacity_note}; "
+                f"GB here are 1e9 bytes, vLLM's share is gpu_memory_utilization x all of it); {s.name}: "
                 f"{_billions(s.params)} parameters, shape from {s.source}")
         out = [head, *self.trainer.lines(self.capacity), *self.generation.lines(self.capacity)]
         if self.shared:
             gen, train = self.turn_sums()
+            ctx = gb(TRAINER_CONTEXT)
             generating = (f"    while generating: vLLM's {gb(self.share)} + the trainer's resident states "
-                          f"{gb(self.trainer.resident)} (all but activations and logits) = {gb(gen)} of "
-                          f"{gb(self.capacity)}")
-            training = (f"    while training: the trainer's {gb(self.trainer.total)} + a sleeping engine's "
-                        f"{gb(SLEEP_RESIDUE)} (released: its weights and KV cache) = {gb(train)} of {gb(self.capacity)}")
+                          f"{gb(self.trainer.resident)} (its cached peak returned before the engine wakes) + its "
+                          f"CUDA context {ctx} = {gb(gen)} of {gb(self.capacity)}")
+            training = (f"    while training: the trainer's peak {gb(self.trainer.total)} + its CUDA context {ctx} + a sleeping "
+                        f"engine's {gb(SLEEP_RESIDUE)} (released: its weights and KV cache) = {gb(train)} of {gb(self.capacity)}")
             out += ["  generation and training take turns on each GPU (vLLM sleep mode):", generating, training]
         return out
 
     def turn_sums(self) -> tuple[float, float]:
         """(a shared GPU's bytes while the engine generates, while the trainer trains)."""
-        return self.share + self.trainer.resident, self.trainer.total + SLEEP_RESIDUE
+        return self.share + self.trainer.resident + TRAINER_CONTEXT, self.trainer.total + TRAINER_CONTEXT + SLEEP_RESIDUE
 
     def refusal(self) -> str:
         """'' when both GPUs fit; else one line: the one that does not, with its arithmetic and fix."""
@@ -406,14 +422,16 @@ class MemoryPlan:
             return ""
         gen, train = self.turn_sums()
         if gen > self.capacity:
-            room = (self.capacity - self.trainer.resident) / self.capacity
+            room = (self.capacity - self.trainer.resident - TRAINER_CONTEXT) / self.capacity
             return (f"shared GPU while generating: vLLM's {gb(self.share)} + the trainer's resident states "
-                    f"{gb(self.trainer.resident)} = {gb(gen)}, more than the {gb(self.capacity)} it has; try "
+                    f"{gb(self.trainer.resident)} + its CUDA context {gb(TRAINER_CONTEXT)} = {gb(gen)}, more than the "
+                    f"{gb(self.capacity)} it has; try "
                     f"actor.vllm.gpu_memory_utilization={max(room - 0.01, 0.01):.2f} or less, or "
                     f"{', or '.join(f for f in self.fixes if 'max_tokens_per_mb' not in f)}")
         if train > self.capacity:
-            return (f"shared GPU while training: the trainer's {gb(self.trainer.total)} + a sleeping engine's "
-                    f"{gb(SLEEP_RESIDUE)} = {gb(train)}, more than the {gb(self.capacity)} it has; try "
+            return (f"shared GPU while training: the trainer's peak {gb(self.trainer.total)} + its CUDA context "
+                    f"{gb(TRAINER_CONTEXT)} + a sleeping engine's {gb(SLEEP_RESIDUE)} = {gb(train)}, more than the "
+                    f"{gb(self.capacity)} it has; try "
                     f"{', or '.join(self.fixes)}")
         return ""
 

@@ -13,6 +13,7 @@ from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
 from areal_kit.rl import lora, memory
 from areal_kit.rl.algo import varlen
+from areal_kit.rl.weight_sync import colocated
 from areal_kit.rl.weight_sync.sync import weight_sync_dir
 from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
 from areal_kit.rl.workers import placement, turns
@@ -45,9 +46,13 @@ def dataset_size(cfg) -> tuple[int | None, str]:
 
 
 def weight_sync_line(cfg, n_workers: int, plat=None) -> str:
-    mode = turns.sync_mode(cfg, plat)
+    mode = colocated.sync_mode(cfg, plat)
+    if mode == "cuda_ipc":
+        return (f"weight sync: cuda_ipc (auto on shared GPUs): each trainer rank hands the engine worker on its GPU "
+                f"one CUDA IPC buffer of up to {colocated.IPC_BUFFER_BYTES >> 20} MB, a chunk at a time "
+                f"({n_workers} engine worker(s)); disk if an engine cannot map it")
     if mode == "disk":
-        why = " (auto on shared GPUs: NCCL takes no two ranks on one GPU)" if cfg.weight_sync == "auto" else ""
+        why = " (auto on shared GPUs: a LoRA adapter alone)" if cfg.weight_sync == "auto" else ""
         return (f"weight sync: disk{why}: trainer rank 0 saves a Hugging Face folder in {weight_sync_dir(cfg)}, "
                 f"{n_workers} engine worker(s) reload it")
     line = (f"weight sync: {cfg.weight_sync}: trainer rank 0 broadcasts to {n_workers} engine worker(s) in "
@@ -83,9 +88,6 @@ def device_lines(cfg, plat) -> list[str]:
         return lines + [f"placement: not on the configured {cfg.n_nodes} node(s): {e}"]
 
 
-# The GPUs' memory the plan assumes when the config does not say and this machine has no GPU: an
-# A100/H100 80 GB card.
-DEFAULT_GPU_GB = 80.0
 
 
 def gpu_capacity(cfg) -> tuple[float, str]:
@@ -95,7 +97,7 @@ def gpu_capacity(cfg) -> tuple[float, str]:
     here = hardware.gpu_memory_bytes()
     if here:
         return float(here), "this machine's GPU"
-    return DEFAULT_GPU_GB * memory.GB, "gpu_memory_gb unset and no GPU here: the default"
+    return memory.CARD_80GB, "gpu_memory_gb unset and no GPU here: what CUDA reports of an 80 GB card"
 
 
 def _lora_lines(cfg) -> list[str]:

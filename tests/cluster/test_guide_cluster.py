@@ -5,6 +5,12 @@ the eval sets from a mirror to exactly the paths the preset reads, starts traini
 runs; a second setup finds everything present; `areal-kit eval` scores the run's checkpoint from the
 eval sets on storage, and the log under the storage answers the guide's greps.
 
+The second scenario steps off the preset's rails on the same cluster: the user's own model named by a
+hub-style id and their own AReaL-format files named by URL (all through the mirror), so the preset's
+assets are dropped; a hub id whose folder holds what areal-kit fetched from another source is refused
+with nothing removed; the run is stopped (SIGTERM, as a scheduler stops it) and `areal-kit train PRESET
+--cluster areal` from the workstation resumes it at the step after its recover checkpoint.
+
 The mirror is a plain HTTP server on the testbed's own bridge address (the nodes have no other route),
 laid out like its origins (``MIRROR/raw.githubusercontent.com/...``; the tiny model and the toy prompts
 at the paths `python -m areal_kit.cluster.fetch --export-tiny` writes). The one thing given beforehand
@@ -15,6 +21,7 @@ there: the testbed's debootstrap base, which the cpu_image fixture imports on no
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import json
 import os
@@ -36,6 +43,12 @@ from areal_kit.eval.data import DatasetSpec, manifest
 PRESET = "tiny_storage"
 STEPS = 4
 SETS = ("math_500", "aime24", "amc23", "gsm8k")
+# The user's sources on the mirror: a model of another shape than the preset's (3 layers, not 2, so its
+# checkpoint shows which model trained) and toy prompts of another seed with their id2info.
+USER_SOURCES = {"tiny://toy?seed=7&layers=3": "huggingface.co/userorg/toy-user",
+                "toy://sums/prompts.jsonl?n=64&seed=3": "example.org/mine/sums.jsonl",
+                "toy://sums/id2info.json?n=64&seed=3": "example.org/mine/sums-id2info.json"}
+USER_STEPS = 400  # more than it gets to before it is stopped (a tiny step takes ~0.1 s)
 
 
 def eval_set(spec: DatasetSpec) -> bytes:
@@ -67,6 +80,8 @@ def mirror(testbed, tmp_path_factory):
         dest.parent.mkdir(parents=True, exist_ok=True)
         served[name] = eval_set(spec)
         dest.write_bytes(served[name])
+    for uri, rel in USER_SOURCES.items():  # the user's own model and data, as their hub and site serve them
+        subprocess.run([sys.executable, "-m", "areal_kit.cluster.fetch", uri, str(root / rel)], check=True)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *a: None
     srv = http.server.ThreadingHTTPServer((testbed.ips[0].rsplit(".", 1)[0] + ".1", 0), handler)
@@ -100,10 +115,11 @@ def guide(testbed, cpu_image, mirror, tmp_path_factory):
         testbed.ssh(i, "docker rm -f $(docker ps -aq) 2>/dev/null; true", check=False)
 
 
-def wait_finished(log, timeout: float = 600) -> str:
+def wait_finished(log, timeout: float = 600, since: int = 0) -> str:
+    """The log from byte `since` once it says the run finished or failed."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        text = log.read_text() if log.exists() else ""
+        text = log.read_bytes()[since:].decode(errors="replace") if log.exists() else ""
         if "Training finished" in text or "Run failed" in text:
             return text
         time.sleep(2)
@@ -157,3 +173,81 @@ def test_the_guide_end_to_end(guide, mirror, testbed, tmp_path):
     assert again.returncode == 0, again.stdout
     assert not [ln for ln in lines(again, "changed") if "] image: " in ln or "] data: " in ln], again.stdout
     assert len([ln for ln in lines(again, "ok") if "] image: " in ln]) == 3, again.stdout
+
+
+def tree_digest(root) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def driver_gone(testbed, timeout: float = 300) -> None:
+    """Waits until no driver of PRESET runs in the head's container."""
+    end = time.monotonic() + timeout
+    while testbed.ssh(1, f"docker exec {HEAD} pgrep -f '{DRIVER}'", check=False).returncode == 0:
+        assert time.monotonic() < end, f"the {PRESET} driver still runs after {timeout:.0f}s"
+        time.sleep(2)
+
+
+HEAD = "areal-areal-head"  # setup's container on the head (cluster name "areal")
+DRIVER = f"areal_kit[.]cli train {PRESET} "
+
+
+def test_own_model_and_data_then_stop_and_resume_from_the_workstation(guide, testbed):
+    kit, _ = guide
+    base = kit.args[:kit.args.index("--train_param")]
+    own = ["--train-arg", "actor.path=userorg/toy-user",
+           "--train-arg", "dataset.path=https://example.org/mine/sums.jsonl",
+           "--train-arg", "dataset.id2info_path=https://example.org/mine/sums-id2info.json",
+           "--train-arg", "experiment_name=mine", "--train-arg", "exp_ctrl.total_train_epochs=1000"]
+    models = testbed.storage / "models"
+    earlier = tree_digest(models / "tiny-toy")  # the first scenario's model, fetched by areal-kit
+    driver_gone(testbed)  # the first scenario's last setup restarted its finished run
+
+    # a hub id whose folder holds another source's fetch: refused in one line, nothing removed
+    clash = kit.run("setup", *base, "--train_param", PRESET, "--train-arg", "actor.path=userorg/tiny-toy",
+                    "--fetch-only", timeout=600)
+    assert clash.returncode == 1, clash.stdout + clash.stderr
+    assert "refused, nothing removed" in clash.stdout and "tiny://toy" in clash.stdout, clash.stdout
+
+    # the user's own model and data: fetched to the storage, the preset's own assets dropped
+    log = testbed.storage / "ray" / "experiments" / "logs" / f"areal-{PRESET}.log"
+    since = log.stat().st_size
+    r = kit.run("setup", *base, "--train_param", PRESET, *own, "--train-arg",
+                f"exp_ctrl.total_train_steps={USER_STEPS}", "--train-wait", "0", timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (models / "toy-user" / "config.json").is_file()
+    assert (testbed.storage / "datasets" / "sums.jsonl").is_file()
+    assert not [ln for ln in r.stdout.splitlines() if "tiny-toy" in ln and "] data: " in ln and "changed" in ln]
+
+    # stopped after its second step (SIGTERM: the step under way finishes and is checkpointed)
+    end = time.monotonic() + 600
+    while not re.search(r"\(global step [2-9]\) finishes", log.read_bytes()[since:].decode(errors="replace")):
+        assert time.monotonic() < end, log.read_bytes()[since:].decode(errors="replace")[-3000:]
+        time.sleep(1)
+    testbed.ssh(1, f"docker exec {HEAD} pkill -TERM -f '{DRIVER}'")
+    driver_gone(testbed)
+    text = log.read_bytes()[since:].decode(errors="replace")
+    done = [int(g) for g in re.findall(r"\(global step (\d+)\) finishes", text)]
+    assert done == list(range(1, len(done) + 1)) and len(done) < USER_STEPS, text[-3000:]
+    last = done[-1] + 2
+    assert "Training finished" not in text and "Dumped recover info to file." in text, text[-3000:]
+
+    # again from the workstation, for 2 more steps: it resumes at the next step; a second start meanwhile is refused
+    more = ["actor.path=userorg/toy-user", "dataset.path=https://example.org/mine/sums.jsonl",
+            "dataset.id2info_path=https://example.org/mine/sums-id2info.json", "experiment_name=mine",
+            "exp_ctrl.total_train_epochs=1000",
+            f"exp_ctrl.total_train_steps={last}", "--known-hosts", str(kit.known_hosts)]
+    since = log.stat().st_size
+    again = kit.run("train", PRESET, "--cluster", "areal", *more, "--train-wait", "0", timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    twice = kit.run("train", PRESET, "--cluster", "areal", *more, timeout=300)
+    assert twice.returncode == 2 and f"error: training {PRESET} is already running on " in twice.stderr, twice.stderr
+    text = wait_finished(log, since=since)
+    assert re.search(rf"Will recover from: .* \(global step {done[-1]},", text), text[-3000:]
+    assert re.findall(r"\(global step (\d+)\) finishes", text) == \
+        [str(done[-1] + 1), str(last)], text[-3000:]
+
+    # it trained the user's model (3 layers), and the earlier folder is byte for byte as it was
+    ckpts = sorted((testbed.storage / "ray" / "experiments" / "checkpoints").glob("*/mine/*/actor/*"))
+    assert ckpts and '"num_hidden_layers": 3' in (ckpts[-1] / "config.json").read_text(), ckpts
+    assert tree_digest(models / "tiny-toy") == earlier

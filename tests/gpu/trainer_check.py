@@ -3,9 +3,12 @@ runs in a child process per setting (a fresh CUDA context and NCCL world each ti
 
 It builds TrainerWorker from the tiny preset's config with the model and ZeRO stage given, trains
 two steps on answers of a few hundred tokens in the platform's dtype (bf16 on a GPU), and prints
-one `RESULT {json}` line: the steps' losses, the peak GPU memory beside the dry run's memory plan
-for the same settings, how far the trainer's logprobs are from an fp32 forward of the weights it
-saves (save_hf, the folder eval and the engines read), and how far the weights moved.
+one `RESULT {json}` line: the steps' losses, the GPU memory its caching allocator reserved (the
+peak, and what stays once the rank returns its cache as it does before an engine wakes on a
+shared GPU) beside the dry run's memory plan for the same settings (its total, and its resident
+states), how far the trainer's logprobs are from an fp32 forward of the weights it saves
+(save_hf, the folder eval and the engines read), and how far the weights moved. Reserved, not
+allocated: an engine sharing the GPU gets only what the allocator has not kept.
 
     python tests/gpu/trainer_check.py ZERO LORA_RANK ROOT MODEL_DIR PORT
 """
@@ -54,36 +57,41 @@ def fp32_logprobs(path: str, prompts: list[list[int]], answers: list[list[int]],
     return out
 
 
-def plan_bytes(cfg, model_path: str, zero: int, lora_rank: int) -> float:
-    """The dry run's trainer-GPU total for these settings (rl/plan.py reads the same fields)."""
+def trainer_plan(cfg, model_path: str, zero: int, lora_rank: int) -> memory.GpuPlan:
+    """The dry run's trainer GPU for these settings (rl/plan.py reads the same fields)."""
     shape = memory.model_shape(model_path)
     lora = shape.lora_params(lora_rank, cfg.actor.lora.target_modules) if lora_rank else 0
     plan = memory.trainer_plan(shape, zero, 1, cfg.actor_train.mb_spec.max_tokens_per_mb,
                                reference=cfg.ppo.kl_ctl > 0, checkpointing=cfg.actor.gradient_checkpointing,
                                dtype_bytes=2 if hardware.detect().device == "cuda" else 4, lora_params=lora)
-    return plan.total
+    return plan
 
 
-def watch_phases(worker) -> dict[str, int]:
-    """The GPU's peak allocation in each part of a step (forward + backward up to DeepSpeed's
-    optimizer step; the step itself), and what stays allocated after setup: which part of the plan
-    a miss belongs to."""
-    phases = {"setup": torch.cuda.memory_allocated(), "forward_backward": 0, "optimizer_step": 0}
+def watch_phases(worker) -> tuple[dict[str, int], dict[str, int]]:
+    """The most the caching allocator reserved in each part of a step (forward + backward up to
+    DeepSpeed's optimizer step; the step itself), and what it reserved after setup: which part of
+    the plan a miss belongs to. reset_peak_memory_stats starts each part's peak at what is
+    reserved then (the allocator keeps its blocks), so the largest part is the run's peak. Beside
+    it, the same parts' peak allocation (what tensors held), for the table."""
+    phases = {"setup": torch.cuda.memory_reserved(), "forward_backward": 0, "optimizer_step": 0}
+    allocated = dict.fromkeys(phases, 0)
     torch.cuda.reset_peak_memory_stats()
     step = worker.engine.step
 
+    def part_ends(name: str) -> None:
+        torch.cuda.synchronize()
+        phases[name] = max(phases[name], torch.cuda.max_memory_reserved())
+        allocated[name] = max(allocated[name], torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+
     def timed_step(*args, **kwargs):
-        torch.cuda.synchronize()
-        phases["forward_backward"] = max(phases["forward_backward"], torch.cuda.max_memory_allocated())
-        torch.cuda.reset_peak_memory_stats()
+        part_ends("forward_backward")
         out = step(*args, **kwargs)
-        torch.cuda.synchronize()
-        phases["optimizer_step"] = max(phases["optimizer_step"], torch.cuda.max_memory_allocated())
-        torch.cuda.reset_peak_memory_stats()
+        part_ends("optimizer_step")
         return out
 
     worker.engine.step = timed_step
-    return phases
+    return phases, allocated
 
 
 def main(zero: int, lora_rank: int, root: str, model_path: str, port: str) -> dict:
@@ -102,14 +110,17 @@ def main(zero: int, lora_rank: int, root: str, model_path: str, port: str) -> di
     before = worker.logprobs(prompts, answers)
     on_gpu = worker.device.type == "cuda"
     if on_gpu:
-        res["phases"] = phases = watch_phases(worker)
+        phases, allocated = watch_phases(worker)
+        res["phases"] = phases
     t0 = time.perf_counter()
     res["steps"] = [worker.train_step(batch(vocab, seed=10 + i)) for i in range(2)]
     res["train_s"] = time.perf_counter() - t0
     if on_gpu:
-        res["peak_bytes"] = max(phases.values())
-        phases["after"] = torch.cuda.memory_allocated()
-    res["plan_bytes"] = plan_bytes(cfg, model_path, zero, lora_rank)
+        res["peak_reserved"] = max(phases.values())
+        res["peak_allocated"] = max(allocated.values())
+        res["released_reserved"] = worker.release_memory()["reserved"]  # what a shared GPU's engine cannot have
+    plan = trainer_plan(cfg, model_path, zero, lora_rank)
+    res["plan_bytes"], res["plan_resident"] = plan.total, plan.resident
     after = worker.logprobs(prompts, answers)
     saved = worker.save_hf(f"{root}/saved", merged=True if lora_rank else None)
     reference = fp32_logprobs(saved, prompts, answers, worker.device)

@@ -48,8 +48,9 @@ def _long_answers(self, prompts: list[list[int]], n_tokens: int) -> list[tuple]:
 
     # ignore_eos, not min_tokens: min_tokens masks eos, and the processed logprobs would be of that
     # masked distribution, which the trainer's are not.
-    sp = SamplingParams(n=8, temperature=1.0, max_tokens=n_tokens, ignore_eos=True, logprobs=0,
-                        detokenize=False, seed=11)
+    # The run's temperature: the trainer's logprobs it is compared with divide the logits by it.
+    sp = SamplingParams(n=8, temperature=self.cfg.ppo.gen.temperature, max_tokens=n_tokens, ignore_eos=True,
+                        logprobs=0, detokenize=False, seed=11)
     outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp)
     return [(p, a.token_ids, [lp[t].logprob for lp, t in zip(a.logprobs, a.token_ids)], a.versions)
             for p, o in zip(prompts, outs) for a in o.outputs]

@@ -117,6 +117,10 @@ BAD_INPUTS = [
     (["train", "tiny", "--dry-run=3"], "does not take a value"),
     (["nosuchcommand"], "No such command 'nosuchcommand'"),
     (["train", "tiny", "--json"], "--json goes with --show-args"),
+    # a run on a cluster's head (tests/unit/test_train_cluster.py has the rest)
+    (["train", "tiny", "--train-wait", "5"], "--train-wait goes with --cluster"),
+    (["train", "tiny", "--cluster", "lab", "--train-wait", "-1"], "Invalid value for '--train-wait'"),
+    (["train", "tiny", "--cluster", "lab", "--json"], "--json goes with --show-args"),
 ]
 
 

@@ -63,7 +63,6 @@ def test_defaults_are_valid_apart_from_the_model_path():
     (lambda: PPOConfig(behav_imp_weight_cap=1.0), "ppo.behav_imp_weight_cap=1.0"),
     (lambda: PPOConfig(reward_fns=[]), "ppo.reward_fns is empty"),
     (lambda: ModelConfig(path="x", lr=0.0), "actor.lr=0.0"),
-    (lambda: ModelConfig(path="x", optimizer="sgd"), "actor.optimizer='sgd'"),
     (lambda: ModelConfig(path="x", lr_scheduler="step"), "actor.lr_scheduler='step'"),
     (lambda: ModelConfig(path="x", zero_stage=4), "actor.zero_stage=4"),
     (lambda: ModelConfig(path="x", dtype="fp16"), "actor.dtype='fp16'"),
@@ -79,7 +78,6 @@ def test_defaults_are_valid_apart_from_the_model_path():
     (lambda: tiny_cfg(experiment_name="a/b"), "experiment_name='a/b'"),
     (lambda: tiny_cfg(trial_name=""), "trial_name=''"),
     (lambda: tiny_cfg(trial_name=".hidden"), "trial_name='.hidden'"),
-    (lambda: tiny_cfg(mode="slurm"), "mode='slurm'"),
     (lambda: tiny_cfg(n_nodes=0), "n_nodes=0"),
     (lambda: tiny_cfg(weight_sync="nccl"), "weight_sync='nccl'"),
     (lambda: tiny_cfg(recover_mode="always"), "recover_mode='always'"),
@@ -139,6 +137,9 @@ def test_fileroot_defaults_under_cwd(tmp_path):
     ("ppo.group=4", "did you mean 'ppo.group_size'?"),
     ("max_head_offpolicyness=2", "did you mean 'ppo.max_head_offpolicyness'?"),
     ("ppo.gae_lambda=0.95", "ppo.gae_lambda has no effect here: GAE needs a critic's value estimates"),
+    ("mode=slurm", "override mode='slurm' is not valid; areal-kit always runs on Ray"),
+    ("actor.optimizer=sgd", "override actor.optimizer='sgd' is not valid; the trainer's optimizer is torch AdamW"),
+    ("exp_ctrl.save_freq_steps=-1", "exp_ctrl.save_freq_steps=-1 is not valid"),
     ("actor.lr=abc", "actor.lr='abc' is not valid; expected float"),
     ("ppo.group_size=two", "ppo.group_size='two' is not valid; expected int"),
     ("ppo.group_size=1.5", "expected int"),
@@ -178,6 +179,10 @@ def test_yaml_file_preset_with_inherit(tmp_path):
     ("inherit: tiny\nactor:\n  lrr: 1\n", "unknown config key 'actor.lrr'; did you mean 'actor.lr'?"),
     ("inherit: tiny\nactor:\n  lr: abc\n", "actor.lr='abc' is not valid; expected float"),
     ("inherit: tiny\nppo:\n  gae_lambda: 0.95\n", "ppo.gae_lambda has no effect here: GAE needs a critic"),
+    ("inherit: tiny\nactor:\n  optimizer: sgd\n", ("bad.yaml: actor.optimizer='sgd' is not valid; the trainer's "
+                                                    "optimizer is torch AdamW (actor.lr, actor.weight_decay, "
+                                                    "actor.adam_betas): expected adamw")),
+    ("mode: local\ninherit: tiny\n", "bad.yaml: mode='local' is not valid"),
     ("inherit: nosuch\n", "inherit: unknown preset 'nosuch'"),
     ("- 1\n- 2\n", "expected a mapping of config keys at the top level"),
     ("actor: [\n", "not valid YAML at line 2"),
@@ -190,6 +195,35 @@ def test_bad_preset_files(tmp_path, text, message):
         load_config(p)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_the_guides_fixed_keys_are_accepted_with_their_one_value(tmp_path):
+    """mode and actor.optimizer left the schema (nothing read them); AReaL's mode=ray and
+    optimizer adamw, the only things areal-kit does, still load, from a preset or an override."""
+    p = write(tmp_path / "guide.yaml", "inherit: tiny\nmode: ray\nactor:\n  optimizer: adamw\n  lr: 0.002\n")
+    cfg = load_config(p, ["mode=ray", "actor.optimizer=adamw"])
+    assert cfg.actor.lr == 0.002
+    assert "mode" not in all_keys() and "actor.optimizer" not in all_keys()
+
+
+@pytest.mark.parametrize("kind", ["save", "ckpt"])
+def test_the_guides_null_frequency_is_off(kind, tmp_path):
+    """The guide's exp_ctrl.save_freq_*=null: off, as 0 is. With all three null the checkpointer
+    never finds an HF save (save) or a recover checkpoint (ckpt) due."""
+    from types import SimpleNamespace
+
+    from areal_kit.rl.checkpoint.checkpointer import Checkpointer
+
+    keys = [f"{kind}_freq_{u}" for u in ("epochs", "steps", "secs")]
+    cfg = load_config("1.5B_n4", [f"exp_ctrl.{k}=null" for k in keys])
+    assert [getattr(cfg.exp_ctrl, k) for k in keys] == [0, 0, 0]
+    rule = getattr(Checkpointer(SimpleNamespace(cfg=cfg), None), "saves" if kind == "save" else "checkpoints")
+    assert not any(rule.due(step, epoch=step, end_of_epoch=True, seconds_since=1e6) for step in range(1, 50))
+    on = load_config("1.5B_n4", [f"exp_ctrl.{keys[1]}=1"])  # the same rule with steps=1: due each step
+    assert getattr(Checkpointer(SimpleNamespace(cfg=on), None), "saves" if kind == "save" else "checkpoints").due(3)
+    # in a preset too
+    p = write(tmp_path / "n.yaml", f"inherit: tiny\nexp_ctrl:\n  {keys[0]}: null\n")
+    assert getattr(load_config(p).exp_ctrl, keys[0]) == 0
 
 
 def test_inherit_cycle_stops(tmp_path):

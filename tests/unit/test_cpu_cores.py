@@ -113,3 +113,16 @@ def test_cpu_kv_cache_is_sized_by_the_model(tmp_path, monkeypatch):
     assert "VLLM_CPU_KVCACHE_SPACE" not in hardware.cpu_env(str(tmp_path))
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     assert hardware.cpu_env(str(tmp_path))["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def test_a_cpu_engine_runs_in_process_unless_the_environment_says_otherwise(monkeypatch):
+    """One CPU worker: vLLM's engine core in the actor; VLLM_ENABLE_V1_MULTIPROCESSING, when set,
+    wins (the engine-core death test starts the core in its own process, as on GPUs)."""
+    from areal_kit import hardware
+
+    cpu = hardware.detect("cpu")
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    assert hardware.vllm_env(cpu)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in hardware.vllm_env(cpu, tp=2)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in hardware.vllm_env(cpu)

@@ -204,3 +204,61 @@ def test_setups_preflight_count_is_used_without_asking_the_host_again():
     h.facts["gpus"] = 8
     assert doctor.host_step(c, h, doctor.Limits()).status == "ok"
     assert GPU_COUNT not in [cmd for cmd, _ in h.remote.cmds]
+
+
+# -- `areal-kit train`'s check, the same code on the node it runs on --------------------------------
+def test_the_train_check_counts_the_gpus_cuda_visible_devices_leaves():
+    gpus = gpu_stack.parse_gpu_query(SMI_8)
+    assert probe.visible(gpus, None) == gpus
+    assert len(probe.visible(gpus, "0,3")) == 2 and len(probe.visible(gpus, "GPU-1a2b,GPU-3c4d")) == 2
+    assert probe.visible(gpus, "") == [] and probe.visible(gpus, "9") == []
+
+
+def test_where_a_gpu_is_required_none_found_is_a_finding_not_a_skip():
+    """The probe's facts on this machine (no nvidia-smi, this torch) as `areal-kit train` takes them."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert probe.gpu_stack_facts([], 0) == {"skipped": gpu_stack.NO_GPU}  # doctor on a CPU host: as before
+    g = probe.gpu_stack_facts([], 0, required=True)
+    assert [f.check for f in gpu_stack.findings("node1", g, "host")] == ["gpu-driver", "torch-cuda"]
+    assert lines(g, "host")[0] == ("node1 gpu-driver: no NVIDIA driver answers here (nvidia-smi is missing or lists "
+                                   "no GPU), expected a driver >= 580 for CUDA 13.0 and its GPUs; fix: install NVIDIA "
+                                   "driver 580 or newer on the host (Ubuntu: apt-get install nvidia-driver-580, or "
+                                   "NVIDIA's CUDA repository), then reboot")
+
+
+def test_train_on_a_cuda_device_whose_cuda_does_not_start_fails_in_one_line_before_any_worker(
+        tmp_path, monkeypatch, capsys):
+    """`areal-kit train` with AREAL_DEVICE=cuda on this machine, which has no GPU: the real check (the
+    probe's `cuda` command, this torch) fails before Ray or the run's folder exist."""
+    import ray
+
+    from areal_kit.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.setenv("AREAL_DEVICE", "cuda")
+    fileroot = tmp_path / "runs"
+    try:
+        rc = main(["train", "tiny", f"fileroot={fileroot}"])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 1
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("error: CUDA does not start on this node (AREAL_DEVICE=cuda chose the GPU path), so no "
+                          "worker was started: ")
+    assert " gpu-driver: no NVIDIA driver answers here" in err
+    assert " torch-cuda: torch.cuda.is_available() is False (" in err  # with torch's own reason
+    assert not fileroot.exists() and not ray.is_initialized()
+
+
+def test_a_driver_without_a_gpu_that_joins_a_ray_cluster_leaves_the_check_to_doctor():
+    import glob
+
+    from areal_kit import hardware
+
+    if glob.glob("/dev/nvidia[0-9]*"):
+        pytest.skip("this machine has a GPU device node")
+    assert hardware.check_cuda("10.0.0.1:6379").startswith("not checked on this machine, which has no GPU: the "
+                                                            "workers run on the Ray cluster at 10.0.0.1:6379")

@@ -15,6 +15,7 @@ import pytest
 from cli_run import assert_one_line_error, run_cli
 
 from areal_kit.cli import main
+from areal_kit.eval import engine as eval_engine
 from areal_kit.eval import report
 from areal_kit.eval.data import EVAL_DIR, Question, sample_keys
 
@@ -104,6 +105,108 @@ def test_grade_bad_input(capsys, tmp_path):
     code, _, err = run_cli(["grade", "--file", str(f)], capsys)
     assert_one_line_error(code, err, "bad.jsonl:2")
 
+
+
+# ------------------------------------------------------------------ the AReaL guide's flags
+ROWS = [{"idx": i, "question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(3)]
+
+
+class Answers:
+    """A stand-in for the vLLM engines, which cannot start on a model built in a unit test's time:
+    it answers \\boxed{1} to every request and keeps what open_engines was given. The runner, the
+    records, the grading and the CLI are the real code (the real engine: test_eval_tiny.py)."""
+
+    num_engines = 1
+
+    def __init__(self, answer: tuple[int, ...]):
+        self.answer, self.opened, self.requests = answer, [], []
+
+    def open(self, *args, **kwargs):
+        self.opened.append((args, kwargs))
+        return self
+
+    def generate(self, requests):
+        self.requests += requests
+        return [eval_engine.GenResult(r.key, self.answer, "stop") for r in requests]
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def bpe_model(tmp_path_factory):
+    from areal_kit.data.tiny_model import TinySpec, build
+
+    return build(str(tmp_path_factory.mktemp("tiny") / "bpe"), TinySpec(kind="bpe", heads=2, kv_heads=1))
+
+
+@pytest.fixture
+def engines(bpe_model, monkeypatch):
+    from areal_kit.data.tokenizer import load_tokenizer
+
+    stand_in = Answers(tuple(load_tokenizer(bpe_model)("\\boxed{1}", add_special_tokens=False)["input_ids"]))
+    monkeypatch.setattr(eval_engine, "open_engines", stand_in.open)
+    return stand_in
+
+
+def guide_eval(model, tmp_path, *flags) -> list[str]:
+    data = tmp_path / "data" / "gsm8k"
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return ["eval", "--model_path", str(model), "--output_path", str(tmp_path / "out"), "--data_dir",
+            str(tmp_path / "data"), "--data_names", "gsm8k", "--prompt_type", "plain", "--max_gen_tokens", "4",
+            *flags]
+
+
+def test_the_guides_sampling_flags_set_the_samples_per_question(engines, bpe_model, tmp_path, capsys):
+    """--num_sample_nodes N --samples_per_node M --n_sampling K (the guide's line): N x M sampled
+    answers a question, each with its own seed, and one greedy; vLLM eager by default."""
+    code, out, err = ok_cli(guide_eval(bpe_model, tmp_path, "--num_sample_nodes", "2", "--samples_per_node", "3",
+                                       "--n_sampling", "6"), capsys)
+    assert code == 0, err
+    modes = [r.temperature == 0 for r in engines.requests]
+    assert (modes.count(True), modes.count(False)) == (len(ROWS), 6 * len(ROWS))
+    assert len({r.seed for r in engines.requests if r.temperature}) == 6 * len(ROWS)
+    assert engines.opened[0][0][-1] is True  # enforce_eager
+    agg = json.loads((tmp_path / "out" / "aggregate.json").read_text())["results"]["gsm8k"]
+    assert agg["sample_pass@1"] == pytest.approx(100 / len(ROWS), abs=1e-3)  # right on "0 + 1" only
+    # --n_sampling alone is --num_samples; the same samples: nothing to generate
+    code, out, _ = ok_cli(guide_eval(bpe_model, tmp_path, "--n_sampling", "6"), capsys)
+    assert code == 0 and "0 to generate" in out and len(engines.opened) == 1
+
+
+def test_overwrite_evaluates_from_scratch_and_no_enforce_eager_reaches_the_engine(engines, bpe_model, tmp_path,
+                                                                                  capsys):
+    args = guide_eval(bpe_model, tmp_path, "--num_samples", "2")
+    assert ok_cli(args, capsys)[0] == 0
+    n = len(engines.requests)
+    assert n == 3 * len(ROWS)
+    assert ok_cli(args, capsys)[0] == 0 and len(engines.requests) == n  # a re-run resumes: nothing anew
+    keep = tmp_path / "out" / "notes.txt"
+    keep.write_text("mine")
+    code, out, _ = ok_cli([*args, "--overwrite", "--no-enforce-eager"], capsys)
+    assert code == 0
+    assert f"--overwrite: deleted the {n} records of an earlier evaluation" in out
+    assert len(engines.requests) == 2 * n  # every sample again
+    assert engines.opened[-1][0][-1] is False
+    assert keep.read_text() == "mine"  # nothing but eval's own records
+    lines = (tmp_path / "out" / "gsm8k" / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == n
+    assert ok_cli([*args, "--no_enforce_eager", "--overwrite"], capsys)[0] == 0
+    assert engines.opened[-1][0][-1] is False
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num_samples", "4", "--n_sampling", "8"], "--num_samples 4 and --n_sampling 8 disagree"),
+    (["--num_sample_nodes", "8", "--samples_per_node", "4", "--n_sampling", "64"],
+     "--n_sampling 64 is more than --num_sample_nodes 8 x --samples_per_node 4 = 32 sampled answers"),
+    (["--num_sample_nodes", "8", "--num_samples", "16"],
+     "--num_samples 16 is not --num_sample_nodes 8 x --samples_per_node 4 = 32"),
+    (["--samples_per_node", "0"], "--num_sample_nodes 8 x --samples_per_node 0 is not valid"),
+])
+def test_the_guides_sampling_flags_that_disagree(flags, message, fake_model, tmp_path, capsys):
+    code, _, err = run_cli(guide_eval(fake_model, tmp_path, *flags), capsys)
+    assert_one_line_error(code, err, message)
 
 
 LONG_NAME = "olympiad_geometry_competition_level_5_hard"

@@ -53,6 +53,17 @@ def test_unset_engine_knobs_leave_vllms_defaults():
     assert (kw["gpu_memory_utilization"], kw["enforce_eager"]) == (0.85, False)
 
 
+def test_an_eval_engine_runs_eager_on_a_gpu_unless_told_otherwise(fake_model):
+    """`areal-kit eval` (--enforce_eager, on by default): the guide's eval numbers were made without
+    CUDA graphs. The flag reaching the engine is in test_eval_cli.py."""
+    from areal_kit.eval import engine as eval_engine
+
+    kw = eval_engine.llm_kwargs(GPU, str(fake_model), 4096, seed=0, tp=1, enforce_eager=True)
+    assert (kw["enforce_eager"], kw["model"], kw["max_model_len"]) == (True, str(fake_model), 4096)
+    assert eval_engine.llm_kwargs(GPU, str(fake_model), 4096, seed=0, tp=1, enforce_eager=False)["enforce_eager"] is False
+    assert eval_engine.llm_kwargs(CPU, str(fake_model), 4096, seed=0, tp=1, enforce_eager=False)["enforce_eager"] is True
+
+
 def test_a_cpu_engine_keeps_its_device_rules_under_the_knobs():
     """CPU engines run eagerly, take no GPU share, and prefill whole prompts: a step holds the
     longest sequence whatever max_num_batched_tokens says."""

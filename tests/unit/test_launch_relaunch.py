@@ -12,7 +12,7 @@ import ray.exceptions as rex
 from areal_kit.config.loader import load_config
 from areal_kit.errors import RunFailed, UserError
 from areal_kit.interrupts import Interrupted
-from areal_kit.rl import launch
+from areal_kit.rl import launch, retry
 from areal_kit.rl.controller import Ending, Outcome
 from areal_kit.rl.job import RunState
 
@@ -211,7 +211,7 @@ def fake_run(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, "start_ray_early", lambda cfg: launch.raystart.InBackground(lambda: None))
     log = Log()
     monkeypatch.setattr(logs, "RunLogger", lambda *a: log)
-    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    monkeypatch.setattr("areal_kit.rl.retry.time.sleep", lambda s: None)
     FakeController.made = []
     FakeController.dead = 0
     return SimpleNamespace(fresh=fresh_flags, log=log, dir=tmp_path)
@@ -222,7 +222,8 @@ def cfg(mode="auto", retries=1, on_sigterm="checkpoint"):
 
     return SimpleNamespace(recover_mode=mode, recover_retries=retries, tensorboard=False, wandb_project=None,
                            experiment_name="e", trial_name="t", exp_ctrl=SimpleNamespace(on_sigterm=on_sigterm),
-                           allocation_mode="vllm.d1p1m1+d1p1m1", actor=load_config("tiny").actor)
+                           allocation_mode="vllm.d1p1m1+d1p1m1", actor=load_config("tiny").actor,
+                           actor_train=load_config("tiny").actor_train)
 
 
 def test_the_run_log_says_once_what_replaces_the_guides_knobs(fake_run):
@@ -518,3 +519,111 @@ def test_bad_input_found_while_ray_starts_stops_that_ray_and_is_reported(fake_ru
             launch.launch(cfg())
         assert shut == shutdowns
     assert FakeController.made == []
+
+
+# -- failures that are no death, yet a relaunch fixes: OOM, a dead engine core, NCCL -------------
+def _oom(fn="TrainerWorker.train_step"):
+    import torch
+
+    return remote(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), fn)
+
+
+def _dist(kind="DistBackendError", text="NCCL communicator was aborted on rank 0"):
+    import torch.distributed as dist
+
+    return remote(getattr(dist, kind)(text), "TrainerWorker.train_step")
+
+
+TRANSIENT = {
+    "torch OOM in a trainer method": (_oom, "out of memory"),
+    "torch OOM in an engine method": (lambda: _oom("RolloutWorker.generate"), "out of memory"),
+    "CUDA OOM re-raised as RuntimeError": (lambda: remote(RuntimeError("CUDA error: out of memory")), "out of memory"),
+    "NCCL error": (_dist, "NCCL/collective error"),
+    "NCCL watchdog timeout": (lambda: _dist(text="Watchdog caught collective operation timeout"), "NCCL/collective error"),
+    "store timeout": (lambda: _dist("DistStoreError", "wait timeout after 1800000ms"), "NCCL/collective error"),
+    "gloo timeout (plain RuntimeError)": (lambda: remote(RuntimeError(
+        "[gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete")),
+        "NCCL/collective error"),
+    "OOM re-raised from": (lambda: _chained(_oom()), "out of memory"),
+}
+
+
+def _chained(cause):
+    try:
+        raise RuntimeError("step 3 failed") from cause
+    except RuntimeError as e:
+        return e
+
+
+@pytest.mark.parametrize(("make", "kind"), TRANSIENT.values(), ids=TRANSIENT.keys())
+def test_transient_failures_are_relaunched_and_named(make, kind):
+    assert retry.failure_kind(make()) == kind
+    assert launch.worker_died(make()) is False  # not a death: dead_workers() is no reason to relaunch it
+    run_once, calls = attempts_raising(make(), make())
+    log = Log()
+    assert launch.relaunching(run_once, retries=2, log=log, pause=0, where=lambda: 3) == 0
+    assert calls == [0, 1, 2]
+    assert log.warnings[0].startswith(f"Worker failure ({kind} in global step 3: ")
+    assert log.warnings[1].endswith("relaunching from the last recover checkpoint (retry 2/2).")
+
+
+@pytest.mark.parametrize("make", BUGS.values(), ids=BUGS.keys())
+def test_bugs_are_of_no_retryable_kind(make):
+    assert retry.failure_kind(make()) is None
+
+
+@pytest.mark.slow  # imports vLLM (~7 s)
+def test_vllms_dead_engine_error_from_a_rollout_call_is_a_dead_engine_core():
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    err = remote(EngineDeadError(), "RolloutWorker.generate")
+    assert retry.failure_kind(err) == retry.ENGINE
+    assert "actor.vllm.gpu_memory_utilization" in retry.advice(retry.ENGINE, err)
+
+
+def test_the_same_oom_at_the_same_step_past_the_bound_stops_with_one_line_naming_the_levers():
+    last = _oom()
+    run_once, calls = attempts_raising(_oom(), last)
+    log = Log()
+    with pytest.raises(retry.StillFailing) as got:
+        launch.relaunching(run_once, retries=1, log=log, pause=0, where=lambda: 3, cfg=load_config("tiny"))
+    line = str(got.value)
+    assert calls == [0, 1] and len(log.warnings) == 1
+    assert got.value.__cause__ is last
+    assert "\n" not in line
+    assert line.startswith("out of memory at global step 3 again after 1 relaunch(es), the bound recover_retries=1")
+    tokens = load_config("tiny").actor_train.mb_spec.max_tokens_per_mb
+    assert f"a smaller actor_train.mb_spec.max_tokens_per_mb (now {tokens})" in line  # rl/memory.py's levers
+    assert "actor.zero_stage=3" in line
+    assert line.endswith("(TrainerWorker.train_step: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)")
+
+
+def test_an_engine_oom_names_the_engines_levers_and_another_step_is_not_again():
+    steps = iter([2, 5])
+    run_once, _ = attempts_raising(_oom("RolloutWorker.generate"), _oom("RolloutWorker.generate"))
+    with pytest.raises(retry.StillFailing) as got:
+        launch.relaunching(run_once, retries=1, log=Log(), pause=0, where=lambda: next(steps))
+    line = str(got.value)
+    assert line.startswith("out of memory at global step 5 after 1 relaunch(es)")
+    assert "actor.vllm.gpu_memory_utilization" in line
+    assert "max_tokens_per_mb" not in line
+
+
+def test_without_retries_a_transient_failure_surfaces_as_it_is():
+    err = _oom()
+    run_once, calls = attempts_raising(err)
+    with pytest.raises(RuntimeError) as got:
+        launch.relaunching(run_once, retries=0, log=Log(), pause=0)
+    assert got.value is err and calls == [0]
+
+
+def test_launch_relaunches_an_oom_and_ends_in_one_line_when_it_comes_back(fake_run):
+    FakeController.failures = [_oom(), _oom()]
+    with pytest.raises(RunFailed) as got:
+        launch.launch(cfg(retries=1))
+    msg = str(got.value)
+    assert "\n" not in msg
+    assert msg.startswith("run e/t failed: StillFailing: out of memory at global step 1 again after 1 relaunch(es)")
+    assert "actor_train.mb_spec.max_tokens_per_mb" in msg
+    assert [c.stopped for c in FakeController.made] == [True, True]
+    assert "Worker failure (out of memory in global step 1: " in fake_run.log.warnings[-1]

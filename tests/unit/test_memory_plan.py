@@ -103,64 +103,104 @@ def test_a_model_folders_config_json_wins_over_the_table(tmp_path):
 @pytest.mark.parametrize("preset", GPU_PRESETS)
 def test_every_gpu_preset_fits_its_declared_gpus_as_shipped(preset):
     p = plan.memory_plan(load_config(preset))
-    assert p.capacity == 80e9
+    assert p.capacity == memory.CARD_80GB
     assert p.refusal() == ""
     assert p.trainer.total < 0.5 * p.capacity  # room left for what the plan does not count (allocator, CUDA)
 
 
 def test_shared_gpus_fit_in_both_turns_as_shipped(capsys):
-    """1.5B_1gpu and 1.5B_n1: vLLM's share beside the trainer's resident states while generating,
-    the whole trainer beside a sleeping engine while training; both under the GPU."""
-    for preset, share in [("1.5B_1gpu", 36e9), ("1.5B_n1", 56e9)]:
+    """1.5B_1gpu and 1.5B_n1: vLLM's share of the card as CUDA reports it (an H100 80 GB: 85.0e9
+    bytes) beside the trainer's resident states while generating (its cached training peak is
+    returned before the engine wakes: rl/workers/turns.py), the trainer's peak beside a sleeping
+    engine while training, its CUDA context in both; both under the GPU."""
+    for preset, share in [("1.5B_1gpu", 0.45 * 85.0e9), ("1.5B_n1", 0.7 * 85.0e9)]:
         p = plan.memory_plan(load_config(preset))
         assert p.shared and p.refusal() == ""
+        assert p.share == pytest.approx(share)
         gen, train = p.turn_sums()
-        assert gen == pytest.approx(share + p.trainer.resident) and gen < p.capacity
-        assert train == p.trainer.total + memory.SLEEP_RESIDUE < p.capacity
+        assert gen == pytest.approx(share + p.trainer.resident + memory.TRAINER_CONTEXT) and gen < p.capacity
+        assert train == p.trainer.total + memory.TRAINER_CONTEXT + memory.SLEEP_RESIDUE < p.capacity
     out = dry_run(["train", "1.5B_1gpu", "--dry-run"], capsys)
-    assert "    while generating: vLLM's 36 GB + the trainer's resident states 39.5 GB" in out
-    assert "    while training: the trainer's 44.9 GB + a sleeping engine's 3 GB" in out
+    assert ("    while generating: vLLM's 38.2 GB + the trainer's resident states 36 GB (its cached peak returned "
+            "before the engine wakes) + its CUDA context 1 GB = 75.3 GB of 85 GB") in out
+    assert ("    while training: the trainer's peak 41.4 GB + its CUDA context 1 GB + a sleeping engine's 3 GB "
+            "(released: its weights and KV cache) = 45.4 GB of 85 GB") in out
+
+
+def test_the_plan_holds_an_80_gb_card_to_what_cuda_reports_of_it(capsys):
+    """Where the config names no size and no GPU is here: 85.0e9 bytes (79.2 GiB), what torch
+    reports of an H100 80 GB, not 80e9; vLLM's share is gpu_memory_utilization of all of it."""
+    assert memory.CARD_80GB == 85.0e9
+    p = plan.memory_plan(load_config("1.5B_1gpu"))
+    assert p.capacity == 85.0e9 and p.share == pytest.approx(38.25e9)
+    out = dry_run(["train", "1.5B_1gpu", "--dry-run"], capsys)
+    assert "memory plan per GPU of 85 GB = 79.2 GiB (gpu_memory_gb unset and no GPU here" in out
+
+
+def test_deepspeed_gets_the_buckets_and_overlap_the_plan_prints():
+    """ZeRO 1-2 reduce with overlap_comm, in buckets of the plan's sizes, which the plan counts
+    (two reduce buckets while one reduces and the next fills) and prints; ZeRO-0 keeps DeepSpeed's
+    fixed all-reduce bucket, ZeRO-3 its default overlap."""
+    import torch
+
+    from areal_kit.rl.workers.deepspeed_zero import deepspeed_config
+
+    actor = load_config("1.5B_n1").actor
+    assert deepspeed_config(actor, torch.bfloat16)["zero_optimization"] == {
+        "stage": 2, "reduce_bucket_size": memory.REDUCE_BUCKET, "allgather_bucket_size": memory.ALLGATHER_BUCKET,
+        "overlap_comm": True}
+    assert memory.REDUCE_BUCKET == memory.ALLGATHER_BUCKET == 50_000_000
+    p = plan.memory_plan(load_config("1.5B_n1"))
+    buffers = next(x for x in p.trainer.parts if x.name == "DeepSpeed buffers")
+    assert buffers.nbytes == memory.REDUCE_BUCKET * (2 + 4 + 2) + memory.ALLGATHER_BUCKET * 2
+    assert "reduce bucket 0.05B elements" in buffers.how and "(overlap_comm)" in buffers.how
+    assert "all-gather bucket 0.05B elements" in buffers.how
+    z3 = load_config("7B_n4").actor
+    assert "overlap_comm" not in deepspeed_config(z3, torch.bfloat16)["zero_optimization"]
+    assert deepspeed_config(load_config("tiny").actor, torch.float32)["zero_optimization"] == {"stage": 0}
+    z0 = memory.trainer_plan(memory.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-1.5B"], 0, 1, 1024, False)
+    assert part(z0, "DeepSpeed buffers") == memory.ZERO0_ALLREDUCE_BUCKET * 2
 
 
 def test_a_shared_gpu_that_overflows_while_generating_is_refused(capsys):
     code, _, err = run_cli(["train", "1.5B_1gpu", "--dry-run", "actor.vllm.gpu_memory_utilization=0.6"], capsys)
-    assert_one_line_error(code, err, "shared GPU while generating: vLLM's 48 GB + the trainer's resident states "
-                          "39.5 GB = 87.5 GB, more than the 80 GB it has",
-                          "try actor.vllm.gpu_memory_utilization=0.50 or less")
+    assert_one_line_error(code, err, "shared GPU while generating: vLLM's 51 GB + the trainer's resident states "
+                          "36 GB + its CUDA context 1 GB = 88 GB, more than the 85 GB it has",
+                          "try actor.vllm.gpu_memory_utilization=0.55 or less")
 
 
 def test_the_dry_run_of_a_gpu_preset_prints_both_gpus(capsys):
     lines = dry_run(["train", "1.5B_n4", "--dry-run"], capsys).splitlines()
-    head = next(i for i, ln in enumerate(lines) if ln.startswith("memory plan per GPU of 80 GB"))
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("memory plan per GPU of 85 GB = 79.2 GiB"))
     assert lines[head + 1].startswith("  trainer GPU (ZeRO-2 over 16 rank(s), bf16): ")
-    assert any(ln.startswith("  generation GPU (vLLM, TP 1, gpu_memory_utilization 0.85): 68 GB of 80 GB")
+    assert any(ln.startswith("  generation GPU (vLLM, TP 1, gpu_memory_utilization 0.85): 72.2 GB of 85 GB")
                for ln in lines)
     assert lines[-1] == "dry run: configuration is valid"
 
 
 def test_gpu_memory_gb_sets_the_cards_size(capsys):
     out = dry_run(["train", "7B_n4", "--dry-run", "gpu_memory_gb=141"], capsys)
-    assert "memory plan per GPU of 141 GB (gpu_memory_gb)" in out
+    assert "memory plan per GPU of 141 GB = 131 GiB (gpu_memory_gb;" in out
 
 
 def test_a_zero_0_7b_is_refused_with_the_arithmetic(capsys):
     code, out, err = run_cli(["train", "7B_n4", "--dry-run", "actor.zero_stage=0"], capsys)
     assert_one_line_error(code, err, "the memory plan does not fit: trainer GPU (ZeRO-0 over 16 rank(s), bf16) needs",
                           "weights 15.2 + gradients 45.7 + optimizer 91.4 + reference model 15.2",
-                          "= 178 GB, more than the 80 GB it has", "try actor.zero_stage=3")
-    assert "  trainer GPU (ZeRO-0 over 16 rank(s), bf16): 178 GB of 80 GB" in out  # the plan came first
+                          "= 178 GB, more than the 85 GB it has", "try actor.zero_stage=3")
+    assert "  trainer GPU (ZeRO-0 over 16 rank(s), bf16): 178 GB of 85 GB" in out  # the plan came first
 
 
 def test_a_micro_batch_whose_activations_do_not_fit_is_refused(capsys):
-    code, _, err = run_cli(["train", "1.5B_n4", "--dry-run", "actor_train.mb_spec.max_tokens_per_mb=400000"], capsys)
-    assert_one_line_error(code, err, "activations 34.4 + recomputed layer 36.5",
-                          "a smaller actor_train.mb_spec.max_tokens_per_mb (now 400000)")
+    code, _, err = run_cli(["train", "1.5B_n4", "--dry-run", "actor_train.mb_spec.max_tokens_per_mb=500000"], capsys)
+    assert_one_line_error(code, err, "activations 43 + recomputed layer 45.6",
+                          "a smaller actor_train.mb_spec.max_tokens_per_mb (now 500000)")
 
 
 def test_an_engine_without_room_for_one_sequence_is_refused(capsys):
     code, _, err = run_cli(["train", "7B_n4", "--dry-run", "allocation_mode=vllm.d16p1m1+d8p2m1",
-                            "actor.vllm.gpu_memory_utilization=0.2"], capsys)
-    assert_one_line_error(code, err, "generation GPU (vLLM, TP 1, gpu_memory_utilization 0.2): its share 16 GB - "
+                            "actor.vllm.gpu_memory_utilization=0.19"], capsys)
+    assert_one_line_error(code, err, "generation GPU (vLLM, TP 1, gpu_memory_utilization 0.19): its share 16.1 GB - "
                           "weights 15.2 GB leaves KV cache for", "fewer than one sequence of 18432")
 
 

@@ -308,3 +308,28 @@ def _with_state(job, state: RunState) -> Ctrl:
     c = Ctrl(job, state.global_step)
     c.state = state
     return c
+
+
+def test_the_drivers_checkpoint_starts_no_cuda_context_on_a_gpu_node(tmp_path, monkeypatch):
+    """The driver of a GPU node sees every GPU but computes on none: reading CUDA's generators
+    there would start a CUDA context (about 0.5 GB) on each of them, GPUs the workers fill. No GPU
+    here, so torch.cuda is faked at its edge: CUDA available, not initialized in this process, and
+    get_rng_state_all (what starts the contexts) refusing to be called."""
+    import torch
+
+    from areal_kit.rl.checkpoint import rng
+
+    def starts_contexts():
+        raise AssertionError("the driver read the GPUs' RNG states: a CUDA context on each GPU")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", starts_contexts)
+    path = Path(dump(Ctrl(make_job(tmp_path), 2)), recover.DRIVER_RNG)
+    saved = torch.load(path, weights_only=False)
+    assert "cuda" not in saved and {"python", "numpy", "torch"} <= set(saved)
+    # A process that already runs CUDA (a trainer rank) keeps its GPU's generator in the file.
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.arange(8, dtype=torch.uint8)])
+    rng.save(str(tmp_path / "rank.pt"))
+    assert torch.equal(torch.load(tmp_path / "rank.pt", weights_only=False)["cuda"][0], torch.arange(8, dtype=torch.uint8))

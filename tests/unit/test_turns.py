@@ -116,6 +116,42 @@ def test_engines_sleep_before_training_and_wake_weights_then_kv_around_the_sync(
     assert [x for _, x in log].count("sleep 2") == 2 and log[-1] == ("e1", "wake kv_cache")
 
 
+class FakeTrainerRank:
+    """A trainer rank at the allocator's edge: what it holds reserved (GB) after training, logged
+    when it releases (what release.TrainerTurn does with torch.cuda.empty_cache: CUDA-only)."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+        self.reserved = 45.0  # the training peak, kept by torch's caching allocator
+
+    def release_memory(self) -> dict:
+        self.reserved = 39.5  # its live tensors stay
+        self.log.append((self.name, "release"))
+        return {"reserved": self.reserved}
+
+
+def test_the_trainer_returns_its_cached_memory_before_each_engine_wake():
+    log: list = []
+    engines = [FakeEngine("e0", log)]
+    ranks = [FakeTrainerRank("t0", log), FakeTrainerRank("t1", log)]
+    trainers = Group(ranks)
+    t = turns.Turns(load_config("1.5B_n1", []), Group(engines), plat=CUDA, trainers=trainers)
+    a_step(t, engines, log, 1)
+    assert log == [("e0", "sleep 2"), ("trainer", "train"), ("t0", "release"), ("t1", "release"),
+                   ("e0", "wake weights"), ("e0", "load v1"), ("t0", "release"), ("t1", "release"),
+                   ("e0", "wake kv_cache")]
+    assert all(r.reserved == 39.5 for r in ranks)
+
+
+def test_the_trainer_worker_has_the_release():
+    from areal_kit.rl.workers.release import TrainerTurn
+    from areal_kit.rl.workers.trainer import TrainerWorker
+
+    assert issubclass(TrainerWorker, TrainerTurn)
+    # On CPU (no CUDA started) there is nothing to give back.
+    assert TrainerTurn().release_memory() == {"reserved": 0, "allocated": 0}
+
+
 def test_the_sleeper_answers_what_the_engine_holds():
     log: list = []
     e = FakeEngine("e0", log)
@@ -149,12 +185,6 @@ def test_sleep_mode_only_on_cuda_and_only_for_shared_gpus():
     assert kw["enable_sleep_mode"] is True
     assert "enable_sleep_mode" not in hardware.vllm_kwargs(CUDA, "/m", 1024)
     assert "enable_sleep_mode" not in hardware.vllm_kwargs(CPU, "/m", 1024, sleep_mode=True)
-
-
-def test_weight_sync_auto_is_disk_on_shared_gpus_only():
-    assert turns.sync_mode(load_config("1.5B_n1", []), CUDA) == "disk"
-    assert turns.sync_mode(load_config("1.5B_n1", []), CPU) == "auto"
-    assert turns.sync_mode(load_config("1.5B_n4", []), CUDA) == "broadcast"
 
 
 @pytest.mark.parametrize("override, words", [

@@ -2,7 +2,11 @@
 updates can be received straight into the parameters. The loader here is a few lines standing in
 for vLLM's: the real one is exercised in tests/integration/test_rl_engine_engines.py."""
 
+from types import SimpleNamespace
+
 import torch
+from safetensors.torch import save_file
+from torch.overrides import TorchFunctionMode
 
 from areal_kit.rl.weight_sync import vllm_ext
 
@@ -75,3 +79,118 @@ def test_parameters_with_places_move_into_a_region_the_trainer_can_write():
     assert params["qkv.weight"][2:].eq(len("kv.weight")).all()
     assert params["o.weight"].eq(len("o.weight")).all()
     assert torch.equal(params["norm.weight"], before["norm.weight"])
+
+
+# ---------------------------------------------------------------- a disk load onto a GPU engine
+GPU = torch.device("cuda", 0)
+
+
+class OnGpu(torch.Tensor):
+    """A tensor in host memory that says it is on the GPU (results computed from it say so too)."""
+
+    @property
+    def device(self):
+        return GPU
+
+
+def _on_gpu(t) -> bool:
+    return isinstance(t, OnGpu)
+
+
+class FakeCuda(TorchFunctionMode):
+    """CUDA's device rules at the edge, for what cannot run here: `.to(cuda)` makes an OnGpu copy,
+    and an op that mixes a GPU tensor with one in host memory raises CUDA's error, except copy_
+    (the one op CUDA takes across devices)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in (torch.Tensor.to, torch.Tensor.cuda):
+            to_gpu = func is torch.Tensor.cuda or any(isinstance(a, (str, torch.device)) and torch.device(a).type
+                                                      == "cuda" for a in (*args[1:], kwargs.get("device")))
+            if to_gpu:
+                src = args[0].as_subclass(torch.Tensor)
+                return src.detach().clone().as_subclass(OnGpu)
+            return func(*args, **kwargs)
+        tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else (a,))
+                   if isinstance(t, torch.Tensor) and t.dim() > 0]
+        if func not in (torch.Tensor.copy_,) and len({_on_gpu(t) for t in tensors}) > 1:
+            if func in (torch.Tensor.equal, torch.equal):
+                raise RuntimeError("Cannot compare two tensors on different devices. Got: cuda:0 and cpu")
+            raise RuntimeError(f"{getattr(func, '__name__', func)}: Expected all tensors to be on the same device, "
+                               "but found at least two devices, cuda:0 and cpu!")
+        return func(*args, **kwargs)
+
+
+class FusedModel(torch.nn.Module):
+    """A vLLM model at its load_weights: q and kv rows copied into one fused qkv parameter, o whole."""
+
+    def __init__(self, device=None, on_gpu: bool = False):
+        super().__init__()
+        make = (lambda *s: torch.zeros(*s).as_subclass(OnGpu)) if on_gpu else (lambda *s: torch.zeros(*s, device=device))
+        self.qkv = torch.nn.Parameter(make(6, 4), requires_grad=False)
+        self.o = torch.nn.Parameter(make(4, 4), requires_grad=False)
+
+    def load_weights(self, weights) -> set:
+        done = set()
+        for name, w in weights:
+            if name == "o.weight":
+                self.o.data.copy_(w)
+                done.add("o")
+            else:
+                rows = (0, 2) if name == "q.weight" else (2, 4)
+                self.qkv.data.narrow(0, *rows).copy_(w)
+                done.add("qkv")
+        return done
+
+
+class Worker(vllm_ext.WeightSyncExtension):
+    """The vLLM worker the extension runs in: its model runner, on `device`."""
+
+    def __init__(self, model, device: str):
+        cfg = SimpleNamespace(quantization=None, hf_config=SimpleNamespace(tie_word_embeddings=False))
+        self.model_runner = SimpleNamespace(model=model, model_config=cfg, device=device)
+
+
+def write_folder(path, seed: int) -> dict:
+    """A Hugging Face folder's weights in two files (two buckets), as the trainer saves them."""
+    g = torch.Generator().manual_seed(seed)
+    w = {"q.weight": torch.randn(2, 4, generator=g), "kv.weight": torch.randn(4, 4, generator=g),
+         "o.weight": torch.randn(4, 4, generator=g)}
+    path.mkdir()
+    save_file({"q.weight": w["q.weight"], "kv.weight": w["kv.weight"]}, str(path / "model-00001-of-00002.safetensors"))
+    save_file({"o.weight": w["o.weight"]}, str(path / "model-00002-of-00002.safetensors"))
+    return w
+
+
+def test_a_disk_load_onto_a_gpu_engine_compares_on_the_gpu(tmp_path, monkeypatch):
+    """The weight sync by disk (shared GPUs): safetensors gives host tensors, the engine's
+    parameters are on its GPU, and CUDA refuses to compare the two. No GPU here: the parameters
+    are OnGpu tensors and FakeCuda applies CUDA's device rules at that edge (hardware.synchronize,
+    a CUDA stream's wait, is a no-op). tests/gpu/test_weight_places_gpu.py runs it on a GPU."""
+    monkeypatch.setattr(vllm_ext.hardware, "synchronize", lambda device: None)
+    v1, v2 = write_folder(tmp_path / "v1", 1), write_folder(tmp_path / "v2", 2)
+    worker = Worker(FusedModel(on_gpu=True), "cuda:0")
+    with FakeCuda():
+        worker.load_weights_from_disk(str(tmp_path / "v1"))  # learns the places
+        assert worker.placed_weights() == ["kv.weight", "o.weight", "q.weight"]
+        stats = worker.load_weights_from_disk(str(tmp_path / "v2"))  # copies into them
+    model = worker.model_runner.model
+    assert stats["placed"] == 0  # from a file, nothing arrives in place: each is copied there
+    assert torch.equal(model.qkv.as_subclass(torch.Tensor), torch.cat([v2["q.weight"], v2["kv.weight"]]))
+    assert torch.equal(model.o.as_subclass(torch.Tensor), v2["o.weight"])
+    assert not torch.equal(v1["o.weight"], v2["o.weight"])
+
+
+def test_the_fake_refuses_what_cuda_refuses():
+    with FakeCuda():
+        g = torch.ones(2).to("cuda:0")
+        assert isinstance(g, OnGpu) and g.device == GPU
+        for mixed in (lambda: g.equal(torch.ones(2)), lambda: g + torch.ones(2)):
+            try:
+                mixed()
+            except RuntimeError as e:
+                assert "device" in str(e)
+            else:
+                raise AssertionError("a GPU tensor and a host tensor were mixed")
+        g.copy_(torch.zeros(2))  # copy_ crosses devices on CUDA too
+        assert g.equal(torch.zeros(2).to(g.device))

@@ -62,7 +62,7 @@ def test_bf16_presets_accumulate_gradients_in_fp32(preset):
     ds = deepspeed_config(actor, torch.bfloat16)
     assert ds["bf16"] == {"enabled": True}
     assert ds["data_types"] == {"grad_accum_dtype": "fp32"}
-    assert ds["zero_optimization"] == {"stage": actor.zero_stage}
+    assert ds["zero_optimization"]["stage"] == actor.zero_stage
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

@@ -1,7 +1,10 @@
-"""The random-number state of a process (python, numpy, torch, and CUDA where there is one).
+"""The random-number state of a process (python, numpy, torch, and CUDA where it already runs).
 
 A recover checkpoint holds one file per trainer rank and one for the driver, so a resumed run
-draws the same numbers as one that never stopped.
+draws the same numbers as one that never stopped. CUDA's generators are read only in a process
+that has initialized CUDA (a trainer rank): reading them starts a CUDA context on every GPU the
+process sees, and the driver, which computes nothing on a GPU, would take one (about 0.5 GB) on
+each GPU of its node, GPUs the workers already fill.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 
 def state() -> dict:
     s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():
         s["cuda"] = torch.cuda.get_rng_state_all()
     return s
 
@@ -23,7 +26,7 @@ def restore(s: dict) -> None:
     random.setstate(s["python"])
     np.random.set_state(s["numpy"])
     torch.set_rng_state(s["torch"])
-    if "cuda" in s and torch.cuda.is_available():
+    if "cuda" in s and torch.cuda.is_available():  # queued by torch until CUDA starts: no context now
         torch.cuda.set_rng_state_all(s["cuda"])
 
 

@@ -54,6 +54,19 @@ class WeightReceiver:
             return self._load(version, "load_adapter_from_disk", (path, lora.SERVED_ID))
         return self._load(version, "load_weights_from_disk", (path,))
 
+    def ipc_probe(self) -> list:
+        """Each worker's GPU UUID and why it cannot load CUDA IPC chunks ('' when it can)."""
+        return self.llm.collective_rpc("ipc_probe")
+
+    def receive_ipc(self, version: int, handles: dict, chunk: list, first: bool, last: bool) -> dict:
+        """Load one chunk of the trainer ranks' CUDA IPC buffers (colocated.push); the last one
+        completes the update, as a receive_weights does."""
+        args = (handles, chunk, first, last)
+        if last:
+            return self._load(version, "receive_ipc", args)
+        parts = self.llm.collective_rpc("receive_ipc", args=args)
+        return {f"load_{k}": max(p[k] for p in parts) for k in parts[0]}
+
     def ready_for_weights(self) -> int:
         """Answers when the engine may receive: at once for a streaming engine, its generations paused."""
         if self.streaming:

@@ -10,7 +10,9 @@ WeightSync is the only part the loop sees:
     sync.push(version)            # after each step; queues the sync, waits for nothing
     loads = sync.in_flight        # the engines' loads still running (the next generation waits for them)
 
-weight_sync=disk saves a Hugging Face folder instead and the engines reload it.
+weight_sync=disk saves a Hugging Face folder instead and the engines reload it. On shared CUDA GPUs
+auto is cuda_ipc (colocated.py: each rank hands the engine worker on its GPU a buffer), with disk as
+the fallback `connect` chooses when an engine cannot map it.
 """
 
 from __future__ import annotations
@@ -23,18 +25,24 @@ import ray
 from areal_kit import hardware
 from areal_kit.config.rollout import streaming
 from areal_kit.rl import lora
-from areal_kit.rl.workers import turns
+from areal_kit.rl.weight_sync import colocated
 
 
 class WeightSync:
     def __init__(self, cfg, trainers, engines):
         self.cfg, self.trainers, self.engines = cfg, trainers, engines
-        self.mode = turns.sync_mode(cfg)  # on shared GPUs, auto is disk (turns.sync_mode says why)
+        self.mode = colocated.sync_mode(cfg)  # the one place that chooses
         self.shared = False  # engines on the trainer's node take weights through shared memory
         self.in_flight: list = []  # the send and the engines' loads of the last push, still running
 
     def connect(self) -> str:
         """Join trainer rank 0 and every engine worker into the sync group; how weights will travel."""
+        if self.mode == "cuda_ipc":
+            why = colocated.probe(self.trainers, self.engines)
+            if not why:
+                return "CUDA IPC, each trainer rank's buffer to the engine worker on its GPU"
+            self.mode = "disk"
+            return f"save + reload (CUDA IPC cannot serve this layout: {why})"
         if self.mode == "disk":
             return "save + reload"
         # A LoRA adapter is megabytes, and no engine parameter of its own: it is broadcast.
@@ -54,7 +62,11 @@ class WeightSync:
 
         t0 = time.time()
         trainers, engines = self.trainers.actors, self.engines.actors
-        if self.mode != "disk":
+        if self.mode == "cuda_ipc":
+            # The loop waits for every chunk (the buffer is refilled only once each engine read it);
+            # on shared GPUs the trainer waits for the sync anyway (turns.after_train).
+            self.in_flight = colocated.push(self.trainers, self.engines, version)
+        elif self.mode != "disk":
             shared = self.shared and self.mode == "auto"
             staged = [t.stage_weights.remote() for t in trainers]  # every rank: ZeRO-3 gathers
             # ready_for_weights queues behind a batch engine's pending generations (a streaming

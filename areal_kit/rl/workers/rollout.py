@@ -17,7 +17,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import queue
 import re
+import threading
 import time
 
 from areal_kit import hardware
@@ -68,6 +70,7 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
             from vllm import LLM
         heap.freeze_imports()
         self.llm = LLM(**kw)
+        surface_engine_death(self.llm)
         self.llm = lora.serving(self.llm, self.cfg)  # under LoRA, generations name the adapter loaded last
         self.tokenizer = load_tokenizer(self.model_path, check=False)  # the driver checked it
         self.rewards = RewardScorer(self.cfg.ppo)
@@ -192,6 +195,33 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         for seq, o in zip(sequences, outs):
             res.append([d[t].logprob for d, t in zip(o.prompt_logprobs[1:], seq[1:])])
         return res
+
+
+def surface_engine_death(llm, poll_s: float = 0.5) -> None:
+    """Make calls on `llm` raise vLLM's EngineDeadError once its engine core process has died.
+
+    vLLM's synchronous client (vllm.LLM with the engine core in its own process, as on GPUs) marks
+    itself dead when the core exits but leaves a generate() or collective_rpc() under way waiting
+    forever for the core's answer; the watchdog would only end it at its bound, as a hang. A
+    thread watches that mark and hands those waits the error (rl/retry.py relaunches on it). The
+    in-process engine (CPU, one worker) dies with its actor, and AsyncLLM raises on its own.
+    """
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    resources = getattr(client, "resources", None)
+    if not hasattr(resources, "engine_dead") or not isinstance(getattr(client, "outputs_queue", None), queue.Queue):
+        return
+
+    def watch():
+        while not resources.engine_dead:
+            time.sleep(poll_s)
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        for future in list(client.utility_results.values()):
+            if not future.done():
+                future.set_exception(EngineDeadError())
+        client.outputs_queue.put_nowait(EngineDeadError())
+
+    threading.Thread(target=watch, name="engine-core-death", daemon=True).start()
 
 
 def call_seed(seeds: list[int | None]) -> int:

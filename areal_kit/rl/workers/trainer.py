@@ -30,8 +30,9 @@ from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo.packing import Answers, Packed, min_bins, pack, partition
 from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.weight_sync import transport
+from areal_kit.rl.weight_sync.colocated import IpcSender
 from areal_kit.rl.weight_sync.sender import WeightSender
-from areal_kit.rl.workers import heap
+from areal_kit.rl.workers import heap, release, testhooks
 from areal_kit.rl.workers.deepspeed_zero import deepspeed_config, gathered_state, ranks_written, universal_tag
 from areal_kit.rl.workers.watchdog import StackDumps
 
@@ -46,7 +47,7 @@ def _pin_to_cores(cores: str) -> None:
     torch.set_num_threads(len(ids))
 
 
-class TrainerWorker(WeightSender, StackDumps):
+class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
     def __init__(self, rank: int, world: int, cfg, model_path: str, env: dict[str, str],
                  total_steps: int = 1):
         os.environ.update(env)
@@ -191,14 +192,13 @@ class TrainerWorker(WeightSender, StackDumps):
     def train_step(self, shard: list[dict]) -> dict:
         """One PPO step on this rank's shard of the batch (groups.shard_batch)."""
         t0 = time.time()
-        _test_stall(self.rank, self.version + 1)
+        testhooks.before_train_step(self.rank, self.version + 1)
         p = self.cfg.ppo
         # Every per-token quantity below is one flat tensor over the shard's answer tokens (ans).
         ans = Answers([len(s["output_ids"]) for s in shard])
-        mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
-        bins = self._micro_batches(shard, mb)
+        bins = self._micro_batches(shard, self.cfg.actor_train.mb_spec.max_tokens_per_mb)
         t_start_ref = time.time()
-        ref_lp = self._ref_logprobs(shard, ans, bins)
+        ref_lp = self._ref_logprobs(shard, ans)
         t_ref = time.time()
         behav = torch.tensor([x for s in shard for x in s["logprobs"]], dtype=torch.float32)
         if p.use_decoupled_loss or p.ppo_n_minibatches > 1:
@@ -224,15 +224,16 @@ class TrainerWorker(WeightSender, StackDumps):
         stats["prox_logp_time"] = t_prox - t_ref
         return stats
 
-    def _ref_logprobs(self, shard, ans: Answers, bins):
-        """The KL reference's answer logprobs (None without a KL term)."""
+    def _ref_logprobs(self, shard, ans: Answers):
+        """The KL reference's answer logprobs, in ref_inf.mb_spec's micro-batches (None without KL)."""
+        if self.cfg.ppo.kl_ctl <= 0:
+            return None
+        bins = self._micro_batches(shard, self.cfg.ref_inf.mb_spec.max_tokens_per_mb)
         if self.ref is not None:
             return self._pass(self.ref, shard, ans, bins)
-        if self.cfg.ppo.kl_ctl > 0 and lora.enabled(self.cfg):
-            self.engine.eval()
-            with self.engine.module.disable_adapter():
-                return self._pass(self.engine.module, shard, ans, bins)
-        return None
+        self.engine.eval()  # LoRA (setup loaded no reference): the base, the policy without its adapter
+        with self.engine.module.disable_adapter():
+            return self._pass(self.engine.module, shard, ans, bins)
 
     def _advantages(self, shard, ans: Answers, w: torch.Tensor, kls) -> torch.Tensor:
         """Every answer token's advantage (flat); w is the loss mask: tokens a workflow inserted
@@ -422,19 +423,6 @@ class TrainerWorker(WeightSender, StackDumps):
         (padded with zeros, so the ranks' sums add up to the model's)."""
         return float(sum(getattr(p, "ds_tensor", p).detach().double().sum().item()
                          for p in self.engine.module.parameters()))
-
-
-def _test_stall(rank: int, step: int) -> None:
-    """AREAL_TEST_STALL=rank:step:marker makes that trainer rank stop before that step's first
-    collective, once (the marker file), as a rank stuck outside the collective would: its peers
-    wait inside it. The hang tests use it."""
-    spec = os.environ.get("AREAL_TEST_STALL", "")
-    if not spec:
-        return
-    r, g, marker = spec.split(":", 2)
-    if (int(r), int(g)) == (rank, step) and not os.path.exists(marker):
-        open(marker, "w").close()
-        time.sleep(3600)
 
 
 def _dummy_pack() -> Packed:

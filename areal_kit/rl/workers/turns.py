@@ -8,7 +8,13 @@ created with vLLM's sleep mode (`enable_sleep_mode`, hardware.vllm_kwargs) and, 
     turns.before_train()                 # engines sleep: their weights and KV cache leave the GPU
     stats = trainers.train_step(rows)    # the trainer has the GPU (its states stay resident: rl/memory.py)
     sync_time = turns.after_train(lambda: weights.push(version, wait_engines=turns.active))
-        # engines wake_up(tags=["weights"]), the weight sync fills those weights, wake_up(tags=["kv_cache"])
+        # the trainer ranks return their cached memory, engines wake_up(tags=["weights"]), the
+        # weight sync fills those weights, the ranks return what it cached, wake_up(tags=["kv_cache"])
+
+torch's caching allocator keeps what a rank freed reserved for its next allocation: without the
+release the training peak (activations, logits) would stay on the GPU through generation, beside
+the engine's share. The memory plan (rl/memory.py) counts the peak in the training turn and the
+rank's live tensors in the generation turn.
 
 Sleep mode is CUDA-only: on CPU (where shared allocations run as worker slots that share cores,
 not memory) every call here is a no-op, unless a test forces it (`active=True`). The engine's end
@@ -50,17 +56,6 @@ def sleep_level(cfg) -> int:
     return ADAPTER_SLEEP_LEVEL if lora.sends_adapter(cfg) else SLEEP_LEVEL
 
 
-def sync_mode(cfg, plat: hardware.Platform | None = None) -> str:
-    """The weight sync a run uses: weight_sync=auto on shared GPUs goes through storage (disk).
-
-    The broadcast's NCCL group holds trainer rank 0 and every engine worker; on shared GPUs one of
-    those workers sits on rank 0's own GPU, and NCCL refuses two ranks of a communicator on one
-    device. A save + reload is seconds a step for the 1.5B model, against a step of an hour."""
-    if cfg.weight_sync == "auto" and shares_gpus(cfg, plat):
-        return "disk"
-    return cfg.weight_sync
-
-
 def check(cfg, plat: hardware.Platform | None = None) -> None:
     """Refuse, in one line each, the settings a run on shared GPUs cannot take."""
     if not shares_gpus(cfg, plat):
@@ -87,8 +82,10 @@ class Turns:
     """The switch between the engines and the trainer on shared GPUs. engines: the EngineGroup
     (actors with RolloutWorker's sleep / wake_up, see sleeper.py, and its watchdog)."""
 
-    def __init__(self, cfg, engines, plat: hardware.Platform | None = None, active: bool | None = None):
+    def __init__(self, cfg, engines, plat: hardware.Platform | None = None, active: bool | None = None,
+                 trainers=None):
         self.engines = engines
+        self.trainers = trainers  # the TrainerGroup (actors with release.TrainerTurn's release_memory)
         self.active = shares_gpus(cfg, plat) if active is None else active
         self.level = sleep_level(cfg)
         self.asleep = False
@@ -99,7 +96,7 @@ class Turns:
         if not self.active or self.asleep:
             return
         t0 = time.time()
-        self._all("sleep", self.level)
+        self._all(self.engines, "sleep", self.level)
         self.asleep = True
         self.seconds = {"sleep_time": time.time() - t0}
 
@@ -109,17 +106,26 @@ class Turns:
         if not self.active or not self.asleep:
             return push()
         t0 = time.time()
-        self._all("wake_up", ["weights"])
+        self._release()
+        self._all(self.engines, "wake_up", ["weights"])
         t1 = time.time()
         sync_time = push()
         t2 = time.time()
-        self._all("wake_up", ["kv_cache"])
+        self._release()  # what the sync's save cached (ZeRO-3 gathers the whole model)
+        self._all(self.engines, "wake_up", ["kv_cache"])
         self.asleep = False
         self.seconds.update(wake_weights_time=t1 - t0, wake_kv_time=time.time() - t2)
         return sync_time
 
-    def _all(self, method: str, *args) -> list:
-        """Call method on every engine and wait, under the watchdog's bound for that call."""
-        refs = [getattr(a, method).remote(*args) for a in self.engines.actors]
-        dog = self.engines.watchdog
-        return dog.wait(method, dog.label(refs, self.engines.names))
+    def _release(self) -> None:
+        """Every trainer rank returns the memory its allocator holds free, before an engine wakes."""
+        if self.trainers is not None:
+            self._all(self.trainers, "release_memory")
+
+    @staticmethod
+    def _all(group, method: str, *args) -> list:
+        """Call method on every actor of group and wait, under the watchdog's bound for that call."""
+        refs = [getattr(a, method).remote(*args) for a in group.actors]
+        dog = group.watchdog
+        return dog.wait(method, dog.label(refs, group.names))
+

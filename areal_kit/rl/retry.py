@@ -1,0 +1,156 @@
+"""Which failures relaunch a run, and the relaunch loop rl/launch.py runs each attempt in.
+
+A relaunch restarts every worker from the last recover checkpoint. It helps where the failure is
+of the moment rather than of the code: a worker process, actor or node that died, a call that
+hung (the watchdog, rl/workers/watchdog.py), an out-of-memory (CUDA's caching allocator
+fragments over a long run; a restart starts clean), a vLLM engine core process that died while
+its actor lives, an NCCL error or a collective that timed out (a flaky link, a peer that
+stalled). Anything else, our own bug included, would fail the same way on every relaunch and
+surfaces at once. The same transient failure at the same step after the bound is not transient:
+the run stops with one line naming it and what to change.
+
+    kind = failure_kind(e)          # "worker death", "out of memory", ... or None: not retryable
+    relaunching(run_once, retries=2, log=log, where=lambda: step)
+
+Types are recognised by their qualified names, through Ray's RayTaskError chain and `raise ...
+from` chains: the driver imports neither torch nor vLLM for it (its imports stay light while Ray
+starts).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import ray.exceptions as rex
+
+from areal_kit.errors import describe
+from areal_kit.rl.workers.watchdog import WorkerHang
+
+DEATH, OOM, ENGINE, COLLECTIVE = "worker death", "out of memory", "dead vLLM engine core", "NCCL/collective error"
+# Qualified names of the exception types of each kind (any class in an error's MRO).
+TYPES = {
+    OOM: {"torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError"},
+    ENGINE: {"vllm.v1.engine.exceptions.EngineDeadError"},
+    COLLECTIVE: {"torch.distributed.DistError", "torch.distributed.DistBackendError",
+                 "torch.distributed.DistNetworkError", "torch.distributed.DistStoreError"},
+}
+# The same failures where a library re-raised them as a plain RuntimeError: a CUDA kernel's
+# "out of memory", NCCL's own error text, gloo's timeout of a collective (NCCL's stand-in on CPU).
+MESSAGES = {
+    OOM: re.compile(r"CUDA out of memory|CUDA error: out of memory"),
+    COLLECTIVE: re.compile(r"NCCL error|Watchdog caught collective operation timeout|"
+                           r"gloo/transport/\S+\] Timed out waiting"),
+}
+
+
+class WorkerDied(RuntimeError):
+    """A worker of the attempt died while another one's error was what surfaced."""
+
+
+class StillFailing(RuntimeError):
+    """A transient failure that came back after every relaunch the run allows: one line, its fix."""
+
+
+def _chain(e: BaseException | None):
+    """e, then what it wraps: a RayTaskError's cause, else the error it was raised from."""
+    seen = set()
+    while e is not None and id(e) not in seen:  # causes can nest; a cycle must not loop forever
+        seen.add(id(e))
+        yield e
+        e = getattr(e, "cause", None) if isinstance(e, rex.RayTaskError) else e.__cause__
+
+
+def _names(e: BaseException) -> set[str]:
+    return {f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__}
+
+
+def failure_kind(e: BaseException) -> str | None:
+    """The kind of a failure a relaunch can fix (DEATH, OOM, ENGINE, COLLECTIVE), or None.
+
+    A RayTaskError only says a remote call raised: its cause may be our own bug (a ValueError in a
+    trainer method), which would fail the same way on every relaunch, so only its cause decides.
+    """
+    deaths = (rex.RayActorError, rex.WorkerCrashedError, rex.ObjectLostError, rex.NodeDiedError,
+              rex.LocalRayletDiedError, WorkerDied, WorkerHang)
+    for x in _chain(e):
+        if isinstance(x, deaths):
+            return DEATH
+        names = _names(x)
+        for kind, types in TYPES.items():
+            if names & types:
+                return kind
+        if isinstance(x, RuntimeError) and not isinstance(x, rex.RayError):
+            first = str(x)[:2000]
+            for kind, pattern in MESSAGES.items():
+                if pattern.search(first):
+                    return kind
+    return None
+
+
+def worker_died(e: BaseException) -> bool:
+    """True when a worker process, actor or node died (or hung)."""
+    return failure_kind(e) == DEATH
+
+
+def engine_side(e: BaseException) -> bool:
+    """Whether the failure came from a rollout engine's call (else a trainer's, or the driver's)."""
+    return any(isinstance(x, rex.RayTaskError) and "RolloutWorker" in str(x).split("\n", 1)[0]
+               for x in _chain(e)) or failure_kind(e) == ENGINE
+
+
+def advice(kind: str, e: BaseException, cfg=None) -> str:
+    """What to change when `kind` keeps coming back: the memory plan's levers for an OOM (those
+    of the side that ran out, with the run's values when cfg is given)."""
+    if kind == OOM:
+        if engine_side(e):
+            util = f" (now {cfg.actor.vllm.gpu_memory_utilization:g})" if cfg is not None else ""
+            return (f"lower actor.vllm.gpu_memory_utilization{util} or actor.vllm.max_num_seqs, or more tensor "
+                    "parallel in allocation_mode")
+        from areal_kit.rl.memory import trainer_fixes
+
+        fixes = (trainer_fixes(cfg.actor.zero_stage, cfg.actor.gradient_checkpointing,
+                               cfg.actor_train.mb_spec.max_tokens_per_mb) if cfg is not None else
+                 ["actor.zero_stage=3", "actor.gradient_checkpointing=true",
+                  "a smaller actor_train.mb_spec.max_tokens_per_mb"])
+        return "set " + ", or ".join(fixes)
+    if kind == ENGINE:
+        return ("see the engine core's own error above it in train.log (often an out-of-memory: lower "
+                "actor.vllm.gpu_memory_utilization)")
+    if kind == COLLECTIVE:
+        return ("check the nodes' network (NCCL_DEBUG=INFO names the failing link) or raise "
+                "exp_ctrl.hang_first_s if a slow first step timed out")
+    return "see the worker's error in train.log"
+
+
+def gave_up(kind: str, e: BaseException, step: int | None, same: bool, retries: int, cfg=None) -> StillFailing:
+    """The one line for a failure that a relaunch did not fix."""
+    at = f" at global step {step}" if step else ""
+    again = " again" if same else ""
+    return StillFailing(f"{kind}{at}{again} after {retries} relaunch(es), the bound recover_retries={retries}; a "
+                  f"relaunch does not fix it: {advice(kind, e, cfg)} ({describe(e)})")
+
+
+def relaunching(run_once, retries: int, log, pause: float = 1.0, where=lambda: None, cfg=None):
+    """run_once(attempt) again after a failure a relaunch can fix, up to `retries` times; anything
+    else raises at once. where(): the global step the last attempt failed in (None: unknown).
+    Past the bound, a worker death raises as it is; another kind raises StillFailing, naming the fix."""
+    attempt, last = 0, None
+    while True:
+        try:
+            return run_once(attempt)
+        except Exception as e:
+            kind = failure_kind(e)
+            if kind is None:
+                raise
+            step = where()
+            if attempt >= retries:
+                if kind == DEATH or retries == 0:
+                    raise
+                raise gave_up(kind, e, step, last == (kind, step), retries, cfg) from e
+            attempt, last = attempt + 1, (kind, step)
+            at = f" in global step {step}" if step else ""
+            cause = "" if kind == DEATH else f"{kind}{at}: "
+            log.warning(f"Worker failure ({cause}{describe(e)}); relaunching "
+                        f"from the last recover checkpoint (retry {attempt}/{retries}).")
+            time.sleep(pause)

@@ -1,0 +1,113 @@
+"""Weights for engines on the trainer's own GPUs (shared layouts, rl/workers/turns.py) by CUDA IPC,
+and the one place that chooses how a run's weights travel (`sync_mode`).
+
+On shared CUDA GPUs, weight_sync=auto is `cuda_ipc`: every trainer rank stages the whole model
+(ZeRO-3 gathers it), copies it a chunk at a time into one GPU buffer it exports once
+(cuda_ipc.py), and the engine worker on the same GPU maps that buffer and loads the chunk's views
+straight into its parameters (vllm_ext.receive_ipc): no file, no host copy, no NCCL group (NCCL
+takes no two ranks of one communicator on one GPU). `connect` probes first: where an engine worker
+sits on a GPU without a trainer rank, or cannot load a chunk at a time (a quantized model reloads
+whole), the run falls back to disk and says why. weight_sync=disk forces disk.
+
+    mode = sync_mode(cfg)                 # once; plan.py prints it
+    why = probe(trainers, engines)        # at connect: '' or why the run falls back to disk
+    refs = push(trainers, engines, version)   # each step: the chunk loop
+
+The buffer lives only through a sync (`ipc_end` frees it, `torch.cuda.ipc_collect` reclaims the
+exported block, and the rank returns its cache): the sync runs with the engines' weights awake and
+their KV cache asleep, so it never sits beside the generation turn the memory plan checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from areal_kit import hardware
+from areal_kit.rl import lora
+from areal_kit.rl.weight_sync import cuda_ipc
+from areal_kit.rl.workers import turns
+
+# The buffer's size, unless one tensor is larger (the 1.5B model's embedding is 0.47 GB): vLLM's
+# own packed IPC default. Fewer chunks mean fewer round trips; the buffer is freed after the sync.
+IPC_BUFFER_BYTES = 1 << 30
+
+
+def sync_mode(cfg, plat: hardware.Platform | None = None) -> str:
+    """How the run's weights travel: cuda_ipc, disk, auto (broadcast, or shared memory on one CPU
+    node) or broadcast. weight_sync=auto on shared GPUs is cuda_ipc: the broadcast's NCCL group
+    would need two ranks on one GPU, which NCCL refuses. A LoRA run that sends its adapter alone
+    (megabytes, loaded through vLLM's LoRA manager) goes through disk there."""
+    if cfg.weight_sync == "auto" and turns.shares_gpus(cfg, plat):
+        return "disk" if lora.sends_adapter(cfg) else "cuda_ipc"
+    return cfg.weight_sync
+
+
+def capacity(largest: int) -> int:
+    """The IPC buffer's bytes for a model whose largest tensor has `largest` bytes."""
+    return max(IPC_BUFFER_BYTES, cuda_ipc._aligned(largest))
+
+
+def probe(trainers, engines) -> str:
+    """'' when every engine worker can map its GPU's trainer buffer; else why not (the fallback's
+    log line). Each side reports its GPU's UUID; an engine worker also says why it cannot load a
+    chunk at a time."""
+    dog = trainers.watchdog
+    trainer_gpus = dog.wait("ipc probe", dog.label([t.gpu_uuid.remote() for t in trainers.actors], trainers.names))
+    probes = dog.wait("ipc probe", dog.label([e.ipc_probe.remote() for e in engines.actors], engines.names))
+    workers = [w for ws in probes for w in ws]
+    why = [w["why"] for w in workers if w["why"]]
+    return why[0] if why else cuda_ipc.unreachable([w["uuid"] for w in workers], trainer_gpus)
+
+
+def push(trainers, engines, version: int) -> list:
+    """The chunk loop: every rank fills chunk i of its buffer, every engine loads it, until done;
+    then the ranks free the buffer. Returns the engines' last calls (their load reports)."""
+    dog = trainers.watchdog
+    starts = dog.wait("ipc start", dog.label([t.ipc_start.remote() for t in trainers.actors], trainers.names))
+    handles = cuda_ipc.merge([s["handles"] for s in starts])
+    n = starts[0]["chunks"]
+    loads = []
+    try:
+        for i in range(n):
+            filled = dog.wait("ipc chunk", dog.label([t.ipc_fill.remote(i) for t in trainers.actors], trainers.names))
+            loads = [e.receive_ipc.remote(version, handles, filled[0], i == 0, i == n - 1) for e in engines.actors]
+            dog.wait("ipc chunk", dog.label(loads, engines.names))  # read before the next fill
+    finally:
+        dog.wait("ipc end", dog.label([t.ipc_end.remote() for t in trainers.actors], trainers.names))
+    return loads
+
+
+class IpcSender:
+    """The trainer rank's end (a mixin of TrainerWorker). Needs from its host class: device,
+    _sync_state() (the weights the engines get, staged on every rank) and release_memory()."""
+
+    _ipc = None  # (buffer, state, chunks) through one sync
+
+    def gpu_uuid(self) -> str:
+        return str(torch.cuda.get_device_properties(self.device).uuid)
+
+    def ipc_start(self) -> dict:
+        """Stage the weights, plan the chunks, export one buffer: {"handles": {uuid: args}, "chunks": n}."""
+        state = self._sync_state()
+        cap = capacity(max(t.numel() * t.element_size() for t in state.values()))
+        chunks = list(cuda_ipc.plan(state.items(), cap))
+        used = max(c[-1].offset + c[-1].nbytes for c in chunks)  # a small model needs less than cap
+        buffer = torch.empty(used, dtype=torch.uint8, device=self.device)
+        self._ipc = (buffer, state, chunks)
+        return {"handles": {self.gpu_uuid(): cuda_ipc.export(buffer)}, "chunks": len(chunks)}
+
+    def ipc_fill(self, i: int) -> list[tuple]:
+        """Copy chunk i in and wait for the copies; the chunk's slots as plain tuples."""
+        buffer, state, chunks = self._ipc
+        cuda_ipc.fill(buffer, state, chunks[i])
+        hardware.synchronize(self.device)  # the engine reads from another process: written means done
+        return [dataclasses.astuple(s) for s in chunks[i]]
+
+    def ipc_end(self) -> dict:
+        """Free the buffer and the staged state; reclaim the exported block; return the cache."""
+        self._ipc = None
+        if torch.cuda.is_initialized():
+            torch.cuda.ipc_collect()  # the engines closed their mappings: the block can go back
+        return self.release_memory()

@@ -1,0 +1,102 @@
+"""CUDA IPC weight chunks (areal_kit/rl/weight_sync/cuda_ipc.py) between two processes on one GPU,
+as a trainer rank and the engine worker beside it exchange them: the parent fills one exported
+buffer chunk by chunk; a spawned child maps it once (Importer) and reads every chunk's tensors,
+which must equal the parent's bit for bit; then the same through the trainer's mixin
+(colocated.IpcSender), whose buffer must be gone once the sync ends. tests/unit/test_weight_sync_cuda_ipc.py
+and test_weight_sync_colocated.py run the same chunks on CPU up to the handle; the acceptance
+suite's shared one-GPU cases (test_gpu_acceptance.py) run the whole sync by IPC in a real run.
+
+    python -m pytest tests/gpu/test_cuda_ipc_gpu.py -v
+"""
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from areal_kit.rl.weight_sync import colocated, cuda_ipc
+from areal_kit.rl.workers.release import TrainerTurn
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU (torch.cuda.device_count() is 0)")]
+
+
+def _consumer(requests, replies) -> None:
+    """The engine worker's side: map the buffer once, answer each chunk with its tensors' sums."""
+    importer = cuda_ipc.Importer()
+    uuid = str(torch.cuda.get_device_properties(0).uuid)
+    while (msg := requests.get()) is not None:
+        handles, chunk = msg
+        chunk = [s if isinstance(s, cuda_ipc.Slot) else cuda_ipc.Slot(*s) for s in chunk]
+        buffer = importer.open(handles, uuid, 0)
+        replies.put({name: t.double().sum().item() for name, t in cuda_ipc.views(buffer, chunk)})
+        torch.cuda.synchronize()  # read before the producer refills it
+    importer.close()
+
+
+def test_a_spawned_process_maps_the_buffer_and_reads_every_chunk():
+    from acceptance import TABLE
+
+    with TABLE.check("cuda_ipc", "weights chunk by chunk through one IPC buffer") as info:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        model = {f"layers.{i}.w": torch.randn(256, 512, device="cuda", generator=g).to(torch.bfloat16)
+                 for i in range(8)}
+        buffer = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        handles = {str(torch.cuda.get_device_properties(0).uuid): cuda_ipc.export(buffer)}
+        ctx = mp.get_context("spawn")
+        requests, replies = ctx.Queue(), ctx.Queue()
+        child = ctx.Process(target=_consumer, args=(requests, replies))
+        child.start()
+        got = {}
+        chunks = list(cuda_ipc.plan(model.items(), buffer.numel()))
+        for chunk in chunks:
+            cuda_ipc.fill(buffer, model, chunk)
+            torch.cuda.synchronize()
+            requests.put((handles, chunk))
+            got.update(replies.get(timeout=120))
+        requests.put(None)
+        child.join(timeout=120)
+        assert child.exitcode == 0
+        assert len(chunks) == 2 and got == {n: t.double().sum().item() for n, t in model.items()}
+        info["detail"] = f"{len(chunks)} chunks of {buffer.numel() >> 20} MiB, {len(got)} tensors equal"
+
+
+class Rank(colocated.IpcSender, TrainerTurn):
+    """A trainer rank on GPU 0 whose staged weights are `state`."""
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self, state):
+        self.state = state
+
+    def _sync_state(self):
+        return self.state
+
+
+def test_the_trainer_mixin_sends_every_chunk_and_frees_its_buffer(monkeypatch):
+    from acceptance import TABLE
+
+    with TABLE.check("cuda_ipc", "the trainer's IPC buffer lives one sync") as info:
+        monkeypatch.setattr(colocated, "IPC_BUFFER_BYTES", 1 << 20)  # 4 of the 8 tensors a chunk
+        g = torch.Generator(device="cuda").manual_seed(1)
+        model = {f"layers.{i}.w": torch.randn(256, 512, device="cuda", generator=g).to(torch.bfloat16)
+                 for i in range(8)}
+        rank = Rank(model)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        start = rank.ipc_start()
+        assert start["chunks"] == 2 and list(start["handles"]) == [rank.gpu_uuid()]
+        ctx = mp.get_context("spawn")
+        requests, replies = ctx.Queue(), ctx.Queue()
+        child = ctx.Process(target=_consumer, args=(requests, replies))
+        child.start()
+        got = {}
+        for i in range(start["chunks"]):
+            requests.put((start["handles"], rank.ipc_fill(i)))
+            got.update(replies.get(timeout=120))
+        requests.put(None)
+        child.join(timeout=120)
+        during = torch.cuda.memory_allocated() - before
+        left = rank.ipc_end()
+        assert child.exitcode == 0 and got == {n: t.double().sum().item() for n, t in model.items()}
+        assert during >= 1 << 20 and torch.cuda.memory_allocated() == before, (during, torch.cuda.memory_allocated())
+        info["detail"] = f"{during >> 20} MiB during the sync, {left['reserved'] >> 20} MiB reserved after"
