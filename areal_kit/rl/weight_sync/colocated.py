@@ -46,7 +46,7 @@ def sync_mode(cfg, plat: hardware.Platform | None = None) -> str:
 
 def capacity(largest: int) -> int:
     """The IPC buffer's bytes for a model whose largest tensor has `largest` bytes."""
-    return max(IPC_BUFFER_BYTES, cuda_ipc._aligned(largest))
+    return max(IPC_BUFFER_BYTES, cuda_ipc.aligned(largest))
 
 
 def probe(trainers, engines) -> str:

@@ -41,7 +41,7 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
@@ -53,10 +53,10 @@ def plan(named: Iterable[tuple[str, torch.Tensor]], capacity: int) -> Iterator[l
         n = _nbytes(t)
         if n > capacity:
             raise ValueError(f"{name} is {n} bytes, more than the IPC buffer's {capacity}; a larger buffer is needed")
-        if chunk and _aligned(used) + n > capacity:
+        if chunk and aligned(used) + n > capacity:
             yield chunk
             chunk, used = [], 0
-        offset = _aligned(used)
+        offset = aligned(used)
         chunk.append(Slot(name, tuple(t.shape), str(t.dtype).removeprefix("torch."), offset, n))
         used = offset + n
     if chunk:

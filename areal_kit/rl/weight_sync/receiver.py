@@ -64,8 +64,7 @@ class WeightReceiver:
         args = (handles, chunk, first, last)
         if last:
             return self._load(version, "receive_ipc", args)
-        parts = self.llm.collective_rpc("receive_ipc", args=args)
-        return {f"load_{k}": max(p[k] for p in parts) for k in parts[0]}
+        return _slowest(self.llm.collective_rpc("receive_ipc", args=args))
 
     def ready_for_weights(self) -> int:
         """Answers when the engine may receive: at once for a streaming engine, its generations paused."""
@@ -90,7 +89,13 @@ class WeightReceiver:
             before = version - self.cfg.ppo.max_head_offpolicyness
             extra["aborted"] = self.llm.resume(version, stale_before=max(before, 1) if lora.sends_adapter(self.cfg)
                                                else before)
-        return {"load_time": time.time() - t0, **{f"load_{k}": max(p[k] for p in parts) for k in parts[0]}, **extra}
+        return {"load_time": time.time() - t0, **_slowest(parts), **extra}
 
     def get_version(self) -> int:
         return self.version
+
+
+def _slowest(parts: list[dict]) -> dict:
+    """The engine's load figures from its workers' (each a dict of seconds): the slowest worker's,
+    as load_<figure>."""
+    return {f"load_{k}": max(p[k] for p in parts) for k in parts[0]}
