@@ -192,7 +192,7 @@ def vllm_kwargs(platform: Platform, model_path: str, max_model_len: int, seed: i
     """Keyword arguments for vllm.LLM on this platform (same engine, tuned per device), with the
     user's engine arguments (actor.vllm; its defaults when None). Its additional_engine_args come
     last: the user's word wins over the tuning below. sleep_mode: the engine shares its GPUs with
-    trainer ranks and takes turns with them (rl/workers/turns.py); vLLM has it on CUDA only."""
+    trainer ranks and takes turns with them (rl/driver/turns.py); vLLM has it on CUDA only."""
     engine = engine or VLLMConfig()
     kw = {"model": model_path, "seed": seed, "max_model_len": max_model_len,
           "tensor_parallel_size": tp, "enable_prefix_caching": True}

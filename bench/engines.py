@@ -45,7 +45,7 @@ def bench_config(model_path: str, fileroot: str, extra: list[str] | None = None)
 
 def rollout_worker(cfg):
     """A started RolloutWorker in this process, with the env the controller gives its actors."""
-    from areal_kit.rl.workers.groups import worker_env
+    from areal_kit.rl.driver.groups import worker_env
     from areal_kit.rl.workers.rollout import RolloutWorker
 
     env = worker_env(cfg, os.path.join(cfg.fileroot, "cache"))

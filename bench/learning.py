@@ -54,7 +54,7 @@ def side(rows: list[dict], wall: float, start: float) -> dict:
 
 def run() -> Result:
     from areal_kit.config.loader import load_config
-    from areal_kit.rl.job import resolve_model
+    from areal_kit.rl.driver.job import resolve_model
 
     workdir = tempfile.mkdtemp(prefix="bench-learning-")
     cfg = load_config("tiny", [f"fileroot={workdir}"])

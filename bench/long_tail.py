@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from areal_kit.rl.workers.workflow import Trajectory
+from areal_kit.api import Trajectory
 
 SCALE = 8
 ALPHA = 1.1

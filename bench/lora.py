@@ -83,7 +83,7 @@ def _run(model_path: str, workdir: str, name: str, extra: list[str]) -> dict:
 
 def run() -> Result:
     from areal_kit.config.loader import load_config
-    from areal_kit.rl.job import resolve_model
+    from areal_kit.rl.driver.job import resolve_model
 
     workdir = tempfile.mkdtemp(prefix="bench-lora-")
     cfg = load_config("tiny", [f"fileroot={workdir}", f"actor.path={MODEL}"])

@@ -112,7 +112,7 @@ def run() -> Result:
     results = {}
     # Tiny preset: ours first (reused from the pipeline benchmark when it ran in this process).
     tiny_cfg = load_config("tiny", [f"fileroot={workdir}"])
-    from areal_kit.rl.job import resolve_model
+    from areal_kit.rl.driver.job import resolve_model
 
     tiny_cfg.actor.path = resolve_model(tiny_cfg)  # the same seeded tiny://toy model our run builds
     ours = engines.train_run(pipeline.tiny_args(OURS_K, TINY_STEPS), workdir, "ours-tiny")

@@ -130,8 +130,8 @@ def run() -> Result:
     import ray
 
     from areal_kit import logs
-    from areal_kit.rl.controller import Controller, start_ray
-    from areal_kit.rl.job import prepare
+    from areal_kit.rl.driver.controller import Controller, start_ray
+    from areal_kit.rl.driver.job import prepare
 
     model_path = workload.sync_model()
     fileroot = tempfile.mkdtemp(prefix="bench-sync-")

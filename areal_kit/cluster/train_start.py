@@ -159,7 +159,7 @@ def train(c: Cluster, h: HostState, fresh: bool = False) -> Outcome:
 
 # -- again: `areal-kit train PRESET --cluster NAME` ------------------------------------------------
 # Run on the head, in the runtime, with the run's fileroot, experiment and trial: "HELD [whose]" when a
-# driver holds the run's lock (rl/launch.py hold_run_lock: it outlives no driver, even after kill -9).
+# driver holds the run's lock (rl/driver/launch.py hold_run_lock: it outlives no driver, even after kill -9).
 HELD_SNIPPET = """
 import fcntl, json, os, sys
 from areal_kit.logs import run_paths
@@ -223,10 +223,10 @@ def not_running(c: Cluster, h: HostState, cfg) -> Outcome:
 # -- after: the run's log ----------------------------------------------------------------------
 # What the run writes as it starts (the run's logger prefixes a time and the level; the CLI's one
 # error line starts the line). Each is an extended regex as grep -E reads it and Python's re.
-LAUNCH = r" INFO Run [^ ]+: [0-9]+ steps"  # rl/launch.py: the first line of every launch
-READY = r" INFO Workers ready in "  # rl/controller.py: trainers and engines up; generation is next
+LAUNCH = r" INFO Run [^ ]+: [0-9]+ steps"  # rl/driver/launch.py: the first line of every launch
+READY = r" INFO Workers ready in "  # rl/driver/controller.py: trainers and engines up; generation is next
 STEP = r"\(global step ([0-9]+)\) finishes"  # logs.epoch_line
-FINISHED = r" INFO Training finished: ([0-9]+) steps"  # rl/launch.py
+FINISHED = r" INFO Training finished: ([0-9]+) steps"  # rl/driver/launch.py
 FAILED = r"^error: |Run failed: |Run interrupted"  # the CLI's error line; the run's own failure lines
 MARKERS = (LAUNCH, READY, STEP, FINISHED, FAILED)
 

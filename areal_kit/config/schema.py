@@ -125,7 +125,7 @@ class PPOConfig:
     workflow: str = opt("",
         'Rollout workflow of one prompt: "" = single-turn generate + verify, or a dotted path '
         "pkg.mod:obj / file.py:obj to an async function (engine, row) or a class with "
-        "`async arun_episode(engine, row)` (see areal_kit/rl/workers/workflow.py).")
+        "`async arun_episode(engine, row)` (the contract: areal_kit/api.py).")
     gen: GenConfig = section(GenConfig, "Generation settings.")
 
     def __post_init__(self):

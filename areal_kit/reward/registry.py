@@ -15,12 +15,9 @@ dataset row (its reference answer and anything else a reward needs). Built-ins:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from areal_kit.api import RewardFn
 from areal_kit.errors import UserError
 from areal_kit.reward.math_grader import extract_answer, grade, gsm8k_reference
-
-RewardFn = Callable[[str, str, dict], float]
 
 _REGISTRY: dict[str, RewardFn] = {}
 

@@ -46,8 +46,8 @@ def train(
     console = make_console()
     if dry_run:
         from areal_kit import hardware
+        from areal_kit.rl.driver.placement import check_gpu_sharing
         from areal_kit.rl.plan import memory_refusal, plan_lines
-        from areal_kit.rl.workers.placement import check_gpu_sharing
 
         plat = hardware.detect()
         check_gpu_sharing(cfg, plat)  # where the run would fail: on this machine's device
@@ -60,7 +60,7 @@ def train(
         return
     from areal_kit import hardware
     from areal_kit.interrupts import stops_say_so
-    from areal_kit.rl.launch import launch
+    from areal_kit.rl.driver.launch import launch
 
     if not hardware.detect().is_cpu:  # before Ray and any actor: a node whose CUDA does not start fails in one line
         console.print(f"CUDA: {hardware.check_cuda(cfg.ray_address)}", highlight=False, markup=False, soft_wrap=True)

@@ -31,7 +31,7 @@ reference model (the base with the adapter disabled is the reference).
 A generation GPU: vLLM takes gpu_memory_utilization of it; the weights take b x P / TP; what is left
 is the ceiling of its KV cache (vLLM's activations and CUDA graphs come out of it too), at
 2 x layers x KV heads per GPU x head_dim x b bytes a token.
-Shared GPUs (turns, rl/workers/turns.py): while the trainer trains, the engine sleeps and holds only
+Shared GPUs (turns, rl/driver/turns.py): while the trainer trains, the engine sleeps and holds only
 what its sleep mode cannot release (SLEEP_RESIDUE) beside the trainer's peak, which torch's caching
 allocator keeps reserved until the trainer returns it (torch.cuda.empty_cache) before the engine
 wakes: while generating, the engine's share sits beside the trainer's resident states (all but a

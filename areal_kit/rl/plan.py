@@ -11,12 +11,12 @@ import os
 from areal_kit import hardware, logs, netfigures, stack
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
-from areal_kit.rl import lora, memory
+from areal_kit.rl import lora, memory, sharing
 from areal_kit.rl.algo import varlen
+from areal_kit.rl.driver import placement
 from areal_kit.rl.weight_sync import colocated
 from areal_kit.rl.weight_sync.sync import weight_sync_dir
 from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
-from areal_kit.rl.workers import placement, turns
 
 
 def dataset_size(cfg) -> tuple[int | None, str]:
@@ -150,7 +150,7 @@ def shared_words(cfg, plat) -> str:
     if plat.is_cpu:
         return " sharing the generation GPUs (on CPU: worker slots on the same cores)"
     return (f" sharing the generation GPUs, taking turns: the engines sleep (vLLM sleep level "
-            f"{turns.sleep_level(cfg)}) while the trainer trains, then wake for the weight sync")
+            f"{sharing.sleep_level(cfg)}) while the trainer trains, then wake for the weight sync")
 
 
 def recipe_lines(cfg) -> list[str]:

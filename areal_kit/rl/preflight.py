@@ -34,11 +34,10 @@ from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
 from areal_kit.errors import UserError, describe
 from areal_kit.eval.engine import GenRequest, RayEngines
-from areal_kit.rl import controller
 from areal_kit.rl.agreement import engine_vs_trainer
-from areal_kit.rl.job import prepare, resolve_model
+from areal_kit.rl.driver import controller, groups, placement
+from areal_kit.rl.driver.job import prepare, resolve_model
 from areal_kit.rl.weight_sync.transport import init_group
-from areal_kit.rl.workers import groups, placement
 
 # How long the all-reduce across nodes may take before the nodes that did not finish are named.
 ALL_REDUCE_TIMEOUT_S = 300

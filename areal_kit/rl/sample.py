@@ -2,8 +2,8 @@
 
     rollout engine  (rl/workers/rollout.py, generate)    Sample: the tokens, behaviour logprobs,
                     weight version, loss_mask (a workflow's), task_reward and format_reward
-    controller      (rl/controller.py, _gather;          fresh `group` numbers for the groups it
-                     rl/stream.py, Stream.gather)         keeps (dynamic sampling, streaming)
+    controller      (rl/driver/controller.py, _gather;          fresh `group` numbers for the groups it
+                     rl/driver/stream.py, Stream.gather)         keeps (dynamic sampling, streaming)
     reward shaping  (rl/algo/batch.py, shape_rewards)    final_reward and seq_reward; an all-zero
                     loss_mask for a truncated answer under ppo.overlong_filter
     trainer         (rl/workers/trainer.py, train_step)  reads trainer_rows(samples)
@@ -93,7 +93,7 @@ class Gathered:
     dropped: int = 0  # groups dropped for equal task rewards (dynamic sampling)
     kept: int = 0  # informative groups trained on (dynamic sampling)
     picked: list[Sample] | None = None  # what dynamic sampling trains on, when not every sample generated
-    stream: dict = field(default_factory=dict)  # streaming: its metrics (rl/stream.py)
+    stream: dict = field(default_factory=dict)  # streaming: its metrics (rl/driver/stream.py)
 
     @property
     def train(self) -> list[Sample]:

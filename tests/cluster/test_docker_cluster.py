@@ -124,8 +124,8 @@ def wait_for(path, text: str, timeout: float) -> str:
                          (path.read_text()[-3000:] if path.exists() else "(no log)"))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("areal_kit.rl.controller") is None,
-                    reason="training engine (areal_kit.rl.controller) not built yet")
+@pytest.mark.skipif(importlib.util.find_spec("areal_kit.rl.driver.controller") is None,
+                    reason="training engine (areal_kit.rl.driver.controller) not built yet")
 def start_training(kit, steps: int, *more: str):
     """setup again, now with training (as a user would add --train_param); returns setup's result."""
     r = kit.run("setup", *kit.args, *more, "--train_param", "tiny", "--train-arg", "spread_roles=true",

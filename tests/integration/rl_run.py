@@ -9,8 +9,8 @@ import ray
 from areal_kit import logs
 from areal_kit.config.loader import load_config
 from areal_kit.rl.agreement import engine_vs_trainer
-from areal_kit.rl.controller import Controller, start_ray
-from areal_kit.rl.job import prepare
+from areal_kit.rl.driver.controller import Controller, start_ray
+from areal_kit.rl.driver.job import prepare
 
 LONG = 40  # tokens of the interrupted answers (a streaming run's engines leave room for them)
 

@@ -1,7 +1,7 @@
 """The controller's dealings with its actors, on real Ray actors standing in for the workers.
 
 Workers.dead: a killed actor is dead, a busy one alive; it decides whether an error seen during a
-step came from a dead peer, which relaunches the run, or from a bug, which must not (rl/launch.py).
+step came from a dead peer, which relaunches the run, or from a bug, which must not (rl/driver/launch.py).
 WeightSync.push: the trainer joins the weight broadcast only after the engine's running generation, so a
 long generation never holds it inside the collective until the group's timeout, and it is free
 to train meanwhile (the send waits on the trainer's second concurrency group).
@@ -13,9 +13,10 @@ import pytest
 import ray
 
 from areal_kit.config.schema import ExpCtrl
+from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup, Workers
+from areal_kit.rl.driver.watchdog import Watchdog, WorkerHang
 from areal_kit.rl.weight_sync.sync import WeightSync
-from areal_kit.rl.workers.groups import EngineGroup, TrainerGroup, Workers
-from areal_kit.rl.workers.watchdog import StackDumps, Watchdog, WorkerHang
+from areal_kit.rl.workers.stacks import StackDumps
 
 
 class Worker(StackDumps):

@@ -21,7 +21,7 @@ from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
 from areal_kit.errors import UserError
-from areal_kit.rl.workers import groups, placement
+from areal_kit.rl.driver import groups, placement
 
 NODES, GPUS = 4, 8
 

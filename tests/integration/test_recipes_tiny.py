@@ -21,7 +21,7 @@ import sys
 from areal_kit import logs
 from areal_kit.config.loader import load_config
 from areal_kit.data.toy_task import toy_rows
-from areal_kit.rl.job import prepare
+from areal_kit.rl.driver.job import prepare
 
 EXE = os.path.join(os.path.dirname(sys.executable), "areal-kit")
 BATCH, GROUP, ROUNDS, K = 16, 8, 3, 4

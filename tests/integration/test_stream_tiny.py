@@ -26,11 +26,11 @@ from rl_run import LONG, Run, abort_check, interrupt_check
 
 from areal_kit.config.loader import load_config
 from areal_kit.data.prompts import PromptLoader
-from areal_kit.rl.job import RunState
+from areal_kit.rl.driver.groups import EngineGroup
+from areal_kit.rl.driver.job import RunState
+from areal_kit.rl.driver.stream import Stream
+from areal_kit.rl.driver.watchdog import Watchdog
 from areal_kit.rl.sample import Generated, Sample
-from areal_kit.rl.stream import Stream
-from areal_kit.rl.workers.groups import EngineGroup
-from areal_kit.rl.workers.watchdog import Watchdog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGINS = os.path.join(HERE, "toy_plugins.py")
@@ -187,7 +187,7 @@ def test_staleness_and_capacity_bounds_hold(run, tmp_path, k, train_s, slow_s, s
 
 
 def test_a_stream_that_stops_producing_is_a_hang(run, tmp_path):
-    from areal_kit.rl.workers.watchdog import WorkerHang
+    from areal_kit.rl.driver.watchdog import WorkerHang
 
     cfg = load_config("tiny", [f"fileroot={tmp_path}", "dataset.train_bs_n_seqs=8", "exp_ctrl.hang_first_s=3"])
     stuck = TimedEngine.remote(600.0, 1)  # every group takes ten minutes

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from strict_device import HostTensorRefused, strict_collectives
 from areal_kit.config.loader import load_config
-from areal_kit.rl.workers.groups import shard_batch
+from areal_kit.rl.driver.groups import shard_batch
 from areal_kit.rl.workers.trainer import TrainerWorker
 
 rank, zero, root, model, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]

@@ -19,12 +19,12 @@ import torch
 
 from areal_kit import hardware
 from areal_kit.config.schema import ExpCtrl
+from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
+from areal_kit.rl.driver.watchdog import Watchdog
 from areal_kit.rl.weight_sync import transport
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
 from areal_kit.rl.weight_sync.sender import WeightSender
 from areal_kit.rl.weight_sync.sync import WeightSync
-from areal_kit.rl.workers.groups import EngineGroup, TrainerGroup
-from areal_kit.rl.workers.watchdog import Watchdog
 
 TIMEOUT_S = 3.0
 SLOW_S = 8.0  # the slow engine's generation: well past the timeout

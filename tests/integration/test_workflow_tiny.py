@@ -12,8 +12,8 @@ import pytest
 
 from areal_kit import logs
 from areal_kit.config.loader import load_config
-from areal_kit.rl.controller import Controller, start_ray
-from areal_kit.rl.job import prepare
+from areal_kit.rl.driver.controller import Controller, start_ray
+from areal_kit.rl.driver.job import prepare
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGINS = os.path.join(HERE, "toy_plugins.py")

@@ -15,7 +15,8 @@ import os
 import time
 from pathlib import Path
 
-from areal_kit.rl.workers.workflow import Trajectory, single_turn
+from areal_kit.api import Trajectory
+from areal_kit.rl.workers.workflow import single_turn
 
 INSERTED = "="
 

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from areal_kit.rl.controller import CannotLearn, Controller
-from areal_kit.rl.job import RunState
+from areal_kit.rl.driver.controller import CannotLearn, Controller
+from areal_kit.rl.driver.job import RunState
 from areal_kit.rl.sample import Generated
 
 

@@ -278,7 +278,7 @@ def test_show_args_on_a_terminal_is_a_rich_table(tmp_path):
 def test_a_failed_run_is_one_line_exit_1(capsys, monkeypatch):
     """A run that started and failed (not bad input): exit 1, one `error:` line, no traceback."""
     from areal_kit.errors import RunFailed
-    from areal_kit.rl import launch
+    from areal_kit.rl.driver import launch
 
     def failing(cfg, fresh=False):
         try:
@@ -299,7 +299,7 @@ def test_sigterm_and_ctrl_c_exit_codes(capsys, monkeypatch):
     """SIGTERM (Interrupted) exits 143 and Ctrl-C 130, each saying so (typer alone would turn Ctrl-C
     into a silent 130)."""
     from areal_kit.interrupts import Interrupted
-    from areal_kit.rl import launch
+    from areal_kit.rl.driver import launch
 
     for exc, code, said in ((Interrupted("SIGTERM", 143), 143, "interrupted (SIGTERM)\n"),
                             (KeyboardInterrupt(), 130, "interrupted (Ctrl-C)\n")):

@@ -1,4 +1,4 @@
-"""cpu_cores: which cores each CPU worker gets (rl/workers/groups.py core_sets and _pinned).
+"""cpu_cores: which cores each CPU worker gets (rl/driver/groups.py core_sets and _pinned).
 
 The machine's core list is the one thing faked (os.sched_getaffinity), to lay out 2-, 3- and
 8-core machines on this 2-core one.
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from areal_kit.errors import UserError
-from areal_kit.rl.workers import groups
+from areal_kit.rl.driver import groups
 
 
 def cfg(mode="auto", k=1, ray_address=""):

@@ -27,7 +27,7 @@ CLASS_METHOD = re.compile(r"(?<![\w.])([A-Z]\w*)\.([a-z_]\w*)\b")
 FILE_SUFFIXES = {"md", "json", "jsonl", "tar", "py", "yaml", "yml", "txt", "log", "toml", "sh", "gz", "pt"}
 PLACEHOLDERS = {"path/to/file.py"}
 # Classes of other libraries (or local names in an example) the docs name; ours are checked.
-NOT_OURS = {"AutoModelForCausalLM": "transformers", "Trainer": "rl/workers/placement.py's example: a Ray actor"}
+NOT_OURS = {"AutoModelForCausalLM": "transformers", "Trainer": "rl/driver/placement.py's example: a Ray actor"}
 
 
 def _py_files() -> list[Path]:

@@ -19,9 +19,9 @@ import acceptance
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
-from areal_kit.rl import memory
+from areal_kit.rl import memory, sharing
 from areal_kit.rl.algo.functional import gather_logprobs
-from areal_kit.rl.workers import placement, turns
+from areal_kit.rl.driver import placement
 from areal_kit.rl.workers.rollout import RolloutWorker, engine_kwargs
 
 pytestmark = pytest.mark.unit
@@ -42,7 +42,7 @@ def test_every_case_is_a_layout_the_gpu_run_accepts(case):
     a = parse_allocation(cfg.allocation_mode)
     a.check(cfg.n_nodes, cfg.n_gpus_per_node)
     assert (a.gen.dp, a.gen.tp, a.kind != "decoupled") == (case.engines, case.tp, case.shared)
-    turns.check(cfg, CUDA)  # no setting a shared layout refuses
+    sharing.check(cfg, CUDA)  # no setting a shared layout refuses
     assert case.used <= case.gpus
     layout = placement.on_nodes(a, CUDA, 1, case.used)
     assert layout.shared == case.shared

@@ -1,4 +1,4 @@
-"""Which failures relaunch a run (rl/launch.py): a dead worker does, a bug in our code does not.
+"""Which failures relaunch a run (rl/driver/launch.py): a dead worker does, a bug in our code does not.
 
 The exceptions are real Ray exception objects, built the way Ray raises them from ray.get; the
 relaunch loop and launch() are the real code, driven by stand-in attempts and controllers.
@@ -12,9 +12,9 @@ import ray.exceptions as rex
 from areal_kit.config.loader import load_config
 from areal_kit.errors import RunFailed, UserError
 from areal_kit.interrupts import Interrupted
-from areal_kit.rl import launch, retry
-from areal_kit.rl.controller import Ending, Outcome
-from areal_kit.rl.job import RunState
+from areal_kit.rl.driver import launch, retry
+from areal_kit.rl.driver.controller import Ending, Outcome
+from areal_kit.rl.driver.job import RunState
 
 
 class Log:
@@ -205,13 +205,13 @@ def fake_run(monkeypatch, tmp_path):
             return RunState()  # a start at global step 1
 
     # launch imports these when it runs (its own imports stay light: Ray starts meanwhile).
-    monkeypatch.setattr("areal_kit.rl.job.prepare", lambda cfg: job)
-    monkeypatch.setattr("areal_kit.rl.controller.Controller", FakeController)
+    monkeypatch.setattr("areal_kit.rl.driver.job.prepare", lambda cfg: job)
+    monkeypatch.setattr("areal_kit.rl.driver.controller.Controller", FakeController)
     monkeypatch.setattr("areal_kit.rl.checkpoint.checkpointer.Checkpointer", FakeCheckpointer)
     monkeypatch.setattr(launch, "start_ray_early", lambda cfg: launch.raystart.InBackground(lambda: None))
     log = Log()
     monkeypatch.setattr(logs, "RunLogger", lambda *a: log)
-    monkeypatch.setattr("areal_kit.rl.retry.time.sleep", lambda s: None)
+    monkeypatch.setattr("areal_kit.rl.driver.retry.time.sleep", lambda s: None)
     FakeController.made = []
     FakeController.dead = 0
     return SimpleNamespace(fresh=fresh_flags, log=log, dir=tmp_path)
@@ -512,7 +512,7 @@ def test_bad_input_found_while_ray_starts_stops_that_ray_and_is_reported(fake_ru
     def bad(cfg):
         raise UserError("actor.path=/nowhere is not a model folder")
 
-    monkeypatch.setattr("areal_kit.rl.job.prepare", bad)
+    monkeypatch.setattr("areal_kit.rl.driver.job.prepare", bad)
     for started, shutdowns in ((True, [True]), (False, [True])):
         monkeypatch.setattr(launch, "start_ray_early", lambda cfg, s=started: launch.raystart.InBackground(lambda: s))
         with pytest.raises(UserError, match="actor.path=/nowhere"):

@@ -111,7 +111,7 @@ def test_every_gpu_preset_fits_its_declared_gpus_as_shipped(preset):
 def test_shared_gpus_fit_in_both_turns_as_shipped(capsys):
     """1.5B_1gpu and 1.5B_n1: vLLM's share of the card as CUDA reports it (an H100 80 GB: 85.0e9
     bytes) beside the trainer's resident states while generating (its cached training peak is
-    returned before the engine wakes: rl/workers/turns.py), the trainer's peak beside a sleeping
+    returned before the engine wakes: rl/driver/turns.py), the trainer's peak beside a sleeping
     engine while training, its CUDA context in both; both under the GPU."""
     for preset, share in [("1.5B_1gpu", 0.45 * 85.0e9), ("1.5B_n1", 0.7 * 85.0e9)]:
         p = plan.memory_plan(load_config(preset))

@@ -8,7 +8,7 @@ import pytest
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
-from areal_kit.rl.workers import placement
+from areal_kit.rl.driver import placement
 
 GPU, CPU = hardware.detect("cuda"), hardware.detect("cpu")
 

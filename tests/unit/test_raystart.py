@@ -1,11 +1,11 @@
-"""rl/raystart.py's InBackground: a call on a thread of its own (launch.py starts Ray with it while
+"""rl/driver/raystart.py's InBackground: a call on a thread of its own (launch.py starts Ray with it while
 the driver imports and prepares the run), its result waited for later, its error raised there."""
 
 import threading
 
 import pytest
 
-from areal_kit.rl.raystart import InBackground
+from areal_kit.rl.driver.raystart import InBackground
 
 
 def test_the_caller_goes_on_while_the_call_runs_and_wait_returns_once_it_is_done():

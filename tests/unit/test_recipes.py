@@ -17,7 +17,7 @@ from areal_kit.errors import UserError
 from areal_kit.monitor import extra_panels, write_png
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo.batch import Shaped, informative_groups, overlong_penalty, shape_rewards, step_stats
-from areal_kit.rl.job import RunState
+from areal_kit.rl.driver.job import RunState
 from areal_kit.rl.sample import Sample
 
 pytestmark = pytest.mark.unit

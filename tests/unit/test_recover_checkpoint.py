@@ -19,8 +19,8 @@ from areal_kit.data.prompts import PromptLoader
 from areal_kit.errors import UserError
 from areal_kit.rl.checkpoint import recover
 from areal_kit.rl.checkpoint.checkpointer import Checkpointer
-from areal_kit.rl.job import Job, RunState
-from areal_kit.rl.schedule import Every
+from areal_kit.rl.driver.job import Job, RunState
+from areal_kit.rl.driver.schedule import Every
 
 
 class Log:
@@ -68,7 +68,7 @@ def dump(c: Ctrl) -> str:
 
 
 def load(job, log=None, fresh=False) -> RunState:
-    """What a launch attempt starts from (rl/launch.py)."""
+    """What a launch attempt starts from (rl/driver/launch.py)."""
     return Checkpointer(job, log or Log()).load(fresh)
 
 

@@ -52,8 +52,8 @@ def refused_line(capsys) -> str:
 
 # -- the log, classified ----------------------------------------------------------------------
 def test_the_lines_setup_looks_for_are_the_ones_the_run_writes():
-    launch = (ROOT / "areal_kit/rl/launch.py").read_text()
-    controller = (ROOT / "areal_kit/rl/controller.py").read_text()
+    launch = (ROOT / "areal_kit/rl/driver/launch.py").read_text()
+    controller = (ROOT / "areal_kit/rl/driver/controller.py").read_text()
     assert 'f"Run {cfg.experiment_name}/{cfg.trial_name}: {job.total_steps} steps, "' in launch
     assert 'log.info(f"Training finished: {end.global_step} steps, "' in launch
     assert 'self.log.info(f"Workers ready in {time.time() - t0:.1f}s: ' in controller

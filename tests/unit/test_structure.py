@@ -37,7 +37,7 @@ MODEL_CODE_IN_WORKERS = {"areal_kit.rl.workers.trainer": ("transformers", "areal
                          "areal_kit.rl.lora": ("transformers",),
                          # the driver starts Ray on a thread first; the controller and what it loads
                          # (torch, the workers' modules) import while Ray comes up
-                         "areal_kit.rl.launch": ("areal_kit.rl.controller", "areal_kit.rl.checkpoint")}
+                         "areal_kit.rl.driver.launch": ("areal_kit.rl.driver.controller", "areal_kit.rl.checkpoint")}
 
 
 def _module(path: Path) -> str:

@@ -3,7 +3,7 @@ saved, with the fileroot and storage setup used; refused (exit 2) while the run'
 and the runtime's environment, which gives `areal-kit train PRESET` run on the head the same places.
 
 The head is this machine, as a host-runtime head: its commands run here through a local stand-in for
-the SSH connection (no sshd here). The run's lock is the real one (rl/launch.py hold_run_lock); the
+the SSH connection (no sshd here). The run's lock is the real one (rl/driver/launch.py hold_run_lock); the
 driver is a stand-in with the real driver's command line that writes the run's own log lines (a real
 run needs the cluster's Ray: tests/cluster/test_guide_cluster.py runs one)."""
 
@@ -28,7 +28,7 @@ from areal_kit.cluster.ray_cluster import docker_run_args
 from areal_kit.cluster.remote import ConnectError, HostLog, Result
 from areal_kit.cluster.target import Hosts
 from areal_kit.config.loader import RUN_ENV, load_config
-from areal_kit.rl import launch
+from areal_kit.rl.driver import launch
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("kit_home")]
 # A preset no one trains on this CPU machine: `pgrep` for its driver finds only this test's.

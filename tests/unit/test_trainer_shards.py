@@ -6,7 +6,7 @@ batch: a rank used to unpickle every sample and keep a 1/world of them.
 
 import random
 
-from areal_kit.rl.workers import groups
+from areal_kit.rl.driver import groups
 
 
 def _batch(n: int, seed: int = 0) -> list[dict]:

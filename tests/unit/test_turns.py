@@ -1,4 +1,4 @@
-"""Generation and training taking turns on shared GPUs (rl/workers/turns.py, rl/workers/sleeper.py).
+"""Generation and training taking turns on shared GPUs (rl/driver/turns.py, rl/workers/sleeper.py).
 
 vLLM's sleep mode is CUDA-only, so no engine here can sleep: these tests fake the engine at that
 edge, a stand-in for vllm.LLM's sleep(level) / wake_up(tags) that refuses what a real engine
@@ -18,7 +18,8 @@ from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
 from areal_kit.errors import UserError
-from areal_kit.rl.workers import placement, turns
+from areal_kit.rl import sharing
+from areal_kit.rl.driver import placement, turns
 from areal_kit.rl.workers.sleeper import Sleeper
 
 pytestmark = pytest.mark.unit
@@ -179,8 +180,8 @@ def test_a_lora_adapter_run_keeps_its_base_weights_asleep_at_level_1():
 
 def test_sleep_mode_only_on_cuda_and_only_for_shared_gpus():
     shared, apart = load_config("1.5B_1gpu", []), load_config("1.5B_n4", [])
-    assert turns.sleep_mode(shared, CUDA) and not turns.sleep_mode(shared, CPU)
-    assert not turns.sleep_mode(apart, CUDA)
+    assert sharing.sleep_mode(shared, CUDA) and not sharing.sleep_mode(shared, CPU)
+    assert not sharing.sleep_mode(apart, CUDA)
     kw = hardware.vllm_kwargs(CUDA, "/m", 1024, sleep_mode=True)
     assert kw["enable_sleep_mode"] is True
     assert "enable_sleep_mode" not in hardware.vllm_kwargs(CUDA, "/m", 1024)
@@ -197,9 +198,9 @@ def test_sleep_mode_only_on_cuda_and_only_for_shared_gpus():
 def test_settings_that_cannot_take_turns_are_refused_in_one_line(override, words):
     cfg = load_config("1.5B_n1", [override])
     with pytest.raises(UserError) as e:
-        turns.check(cfg, CUDA)
+        sharing.check(cfg, CUDA)
     assert words in str(e.value) and "\n" not in str(e.value)
-    turns.check(cfg, CPU)  # CPU nodes share cores, not memory: nothing to refuse
+    sharing.check(cfg, CPU)  # CPU nodes share cores, not memory: nothing to refuse
 
 
 def nodes(*gpus):
@@ -232,7 +233,7 @@ def test_shared_gpus_keep_an_engines_gpus_on_one_node():
 
 
 def test_an_engine_is_told_its_ranks_gpus():
-    from areal_kit.rl.workers.groups import _on_gpus
+    from areal_kit.rl.driver.groups import _on_gpus
 
     assert _on_gpus({"A": "1"}, ["3", "5", "0", "1"], 1, 2) == {"A": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
     assert _on_gpus({"A": "1"}, None, 1, 2) == {"A": "1"}

@@ -6,7 +6,7 @@ test_hang_relaunch.py."""
 import pytest
 
 from areal_kit.config.schema import ConfigError, ExpCtrl
-from areal_kit.rl.workers.watchdog import Watchdog
+from areal_kit.rl.driver.watchdog import Watchdog
 
 
 def dog(**kw) -> Watchdog:

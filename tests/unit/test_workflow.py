@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from areal_kit import api
 from areal_kit.errors import UserError
 from areal_kit.rl.algo.packing import Answers
 from areal_kit.rl.workers import workflow
@@ -31,7 +32,7 @@ class FakeLLM:
 
     def __call__(self, requests):
         self.batches.append([(list(r.prompt_ids), r.n, r.max_tokens) for r in requests])
-        return [[workflow.Completion([sum(r.prompt_ids) % 50 + k], [-0.5], "length" if r.max_tokens == 1 else "stop")
+        return [[api.Completion([sum(r.prompt_ids) % 50 + k], [-0.5], "length" if r.max_tokens == 1 else "stop")
                  for k in range(r.n)] for r in requests]
 
 
@@ -59,7 +60,7 @@ async def two_turn(engine, row):
     out = []
     for c in first:
         [second] = await engine.generate(row["prompt_ids"] + c.token_ids + hint, max_tokens=1)
-        out.append(workflow.Trajectory(c.token_ids + hint + second.token_ids, c.logprobs + [0.0] + second.logprobs,
+        out.append(api.Trajectory(c.token_ids + hint + second.token_ids, c.logprobs + [0.0] + second.logprobs,
                                 loss_mask=[1, 0, 1], no_eos=second.no_eos, reward=float(len(row["id"]))))
     return out
 
@@ -113,10 +114,10 @@ def test_episodes_waiting_on_other_things_still_finish():
 
 
 @pytest.mark.parametrize("make, msg", [
-    (lambda c: [workflow.Trajectory(c.token_ids, c.logprobs)], "expected a list of ppo.group_size=2"),
-    (lambda c: [workflow.Trajectory(c.token_ids, [])] * 2, "but 0 logprobs"),
-    (lambda c: [workflow.Trajectory(c.token_ids, c.logprobs, loss_mask=[0])] * 2, "loss_mask is all 0"),
-    (lambda c: [workflow.Trajectory([], [])] * 2, "no output tokens"),
+    (lambda c: [api.Trajectory(c.token_ids, c.logprobs)], "expected a list of ppo.group_size=2"),
+    (lambda c: [api.Trajectory(c.token_ids, [])] * 2, "but 0 logprobs"),
+    (lambda c: [api.Trajectory(c.token_ids, c.logprobs, loss_mask=[0])] * 2, "loss_mask is all 0"),
+    (lambda c: [api.Trajectory([], [])] * 2, "no output tokens"),
 ])
 def test_bad_trajectories_fail_clearly(make, msg):
     async def flow(engine, row):

@@ -1,4 +1,4 @@
-"""In-training eval (rl/validation.py): references from each row format and the `areal-kit eval`
+"""In-training eval (rl/driver/validation.py): references from each row format and the `areal-kit eval`
 grader it shares (reward/grading.py), when it runs, and its config checks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from areal_kit.config.loader import load_config
 from areal_kit.config.schema import ConfigError
 from areal_kit.reward.grading import grade_completion, grade_row, references
-from areal_kit.rl.validation import Validator
+from areal_kit.rl.driver.validation import Validator
 
 
 def test_references_from_each_row_format():

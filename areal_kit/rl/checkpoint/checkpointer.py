@@ -23,8 +23,8 @@ import time
 from areal_kit.checkpoints import save_dir
 from areal_kit.rl.checkpoint import hf, recover, rng
 from areal_kit.rl.checkpoint.store import Checkpoint, list_checkpoints, remove_tmp
-from areal_kit.rl.job import RunState
-from areal_kit.rl.schedule import Every
+from areal_kit.rl.driver.job import RunState
+from areal_kit.rl.driver.schedule import Every
 
 
 class Checkpointer:

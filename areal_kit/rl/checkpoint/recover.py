@@ -51,7 +51,7 @@ from areal_kit.rl.checkpoint.store import (
     remove_tmp,
     tree_bytes,
 )
-from areal_kit.rl.job import RunState
+from areal_kit.rl.driver.job import RunState
 
 DRIVER_RNG = "rng_driver.pt"
 

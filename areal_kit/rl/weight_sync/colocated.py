@@ -1,4 +1,4 @@
-"""Weights for engines on the trainer's own GPUs (shared layouts, rl/workers/turns.py) by CUDA IPC,
+"""Weights for engines on the trainer's own GPUs (shared layouts, rl/driver/turns.py) by CUDA IPC,
 and the one place that chooses how a run's weights travel (`sync_mode`).
 
 On shared CUDA GPUs, weight_sync=auto is `cuda_ipc`: every trainer rank stages the whole model
@@ -25,9 +25,8 @@ import dataclasses
 import torch
 
 from areal_kit import hardware
-from areal_kit.rl import lora
+from areal_kit.rl import lora, sharing
 from areal_kit.rl.weight_sync import cuda_ipc
-from areal_kit.rl.workers import turns
 
 # The buffer's size, unless one tensor is larger (the 1.5B model's embedding is 0.47 GB): vLLM's
 # own packed IPC default. Fewer chunks mean fewer round trips; the buffer is freed after the sync.
@@ -39,7 +38,7 @@ def sync_mode(cfg, plat: hardware.Platform | None = None) -> str:
     node) or broadcast. weight_sync=auto on shared GPUs is cuda_ipc: the broadcast's NCCL group
     would need two ranks on one GPU, which NCCL refuses. A LoRA run that sends its adapter alone
     (megabytes, loaded through vLLM's LoRA manager) goes through disk there."""
-    if cfg.weight_sync == "auto" and turns.shares_gpus(cfg, plat):
+    if cfg.weight_sync == "auto" and sharing.shares_gpus(cfg, plat):
         return "disk" if lora.sends_adapter(cfg) else "cuda_ipc"
     return cfg.weight_sync
 

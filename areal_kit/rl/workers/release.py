@@ -1,4 +1,4 @@
-"""The trainer rank's end of the turns on shared GPUs (rl/workers/turns.py): before an engine
+"""The trainer rank's end of the turns on shared GPUs (rl/driver/turns.py): before an engine
 wakes, the rank gives the GPU back what torch's caching allocator holds free, which would otherwise
 keep the training peak (activations, logits) reserved through generation.
 """

@@ -27,12 +27,12 @@ from areal_kit.config.rollout import streaming
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.reward.grading import grade_row
 from areal_kit.reward.scoring import RewardScorer
-from areal_kit.rl import lora
+from areal_kit.rl import lora, sharing
 from areal_kit.rl.sample import Generated, Sample
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
-from areal_kit.rl.workers import heap, turns, workflow
+from areal_kit.rl.workers import heap, workflow
 from areal_kit.rl.workers.sleeper import Sleeper
-from areal_kit.rl.workers.watchdog import StackDumps
+from areal_kit.rl.workers.stacks import StackDumps
 
 EXTENSION = "areal_kit.rl.weight_sync.vllm_ext.WeightSyncExtension"
 
@@ -42,7 +42,7 @@ def engine_kwargs(cfg, plat: hardware.Platform, model_path: str, index: int, tp:
     what training needs of the engine (weights received in place, logprobs after temperature)."""
     max_len = cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens
     kw = hardware.vllm_kwargs(plat, model_path, max_len, seed=cfg.seed + index, tp=tp, engine=cfg.actor.vllm,
-                              sleep_mode=turns.sleep_mode(cfg, plat))
+                              sleep_mode=sharing.sleep_mode(cfg, plat))
     if streaming(cfg):
         # The stream names each group's priority (the weight version it was first submitted at):
         # when slots run short the oldest groups run first, so they finish within the staleness
@@ -203,7 +203,7 @@ def surface_engine_death(llm, poll_s: float = 0.5) -> None:
     vLLM's synchronous client (vllm.LLM with the engine core in its own process, as on GPUs) marks
     itself dead when the core exits but leaves a generate() or collective_rpc() under way waiting
     forever for the core's answer; the watchdog would only end it at its bound, as a hang. A
-    thread watches that mark and hands those waits the error (rl/retry.py relaunches on it). The
+    thread watches that mark and hands those waits the error (rl/driver/retry.py relaunches on it). The
     in-process engine (CPU, one worker) dies with its actor, and AsyncLLM raises on its own.
     """
     client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)

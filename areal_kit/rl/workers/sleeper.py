@@ -1,4 +1,4 @@
-"""The rollout engine's end of the turns on shared GPUs (rl/workers/turns.py): a mixin of
+"""The rollout engine's end of the turns on shared GPUs (rl/driver/turns.py): a mixin of
 RolloutWorker that puts its vLLM engine to sleep while the trainer trains and wakes it in two
 parts, the weights first (for the weight sync to fill) and then the KV cache.
 

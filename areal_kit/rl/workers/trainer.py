@@ -34,7 +34,7 @@ from areal_kit.rl.weight_sync.colocated import IpcSender
 from areal_kit.rl.weight_sync.sender import WeightSender
 from areal_kit.rl.workers import heap, release, testhooks
 from areal_kit.rl.workers.deepspeed_zero import deepspeed_config, gathered_state, ranks_written, universal_tag
-from areal_kit.rl.workers.watchdog import StackDumps
+from areal_kit.rl.workers.stacks import StackDumps
 
 
 def _pin_to_cores(cores: str) -> None:

@@ -1,8 +1,8 @@
-"""Which failures relaunch a run, and the relaunch loop rl/launch.py runs each attempt in.
+"""Which failures relaunch a run, and the relaunch loop rl/driver/launch.py runs each attempt in.
 
 A relaunch restarts every worker from the last recover checkpoint. It helps where the failure is
 of the moment rather than of the code: a worker process, actor or node that died, a call that
-hung (the watchdog, rl/workers/watchdog.py), an out-of-memory (CUDA's caching allocator
+hung (the watchdog, rl/driver/watchdog.py), an out-of-memory (CUDA's caching allocator
 fragments over a long run; a restart starts clean), a vLLM engine core process that died while
 its actor lives, an NCCL error or a collective that timed out (a flaky link, a peer that
 stalled). Anything else, our own bug included, would fail the same way on every relaunch and
@@ -25,7 +25,7 @@ import time
 import ray.exceptions as rex
 
 from areal_kit.errors import describe
-from areal_kit.rl.workers.watchdog import WorkerHang
+from areal_kit.rl.driver.watchdog import WorkerHang
 
 DEATH, OOM, ENGINE, COLLECTIVE = "worker death", "out of memory", "dead vLLM engine core", "NCCL/collective error"
 # Qualified names of the exception types of each kind (any class in an error's MRO).

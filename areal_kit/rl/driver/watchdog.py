@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import signal
 import statistics
 import time
 from collections import defaultdict
@@ -27,29 +26,13 @@ from collections import defaultdict
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-STACK_SIGNAL = signal.SIGUSR1
+from areal_kit.rl.workers.stacks import STACK_SIGNAL
+
 HISTORY = 50  # the median of the last calls of a kind: a run whose steps slow down keeps a fair bound
 
 
 class WorkerHang(RuntimeError):
     """A worker call ran past its bound."""
-
-
-def arm(stacks_dir: str, name: str) -> tuple[str, int]:
-    """In a worker: dump every thread's Python stack to stacks_dir/<name>.txt on STACK_SIGNAL.
-    Returns (Ray node id, pid), where the driver sends the signal."""
-    os.makedirs(stacks_dir, exist_ok=True)
-    f = open(os.path.join(stacks_dir, name.replace(" ", "_") + ".txt"), "a")  # noqa: SIM115 - open for the process's life
-    faulthandler.register(STACK_SIGNAL, file=f, all_threads=True)
-    arm.file = f  # faulthandler keeps the fd, not the object: keep it from being closed
-    return ray.get_runtime_context().get_node_id(), os.getpid()
-
-
-class StackDumps:
-    """Mixin of the worker classes: the driver's watchdog arms each worker at start."""
-
-    def arm_stacks(self, stacks_dir: str, name: str) -> tuple[str, int]:
-        return arm(stacks_dir, name)
 
 
 @ray.remote(num_cpus=0)

@@ -1,7 +1,7 @@
 """A run before any worker starts: its inputs validated (Job) and the state that continues it (RunState).
 
     from areal_kit.config.loader import load_config
-    from areal_kit.rl.job import prepare
+    from areal_kit.rl.driver.job import prepare
     job = prepare(load_config("tiny"))      # model built or found, prompts tokenized, steps counted
 """
 

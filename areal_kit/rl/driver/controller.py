@@ -6,17 +6,17 @@ queued on the engines while the trainer trains, and a batch is only trained on w
 are at most k versions old (k = 0: strictly on-policy). Under ppo.dynamic_sampling a step takes
 further batches from the same queue until it holds a batch's worth of informative groups; a step
 taking more batches only makes the queued ones fresher, so the bound holds. Under
-rollout.mode=stream the engines take prompts one group at a time instead (rl/stream.py).
+rollout.mode=stream the engines take prompts one group at a time instead (rl/driver/stream.py).
 
     from areal_kit.config.loader import load_config
-    from areal_kit.rl.job import prepare
-    from areal_kit.rl.controller import Controller, start_ray
+    from areal_kit.rl.driver.job import prepare
+    from areal_kit.rl.driver.controller import Controller, start_ray
     job = prepare(load_config("tiny"))
     start_ray(job.cfg)
     ctrl = Controller(job, log)
     ctrl.start(); outcome = ctrl.run(); ctrl.stop()      # outcome.ending is Ending.FINISHED
 
-rl/launch.py adds what a run from the command line needs: the run state from the recover checkpoint
+rl/driver/launch.py adds what a run from the command line needs: the run state from the recover checkpoint
 (Checkpointer.load), SIGTERM between steps (should_stop), relaunches after a worker death.
 """
 
@@ -33,17 +33,17 @@ import ray
 
 from areal_kit import logs
 from areal_kit.config.rollout import streaming
-from areal_kit.rl import raystart
 from areal_kit.rl.algo.batch import Shaped, informative_groups, sample_seed, shape_rewards, step_stats
 from areal_kit.rl.checkpoint.checkpointer import Checkpointer
-from areal_kit.rl.job import Job, RunState
+from areal_kit.rl.driver import groups, raystart
+from areal_kit.rl.driver.job import Job, RunState
+from areal_kit.rl.driver.schedule import Every
+from areal_kit.rl.driver.stream import Stream
+from areal_kit.rl.driver.turns import Turns
+from areal_kit.rl.driver.validation import Validator
 from areal_kit.rl.sample import Batch, Gathered, Generated, Sample, trainer_rows
-from areal_kit.rl.schedule import Every
-from areal_kit.rl.stream import Stream
-from areal_kit.rl.validation import Validator
 from areal_kit.rl.weight_sync.sync import WeightSync
-from areal_kit.rl.workers import groups, heap
-from areal_kit.rl.workers.turns import Turns
+from areal_kit.rl.workers import heap
 
 
 class CannotLearn(RuntimeError):
@@ -72,9 +72,9 @@ class Controller:
         self.state = state or RunState()
         self.timer = logs.StepTimer(self.state.timer)
         self.progress = progress
-        # Asked after each step: True stops the loop there, after a recover checkpoint (rl/launch.py: SIGTERM).
+        # Asked after each step: True stops the loop there, after a recover checkpoint (rl/driver/launch.py: SIGTERM).
         self.should_stop = should_stop or (lambda: False)
-        # The one that loaded `state`, when it came from a recover checkpoint (rl/launch.py).
+        # The one that loaded `state`, when it came from a recover checkpoint (rl/driver/launch.py).
         self.checkpoints = checkpoints or Checkpointer(job, log)
         self.workers: groups.Workers | None = None
         self.weights: WeightSync | None = None

@@ -3,7 +3,7 @@
 GPU: a trainer rank takes one GPU, a rollout engine takes `tp` GPUs on one node. CPU: every "GPU"
 of the allocation is a worker slot of one logical CPU, so `vllm.d2p1m1+d1p1m1` on a laptop gives
 two vLLM engines and one DeepSpeed rank, the same actors a GPU cluster would get. Every worker's
-place is reserved (rl/workers/placement.py) before the first one starts.
+place is reserved (rl/driver/placement.py) before the first one starts.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.rollout import streaming
 from areal_kit.errors import UserError
-from areal_kit.rl.workers import placement
+from areal_kit.rl.driver import placement
+from areal_kit.rl.driver.watchdog import Watchdog
 from areal_kit.rl.workers.rollout import RolloutWorker
 from areal_kit.rl.workers.trainer import TrainerWorker
-from areal_kit.rl.workers.watchdog import Watchdog
 
 
 def worker_env(cfg, cache_root: str) -> dict[str, str]:

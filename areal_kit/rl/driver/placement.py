@@ -19,7 +19,7 @@ timeout) before the caller starts a worker.
     Trainer.options(**places.trainer_options(rank)).remote(...)
     print("\\n".join(placement.on_nodes(alloc, plat, 4, 8).describe()))   # the dry run's view
 
-Shared GPUs (a colocated or per-role allocation on GPU nodes, rl/workers/turns.py): each node's
+Shared GPUs (a colocated or per-role allocation on GPU nodes, rl/driver/turns.py): each node's
 trainer ranks take a bundle of one GPU and two CPUs, in runs of `tp` so an engine's GPUs stay on
 one node, and engine i lives in the bundle of trainer rank i x tp, on no GPU of its own in Ray's
 count: it is told the GPUs of ranks i x tp .. (i + 1) x tp - 1 (`trainer_gpus`), and takes turns
@@ -37,7 +37,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from areal_kit.errors import UserError
-from areal_kit.rl.workers import turns
+from areal_kit.rl import sharing
 
 # How long a run waits for resources that are busy (a relaunch's killed workers hand theirs back
 # within seconds), and then for its placement groups to be ready.
@@ -373,9 +373,9 @@ def _spans(values) -> str:
 
 def check_gpu_sharing(cfg, plat) -> None:
     """Generation and training on the same GPUs (colocated or per-role allocations): on CPU nodes
-    they share cores; on GPUs they take turns (rl/workers/turns.py), which refuses the settings
+    they share cores; on GPUs they take turns (rl/driver/turns.py), which refuses the settings
     that cannot (generation overlapping training, an NCCL broadcast within one GPU)."""
-    turns.check(cfg, plat)
+    sharing.check(cfg, plat)
 
 
 def _gpu_ids(actor) -> str:

@@ -1,9 +1,9 @@
 """Run a validated config to the end: logs, progress bar, recover and relaunch after failures.
 
 A worker that dies (a killed rollout or trainer actor, a lost node) or hangs (a call past the
-watchdog's bound, rl/workers/watchdog.py), an out-of-memory, a vLLM engine core that died or an
+watchdog's bound, rl/driver/watchdog.py), an out-of-memory, a vLLM engine core that died or an
 NCCL error ends the attempt; the run then relaunches from the last recover checkpoint, up to
-recover_retries times, saying so in the log (rl/retry.py says which failures count). Any other
+recover_retries times, saying so in the log (rl/driver/retry.py says which failures count). Any other
 error, including one our code raises inside a worker, ends the run at once: a relaunch would only
 fail the same way. It reaches the terminal as one line naming the worker
 call it came from (RunFailed, exit code 1), its full traceback in train.log. Bad input raises
@@ -27,11 +27,11 @@ from areal_kit import hardware, logs
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import ExitCode, RunFailed, UserError, describe
 from areal_kit.interrupts import Interrupted, interruption, raise_on_sigterm, sigterm_interrupts
-from areal_kit.rl import raystart
-from areal_kit.rl.retry import WorkerDied, relaunching, worker_died
+from areal_kit.rl.driver import raystart
+from areal_kit.rl.driver.retry import WorkerDied, relaunching, worker_died
 
 if TYPE_CHECKING:
-    from areal_kit.rl.controller import Outcome
+    from areal_kit.rl.driver.controller import Outcome
 
 # Ray starts first, on a thread (start_ray_early); torch, the controller and the workers' modules
 # import meanwhile: this module's own imports stay light for that.
@@ -84,7 +84,7 @@ def _prepare(cfg, ray_up: raystart.InBackground):
     try:
         import torch
 
-        from areal_kit.rl.job import prepare
+        from areal_kit.rl.driver.job import prepare
 
         # The driver's tensors are a step's rewards, a few hundred numbers: an OpenMP pool would only
         # wake threads on the cores the workers train and generate on, and cost each reduction more.
@@ -117,7 +117,7 @@ def launch(cfg, fresh: bool = False) -> int:
         failed = _FailedAt()
         end = relaunching(lambda attempt: _attempt(job, log, progress, sigterm, fresh and attempt == 0, ray_up, failed),
                           retries, log, where=lambda: failed.step, cfg=cfg)
-        from areal_kit.rl.controller import Ending
+        from areal_kit.rl.driver.controller import Ending
 
         if end.ending is Ending.STOPPED:  # as asked: it ends as any stop does, said below, exit code 143
             raise sigterm.interrupted(end.global_step, end.checkpoint)
@@ -223,7 +223,7 @@ def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: rays
     recover checkpoint's trainer state when the run state came from one), then training to the end
     or to a stop asked for."""
     from areal_kit.rl.checkpoint.checkpointer import Checkpointer
-    from areal_kit.rl.controller import Controller, Ending
+    from areal_kit.rl.driver.controller import Controller, Ending
 
     checkpoints = Checkpointer(job, log)
     state = checkpoints.load(fresh)

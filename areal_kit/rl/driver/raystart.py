@@ -1,7 +1,7 @@
 """Join or start the Ray cluster a run's workers go on; light enough to begin before the driver's
 heavy imports, so launch.py starts it on a thread while the driver prepares the run.
 
-    from areal_kit.rl.raystart import InBackground, start_ray
+    from areal_kit.rl.driver.raystart import InBackground, start_ray
     start_ray(cfg)                                      # here and now (controller.start_ray)
     up = InBackground(start_ray, cfg)                   # on its own thread; the caller goes on
     up.wait()                                           # until it is up; raises what it raised

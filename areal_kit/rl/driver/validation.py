@@ -21,7 +21,7 @@ import time
 
 from areal_kit.eval.passk import mean_pass_at_k
 from areal_kit.rl.algo.batch import sample_seed
-from areal_kit.rl.schedule import Every
+from areal_kit.rl.driver.schedule import Every
 
 EVAL_KEYS = ("eval/pass@1", "eval/n_prompts", "eval/avg_len", "eval/no_eos_ratio", "eval/time")
 
