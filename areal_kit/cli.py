@@ -11,15 +11,17 @@ top, so `areal-kit --help` stays instant.
 
 import inspect
 import sys
+import types
 
 import click
 import typer
 
-from areal_kit.errors import ExitCode, RunFailed, UserError
+from areal_kit.errors import ExitCode, RunFailed, UserError, refuse
 from areal_kit.interrupts import Interrupted
 
 # typer >= 0.2x vendors click as typer._click and raises its exceptions (and typer.Exit/Abort),
 # older typer raises click's own: catch both, or a usage error escapes as a traceback.
+_vendored: types.ModuleType
 try:
     from typer._click import exceptions as _vendored
 except ImportError:  # pragma: no cover - older typer
@@ -43,7 +45,7 @@ def _train():
     """`areal-kit train`: rl/cmd.py's command (here), with cluster/cmd.py's options for a run on a
     cluster's head (train_on, given --cluster): rl and cluster never import each other."""
     from areal_kit.cluster import cmd as cluster_cmd
-    from areal_kit.cluster.flags import build, command
+    from areal_kit.flags import build, command
     from areal_kit.rl import cmd as rl_cmd
 
     here = inspect.signature(rl_cmd.train, eval_str=True).parameters
@@ -84,17 +86,11 @@ def _register() -> None:
 _register()
 
 
-def fail(message: str, code: int = ExitCode.BAD_INPUT) -> None:
-    """Print one error line and exit with code (bad input unless told otherwise)."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(code)
-
-
 def main(argv: list[str] | None = None) -> None:
     try:
         rc = app(args=argv, prog_name="areal-kit", standalone_mode=False)
     except (UserError, RunFailed) as e:
-        fail(str(e), e.exit_code)
+        refuse(str(e), e.exit_code)
     except _NO_ARGS_HELP as e:  # `areal-kit` alone: the help (typer has printed it already)
         if e.format_message().strip():
             print(e.format_message(), file=sys.stderr)
@@ -102,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     except _USAGE_ERRORS as e:
         sub = e.ctx.command_path.split(" ", 1)[1:] if e.ctx else []  # drop the program name
         hint = f" (see: {' '.join(['areal-kit', *sub, '--help'])})" if e.ctx else ""
-        fail(" ".join(e.format_message().split()) + hint)
+        refuse(" ".join(e.format_message().split()) + hint)
     except Interrupted as e:
         print(e, file=sys.stderr)
         raise SystemExit(e.exit_code) from None

@@ -109,7 +109,8 @@ def _plain(cell, console: Console) -> str:
     elif isinstance(cell, Text):
         text = cell.plain
     else:  # any other renderable: rendered without a width limit
-        wide = Console(file=io.StringIO(), width=1_000_000, color_system=None, emoji=False)
+        buf = io.StringIO()
+        wide = Console(file=buf, width=1_000_000, color_system=None, emoji=False)
         wide.print(cell, soft_wrap=True)
-        text = wide.file.getvalue()
+        text = buf.getvalue()
     return " ".join(text.split("\n")).strip().replace("|", "\\|")

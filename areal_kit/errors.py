@@ -10,7 +10,9 @@ code 1; its message names where it failed and the log holding the full traceback
 """
 
 import re
+import sys
 from enum import IntEnum
+from typing import NoReturn
 
 
 class ExitCode(IntEnum):
@@ -21,6 +23,15 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2  # bad input (a flag, a config value, a run already running): nothing ran
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): workers stopped, the same command resumes
     TERMINATED = 143  # SIGTERM (128 + SIGTERM): the step under way finished and was checkpointed first
+
+
+def refuse(message: str, code: int = ExitCode.BAD_INPUT) -> NoReturn:
+    """Print the one error line (logs.error_line) and exit with code: bad input unless told otherwise.
+    The CLI's handler and the `python -m` entry points end with it."""
+    from areal_kit import logs  # here, not at the top: stack.py loads this file as a bare script too
+
+    print(logs.error_line(message), file=sys.stderr)
+    raise SystemExit(code)
 
 
 class UserError(Exception):
@@ -42,12 +53,14 @@ class RunFailed(Exception):
 def describe(e: BaseException) -> str:
     """`[Actor.method: ]Type: first line` of an error, one line, through the RayTaskErrors a
     remote call wraps it in (their own first line is only the ray::Actor.method header)."""
+    wrappers: tuple[type[BaseException], ...]
     try:
         from ray.exceptions import RayTaskError
+        wrappers = (RayTaskError,)
     except ImportError:  # no Ray, no remote calls to look through
-        RayTaskError = ()  # isinstance with an empty tuple is always False
+        wrappers = ()  # isinstance with an empty tuple is always False
     where = ""
-    while isinstance(e, RayTaskError) and getattr(e, "cause", None) is not None:
+    while isinstance(e, wrappers) and getattr(e, "cause", None) is not None:
         call = re.search(r"ray::([\w.]+)\(", str(e).split("\n", 1)[0])
         where = where or (f"{call[1]}: " if call else "")  # the outermost: the call the driver made
         e = e.cause

@@ -32,7 +32,7 @@ class Interrupted(BaseException):
         return f"interrupted ({self.signame})"
 
 
-_signalled: list = []  # the SIGTERM received, if any: what a KeyboardInterrupt below stands for
+_signalled: list[Interrupted] = []  # the SIGTERM received, if any: what a KeyboardInterrupt below stands for
 
 
 def interruption(e: BaseException) -> Interrupted | None:
@@ -41,13 +41,14 @@ def interruption(e: BaseException) -> Interrupted | None:
     KeyboardInterrupt for whatever the signal handler raised, and a handler that raises while
     other C code runs comes back as a SystemError caused by it: both are stops, not failures."""
     seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, Interrupted):
-            return e
-        if isinstance(e, KeyboardInterrupt):
+    link: BaseException | None = e
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, Interrupted):
+            return link
+        if isinstance(link, KeyboardInterrupt):
             return _signalled[-1] if _signalled else Interrupted("Ctrl-C", ExitCode.INTERRUPTED)
-        e = e.__cause__ or e.__context__
+        link = link.__cause__ or link.__context__
     return None
 
 

@@ -1,4 +1,4 @@
-"""Run folders, the log lines users grep, metrics.jsonl, tensorboard and wandb.
+"""The log lines users and tools grep: for each kind, its writer and its parser.
 
 The two lines below are a contract (users grep "Epoch" and "task_reward"); keep them exact:
 
@@ -6,50 +6,114 @@ The two lines below are a contract (users grep "Epoch" and "task_reward"); keep 
     RPC name actor_train returns {'ppo_approx_kl': ..., 'actor_loss': ..., 'task_reward': ..., ...}
 
 The same numbers go to metrics.jsonl, one JSON object a step, for `areal-kit plot` and tools.
+
+Each kind of line users or tools grep has its writer and its parser here (epoch_line / parse_epoch, ...):
+the run writes with the one, `areal-kit logs` and setup's wait for a run read with the other. Where a
+run's files are and what writes them (train.log, metrics.jsonl, tensorboard, wandb) is runlog.py.
 """
 
 from __future__ import annotations
 
-import getpass
-import json
-import logging
-import os
-import sys
+import ast
+import math
+import re
 import time
 from dataclasses import dataclass
-
-from areal_kit import durable
 
 RPC_KEYS = ("ppo_approx_kl", "actor_loss", "actor_clip_ratio", "importance_weight", "task_reward",
             "kl_reward", "final_reward", "advantage", "avg_seq_len", "avg_prompt_len", "n_tokens",
             "n_valid_tokens", "n_seqs", "no_eos_ratio")
 
 
+# ------------------------------------------------------------------ the lines users and tools grep
+# A train.log line is the logger's time and level, then the message; a parser takes the line, with or without
+# them, and gives None for another kind. _STAMP reads the same in re and grep -E (setup greps on the head).
+TIME_FORMAT = "%Y%m%d-%H:%M:%S"
+_WHEN = "[0-9]{8}-[0-9]{2}:[0-9]{2}:[0-9]{2}"
+_STAMP = f"{_WHEN} [A-Z]+ "
+
+
+def _line(body: str) -> re.Pattern:
+    return re.compile(f"^(?:{_STAMP})?{body}$")
+
+
+def line_time(line: str) -> float | None:
+    """When the logger wrote this line (local time, to the second); None for a line without its stamp."""
+    m = re.match(f"({_WHEN}) [A-Z]+ ", line)
+    return time.mktime(time.strptime(m[1], TIME_FORMAT)) if m else None
+
+
+def grep_pattern(*heads: str) -> str:
+    """grep -E's (and re's) pattern of the lines whose message starts with one of heads (the *_HEAD below)."""
+    return "|".join(f"^{_ere(h)}" if h == ERROR_HEAD else f"^({_STAMP})?{_ere(h)}" for h in heads)
+
+
+def _ere(text: str) -> str:
+    """text matched literally by grep -E and re (re.escape's backslash before a space upsets grep)."""
+    return re.sub(r"([.\[\](){}*+?^$|\\])", r"\\\1", text)
+
+
 @dataclass(frozen=True)
-class RunPaths:
-    log_dir: str  # train.log, metrics.jsonl, tensorboard/
-    recover_dir: str  # recover checkpoints
-    ckpt_dir: str  # persistent HF saves: actor/epoch{e}epochstep{s}globalstep{g}/
-
-    @property
-    def log_file(self) -> str:
-        return os.path.join(self.log_dir, "train.log")
-
-    @property
-    def metrics_file(self) -> str:
-        return os.path.join(self.log_dir, "metrics.jsonl")
-
-    @property
-    def samples_file(self) -> str:
-        """A few groups' prompts, answers, rewards and advantages, every exp_ctrl.dump_samples_every steps."""
-        return os.path.join(self.log_dir, "samples.jsonl")
+class RunStart:
+    name: str  # experiment/trial
+    total_steps: int
+    steps_per_epoch: int
+    n_prompts: int
+    n_dropped: int  # prompts longer than max_prompt_len
+    log_dir: str
 
 
-def run_paths(fileroot: str, experiment: str, trial: str, user: str | None = None) -> RunPaths:
-    user = user or os.environ.get("AREAL_USER") or getpass.getuser()
-    tail = os.path.join(user, experiment, trial)
-    return RunPaths(os.path.join(fileroot, "logs", tail), os.path.join(fileroot, "recover", tail),
-                    os.path.join(fileroot, "checkpoints", tail))
+RUN_HEAD = "Run "  # run_line's, parse_failed's and parse_stopped's messages start so
+_RUN = _line(r"Run (\S+): (\d+) steps, (\d+) per epoch, (\d+) prompts(?: \((\d+) dropped: longer than "
+             r"max_prompt_len\))?; logs in (.*)")
+
+
+def run_line(name: str, total_steps: int, steps_per_epoch: int, n_prompts: int, n_dropped: int, log_dir: str) -> str:
+    """The first line of every launch (a new launch's lines start over from it)."""
+    return (f"Run {name}: {total_steps} steps, {steps_per_epoch} per epoch, {n_prompts} prompts"
+            + (f" ({n_dropped} dropped: longer than max_prompt_len)" if n_dropped else "") + f"; logs in {log_dir}")
+
+
+def parse_run(line: str) -> RunStart | None:
+    return (m := _RUN.match(line)) and RunStart(m[1], int(m[2]), int(m[3]), int(m[4]), int(m[5] or 0), m[6])
+
+
+@dataclass(frozen=True)
+class Ready:
+    seconds: float  # from the attempt's start to its workers up
+    detail: str  # the trainer ranks, rollout engines and weight sync
+
+
+READY_HEAD = "Workers ready in "
+_READY = _line(r"Workers ready in (\d+\.\d)s: (.*)\.")
+
+
+def ready_line(seconds: float, detail: str) -> str:
+    """Trainers and engines up: generation is next."""
+    return f"Workers ready in {seconds:.1f}s: {detail}."
+
+
+def parse_ready(line: str) -> Ready | None:
+    return (m := _READY.match(line)) and Ready(float(m[1]), m[2])
+
+
+@dataclass(frozen=True)
+class Epoch:
+    epoch: int
+    n_epochs: int
+    step: int
+    steps_per_epoch: int
+    global_step: int
+    avg_tokens: int
+    e2e: float  # seconds, to the millisecond as written
+    total: float
+    eta: float | None  # None for the first two steps
+
+
+EPOCH_HEAD = "Epoch "
+_EPOCH = _line(r"Epoch (\d+)/(\d+) step (\d+)/(\d+) \(global step (\d+)\) finishes\. Average #tokens per batch is "
+               r"(\d+)\. #End to end# execution time: \*([\d.]+)\*s\. Total time consumption: ([\d.]+)s\."
+               r"(?: Estimated remaining time: ([\d.]+)s\.)?")
 
 
 def epoch_line(epoch: int, n_epochs: int, step: int, steps_per_epoch: int, global_step: int,
@@ -62,143 +126,159 @@ def epoch_line(epoch: int, n_epochs: int, step: int, steps_per_epoch: int, globa
     return line
 
 
+def parse_epoch(line: str) -> Epoch | None:
+    if not (m := _EPOCH.match(line)):
+        return None
+    return Epoch(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]),
+                 float(m[7]), float(m[8]), None if m[9] is None else float(m[9]))
+
+
+RPC_HEAD = "RPC name actor_train returns "
+_RPC = _line(r"RPC name actor_train returns (\{.*\})")
+
+
 def rpc_line(stats: dict) -> str:
     ordered = {k: stats[k] for k in RPC_KEYS if k in stats}
     ordered.update({k: v for k, v in stats.items() if k not in ordered})
     return f"RPC name actor_train returns {ordered}"
 
 
-class StepTimer:
-    """End-to-end step times; the ETA averages steps after the first two (they include warm-up)."""
-
-    def __init__(self, state: dict | None = None):
-        s = state or {}
-        self.times: list[float] = list(s.get("times", []))
-        self.total: float = s.get("total", 0.0)
-
-    def add(self, seconds: float) -> None:
-        self.times.append(seconds)
-        self.total += seconds
-
-    def eta(self, remaining_steps: int) -> float | None:
-        if len(self.times) < 3:
+def parse_rpc(line: str) -> dict | None:
+    """The step's statistics, in the line's order (nan and inf included)."""
+    if not (m := _RPC.match(line)):
+        return None
+    try:
+        node = ast.parse(m[1], mode="eval").body
+        if not isinstance(node, ast.Dict) or None in node.keys:  # a dict's repr: a dict literal, no ** in it
             return None
-        steady = self.times[2:]
-        return sum(steady) / len(steady) * remaining_steps
-
-    def state_dict(self) -> dict:
-        return {"times": self.times[-1000:], "total": self.total}
+        return {ast.literal_eval(k): _number(v) for k, v in zip(node.keys, node.values) if k is not None}
+    except (SyntaxError, ValueError, TypeError, AttributeError, KeyError):
+        return None
 
 
-class RunLogger:
-    """train.log + console lines, metrics.jsonl rows, tensorboard scalars, optional wandb."""
-
-    def __init__(self, paths: RunPaths, tensorboard: bool = True, wandb_project: str = "",
-                 run_name: str = "", console: bool = True):
-        os.makedirs(paths.log_dir, exist_ok=True)
-        self.paths = paths
-        self.log = logging.getLogger(f"areal_kit.run.{id(self)}")
-        self.log.setLevel(logging.INFO)
-        self.log.propagate = False
-        fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y%m%d-%H:%M:%S")
-        fh = logging.FileHandler(paths.log_file)
-        fh.setFormatter(fmt)
-        self.log.addHandler(fh)
-        # Tracebacks go to train.log only: the terminal gets the CLI's one error line.
-        self.file_log = logging.getLogger(f"{self.log.name}.file")
-        self.file_log.propagate = False
-        self.file_log.addHandler(fh)
-        if console:
-            ch = logging.StreamHandler(sys.stdout)
-            ch.setFormatter(fmt)
-            self.log.addHandler(ch)
-        self.metrics = open(paths.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run; close() shuts it)
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(os.path.join(paths.log_dir, "tensorboard"))
-            except ImportError:  # tensorboard is optional at run time
-                self.tb = None
-        self.wandb = None
-        self.wandb_project, self.run_name = wandb_project, run_name
-
-    def resume_at(self, global_step: int, wandb_id: str = "") -> str:
-        """The run goes on after global_step (0: from the start): steps after it will be logged
-        again, so their metrics.jsonl rows go (rewritten atomically) and tensorboard drops their
-        events, leaving every step once however often the run resumed. wandb continues the run
-        wandb_id (a recover checkpoint keeps it) or starts one; returns its id ("" without wandb)."""
-        self.metrics.close()
-        keep_steps_through(self.paths.metrics_file, global_step)
-        keep_steps_through(self.paths.samples_file, global_step)
-        self.metrics = open(self.paths.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run)
-        if self.tb is not None:
-            log_dir = self.tb.log_dir
-            self.tb.close()
-            self.tb = type(self.tb)(log_dir, purge_step=global_step + 1)
-        if self.wandb_project and self.wandb is None:
-            import wandb  # the key comes from WANDB_API_KEY; never logged
-
-            # resume="allow": the same run goes on after a resume (wandb itself skips steps it
-            # already has, so a step redone after a kill is not logged twice).
-            self.wandb = wandb.init(project=self.wandb_project, name=self.run_name, dir=self.paths.log_dir,
-                                    id=wandb_id or None, resume="allow")
-        return self.wandb.id if self.wandb is not None else ""
-
-    def info(self, msg: str) -> None:
-        self.log.info(msg)
-
-    def warning(self, msg: str) -> None:
-        self.log.warning(msg)
-
-    def failure(self, msg: str, exc: BaseException) -> None:
-        """msg and the full traceback of exc, into train.log only."""
-        self.file_log.error(msg, exc_info=exc)
-
-    def step(self, global_step: int, row: dict) -> None:
-        row = {"global_step": global_step, "time": time.time(), **row}
-        self.metrics.write(json.dumps(row) + "\n")
-        for k, v in row.items():
-            if self.tb is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
-                self.tb.add_scalar(k, v, global_step)
-        if self.wandb is not None:
-            self.wandb.log(row, step=global_step)
-
-    def samples(self, global_step: int, rows: list[dict]) -> None:
-        """Rollout samples for people to read (`areal-kit logs RUN --samples`)."""
-        with open(self.paths.samples_file, "a") as f:
-            f.writelines(json.dumps({"global_step": global_step, **r}) + "\n" for r in rows)
-
-    def close(self) -> None:
-        self.metrics.close()
-        if self.tb is not None:
-            self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-        for lg in (self.log, self.file_log):
-            for h in list(lg.handlers):
-                h.close()
-                lg.removeHandler(h)
+def _number(node: ast.expr):
+    """A literal, or nan / inf as repr writes them (literal_eval reads neither)."""
+    inner = node.operand if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) else None
+    name = getattr(node if inner is None else inner, "id", None)
+    return (1 if inner is None else -1) * {"nan": math.nan, "inf": math.inf}[name] if name else ast.literal_eval(node)
 
 
-def keep_steps_through(path: str, global_step: int) -> None:
-    """metrics.jsonl without the rows after global_step (and without a torn last line)."""
-    if not os.path.exists(path):
-        return
-    rows = [r for r in read_metrics(path) if r.get("global_step", 0) <= global_step]
-    durable.replace_lines(path, [json.dumps(r) + "\n" for r in rows])
+@dataclass(frozen=True)
+class Finished:
+    steps: int
+    task_reward: float  # the last step's (nan when it had none)
 
 
-def read_metrics(path: str) -> list[dict]:
-    """metrics.jsonl rows; a torn last line (a crash mid-write) is skipped."""
-    rows = []
-    if not os.path.exists(path):
-        return rows
-    with open(path) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
+FINISHED_HEAD = "Training finished: "
+_FINISHED = _line(r"Training finished: (\d+) steps, final task_reward (\S+)\.")
+
+
+def finished_line(steps: int, task_reward: float) -> str:
+    return f"Training finished: {steps} steps, final task_reward {task_reward:.4f}."
+
+
+def parse_finished(line: str) -> Finished | None:
+    return (m := _FINISHED.match(line)) and Finished(int(m[1]), float(m[2]))
+
+
+_FAILED = _line("Run failed: (.*)")
+
+
+def failed_line(error: str) -> str:
+    """The run's end on an error (errors.describe's one line); its traceback follows in train.log."""
+    return f"Run failed: {error}"
+
+
+def parse_failed(line: str) -> str | None:
+    return (m := _FAILED.match(line)) and m[1]
+
+
+@dataclass(frozen=True)
+class Stopped:
+    signame: str  # Ctrl-C or SIGTERM
+    global_step: int = 0  # with checkpoint: the step the run stopped after
+    checkpoint: str = ""  # the recover checkpoint written as it stopped ("": none)
+
+
+_STOPPED = _line(r"Run interrupted \(([^)]*)\)(?: after global step (\d+), with its recover checkpoint (.*))?; "
+                 r"the same command resumes it from (?:there|the last recover checkpoint)\.")
+
+
+def stopped_line(signame: str, global_step: int = 0, checkpoint: str = "") -> str:
+    """A stop by a signal; the same command resumes the run."""
+    if checkpoint:
+        return (f"Run interrupted ({signame}) after global step {global_step}, with its recover checkpoint "
+                f"{checkpoint}; the same command resumes it from there.")
+    return f"Run interrupted ({signame}); the same command resumes it from the last recover checkpoint."
+
+
+def parse_stopped(line: str) -> Stopped | None:
+    return (m := _STOPPED.match(line)) and Stopped(m[1], int(m[2] or 0), m[3] or "")
+
+
+AFTER_SIGTERM_HEAD = "After SIGTERM "
+_AFTER_SIGTERM = _line(r"After SIGTERM the step did not finish \((.*)\); no recover checkpoint of it\.")
+
+
+def after_sigterm_line(error: str) -> str:
+    """The step a SIGTERM asked to finish failed instead (the stop goes on, without a relaunch)."""
+    return f"After SIGTERM the step did not finish ({error}); no recover checkpoint of it."
+
+
+def parse_after_sigterm(line: str) -> str | None:
+    return (m := _AFTER_SIGTERM.match(line)) and m[1]
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    cause: str  # "[kind[ in global step N]: ]error"
+    attempt: int
+    retries: int
+
+
+RELAUNCH_HEAD = "Worker failure ("
+_RELAUNCH = _line(r"Worker failure \((.*)\); relaunching from the last recover checkpoint \(retry (\d+)/(\d+)\)\.")
+
+
+def relaunch_line(cause: str, attempt: int, retries: int) -> str:
+    return f"Worker failure ({cause}); relaunching from the last recover checkpoint (retry {attempt}/{retries})."
+
+
+def parse_relaunch(line: str) -> Relaunch | None:
+    return (m := _RELAUNCH.match(line)) and Relaunch(m[1], int(m[2]), int(m[3]))
+
+
+@dataclass(frozen=True)
+class Resume:
+    path: str  # the recover checkpoint
+    global_step: int  # the checkpoint's; the run goes on at the next
+    epoch: int
+    epoch_step: int
+    written: str  # "%Y-%m-%d %H:%M:%S" or "at an unknown time"
+    total_steps: int
+
+
+RESUME_HEAD = "Will recover from: "
+_RESUME = _line(r"Will recover from: (.*) \(global step (\d+), epoch (\d+) step (\d+), written (.*)\); resuming at "
+                r"global step \d+ of (\d+)\.")
+
+
+def resume_line(path: str, global_step: int, epoch: int, epoch_step: int, written: str, total_steps: int) -> str:
+    return (f"Will recover from: {path} (global step {global_step}, epoch {epoch} step {epoch_step}, written "
+            f"{written}); resuming at global step {global_step + 1} of {total_steps}.")
+
+
+def parse_resume(line: str) -> Resume | None:
+    return (m := _RESUME.match(line)) and Resume(m[1], int(m[2]), int(m[3]), int(m[4]), m[5], int(m[6]))
+
+
+# The CLI's one error line (stderr; a driver started by setup writes it into the same log).
+ERROR_HEAD = "error: "
+
+
+def error_line(message: str) -> str:
+    return f"{ERROR_HEAD}{message}"
+
+
+def parse_error(line: str) -> str | None:
+    return line[len(ERROR_HEAD):] if line.startswith(ERROR_HEAD) else None

@@ -14,28 +14,36 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from areal_kit import curves
 from areal_kit.checkpoints import step_of
 from areal_kit.console import make_console
 from areal_kit.errors import UserError
-from areal_kit.logs import RunPaths, read_metrics, run_paths
+from areal_kit.logs import (
+    line_time,
+    parse_epoch,
+    parse_failed,
+    parse_finished,
+    parse_relaunch,
+    parse_resume,
+    parse_run,
+    parse_stopped,
+)
+from areal_kit.runlog import RunPaths, read_metrics, run_paths
 
-FINISHED = "Training finished"
+if TYPE_CHECKING:  # the checkpoint store imports torch; the monitor loads it only when it reads one
+    from areal_kit.rl.checkpoint.store import Checkpoint
+
 STOPPED = ("failed", "interrupted", "dead", "probably dead")  # states a re-run resumes from
-FAILED = re.compile(r" ERROR Run failed: (.*)$")  # launch.py's line; the traceback follows it
-INTERRUPTED = re.compile(r" WARNING Run interrupted \((.*?)\)")
-RUN_LINE = re.compile(r"INFO Run (\S+): (\d+) steps, (\d+) per epoch")
-ETA_LINE = re.compile(r"^(\d{8}-\d\d:\d\d:\d\d) .*\(global step (\d+)\) finishes\..*Estimated remaining time: "
-                      r"([\d.]+)s")
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,7 @@ class Status:
     total_steps: int | None = None
     steps_per_epoch: int | None = None
     rows: list = field(default_factory=list)
-    recover: object = None  # rl.recover.Checkpoint of the newest complete recover checkpoint
+    recover: Checkpoint | None = None  # the newest complete recover checkpoint
     saves: list = field(default_factory=list)
     eta: float | None = None
     eta_time: float | None = None
@@ -110,22 +118,18 @@ def read_status(files: RunFiles, now: float | None = None, tail: int = 5) -> Sta
     lines = _read_lines(files.log_file)
     started_at = 0
     for i, line in enumerate(lines):
-        m = RUN_LINE.search(line)
-        if m:
-            st.total_steps, st.steps_per_epoch, started_at = int(m.group(2)), int(m.group(3)), i
+        if run := parse_run(line):
+            st.total_steps, st.steps_per_epoch, started_at = run.total_steps, run.steps_per_epoch, i
     finished, failed, interrupted = False, "", ""
     for line in lines[started_at:]:
-        m = ETA_LINE.search(line)
-        if m:
-            st.eta = float(m.group(3))
-            st.eta_time = time.mktime(time.strptime(m.group(1), "%Y%m%d-%H:%M:%S"))
-        finished = finished or FINISHED in line
-        m = FAILED.search(line)
-        failed = m.group(1) if m else failed
-        m = INTERRUPTED.search(line)
-        interrupted = m.group(1) if m else interrupted
-        st.relaunches += "relaunching from the last recover checkpoint" in line
-        st.resumes += "Will recover from:" in line
+        if (step := parse_epoch(line)) and step.eta is not None and (at := line_time(line)) is not None:
+            st.eta, st.eta_time = step.eta, at
+        finished = finished or parse_finished(line) is not None
+        failed = parse_failed(line) or failed
+        if stop := parse_stopped(line):
+            interrupted = stop.signame
+        st.relaunches += parse_relaunch(line) is not None
+        st.resumes += parse_resume(line) is not None
     st.last_lines = lines[-tail:] if tail > 0 else []
     if files.recover_dir:
         st.recover = recover.latest(files.recover_dir)
@@ -246,32 +250,6 @@ def summary_lines(st: Status, now: float | None = None) -> list[str]:
     return out
 
 
-def terminal_plot(rows: list[dict], key: str = "task_reward", width: int = 80, color: bool = False) -> str:
-    """The curve of `key` over global steps as terminal text (plotext; its 5.x and 6.x APIs differ),
-    with ANSI colour codes if color (plotext 5.x may add them anyway: print it with Text.from_ansi)."""
-    import plotext as plt
-
-    pts = [(r["global_step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-    if not pts:
-        return f"(no {key} values yet)"
-    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-    width, height, title = min(100, max(40, width)), 18, f"{key} per global step"
-    if hasattr(plt, "build"):  # plotext 5.x: module-level state
-        plt.clear_figure()
-        plt.plot(xs, ys, marker="braille")
-        plt.title(title)
-        plt.xlabel("global step")
-        plt.plotsize(width, height)
-        return plt.build()
-    fig = plt.figure  # plotext 6.x: an explicit figure object
-    fig.clear.all()
-    fig.plot_size(width, height)
-    fig.title(title)
-    fig.label("global step", axis="x")
-    fig.draw(fig.signal(xs, ys, marker="braille").lines())
-    return fig.build().string(colorless=not color)
-
-
 # ------------------------------------------------------------------ commands
 def logs(
     run: str = typer.Argument(..., help="The run: its log folder ({fileroot}/logs/{user}/{exp}/{trial}, with "
@@ -297,7 +275,7 @@ def logs(
     if plot_:
         # Colours only where the console writes them (a terminal without NO_COLOR).
         color = console.is_terminal and not console.no_color
-        plot = terminal_plot(st.rows, width=console.width if console.is_terminal else 80, color=color)
+        plot = curves.terminal_plot(st.rows, width=console.width if console.is_terminal else 80, color=color)
         console.print(Text.from_ansi(plot), soft_wrap=True)
     if samples:
         print_samples(files, console)
@@ -321,10 +299,10 @@ def print_samples(files: RunFiles, console: Console) -> None:
         console.out(f"--- no samples yet ({files.samples_file}; written every exp_ctrl.dump_samples_every steps)")
         return
     t = Table(title=f"samples of global step {rows[0]['global_step']}")
-    for col in ("prompt", "answer", "task_reward", "advantage", "no_eos"):
+    for col in ("prompt", "answer", "task_reward", "seq_reward", "no_eos"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        t.add_row(r["prompt"], r["answer"], f"{r['task_reward']:g}", f"{r['advantage']:+.3f}", str(r["no_eos"]).lower())
+        t.add_row(r["prompt"], r["answer"], f"{r['task_reward']:g}", f"{r.get('seq_reward', r.get('advantage', 0.0)):+.3f}", str(r["no_eos"]).lower())
     console.print(t)
 
 
@@ -373,70 +351,5 @@ def plot(
     if not rows:
         raise UserError(f"no steps in {files.metrics_file} yet; expected a run that finished global step 1")
     out = os.path.abspath(output or os.path.join(files.log_dir, "metrics.png"))
-    write_png(rows, out, files.name, smooth)
+    curves.write_png(rows, out, files.name, smooth)
     make_console(highlight=False).out(f"Wrote {out} ({len(rows)} steps, global step {rows[0]['global_step']}..{rows[-1]['global_step']})")
-
-
-PANELS = (("task_reward", "task reward"), ("avg_seq_len", "response length (tokens)"),
-          ("ppo_approx_kl", "approx. KL (ppo_approx_kl)"), ("entropy", "entropy (nats/token)"))
-
-
-def extra_panels(rows: list[dict]) -> list[tuple[str, str, list[str]]]:
-    """Panels of what this run logged besides PANELS: (title, y label, keys), one line per key.
-    Each dataset.mix source's task reward; the in-training eval (greedy pass@1, avg@k, pass@k)."""
-    keys = sorted({k for r in rows for k in r})
-    out = []
-    sources = [k for k in keys if k.startswith("task_reward/")]
-    if sources:
-        out.append(("task reward per source (dataset.mix)", "task reward", sources))
-    evals = [k for k in keys if k == "eval/pass@1" or k.startswith(("eval/avg@", "eval/pass@"))]
-    if evals:
-        out.append(("in-training eval (held-out split)", "accuracy", sorted(evals, key=len)))
-    return out
-
-
-def write_png(rows: list[dict], out: str, title: str = "", smooth: int = 1) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    extra = extra_panels(rows)
-    n_rows = 2 + (len(extra) + 1) // 2
-    fig, axes = plt.subplots(n_rows, 2, figsize=(11, 3.5 * n_rows), sharex=True)
-    panels = [(label, [key], True) for key, label in PANELS] + [(t, keys, False) for t, _, keys in extra]
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (label, keys, single) in zip(axes.flat, panels):
-        ax.set_title(label, fontsize=10)
-        ax.grid(alpha=0.3)
-        drawn = False
-        for key in keys:
-            pts = [(r["global_step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-            if not pts:
-                continue
-            drawn = True
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-            name = None if single else key.split("/", 1)[1]
-            ax.plot(xs, ys, lw=1, alpha=0.5 if smooth > 1 and single else 1.0,
-                    marker="." if len(xs) < 50 else None, label=name)
-            if single and smooth > 1 and len(ys) >= smooth:
-                avg = [sum(ys[i - smooth + 1:i + 1]) / smooth for i in range(smooth - 1, len(ys))]
-                ax.plot(xs[smooth - 1:], avg, lw=2, label=f"mean of {smooth}")
-            if ax.get_legend_handles_labels()[1]:
-                ax.legend(fontsize=8)
-        if not drawn:
-            ax.text(0.5, 0.5, f"{keys[0]} not logged", ha="center", va="center", transform=ax.transAxes)
-    for ax in axes[-1]:
-        ax.set_xlabel("global step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(title)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    try:
-        fig.savefig(out, dpi=110)
-    except OSError as e:
-        raise UserError(f"cannot write {out} ({e.strerror or e}); expected a writable path for -o") from None
-    finally:
-        plt.close(fig)

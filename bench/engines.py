@@ -93,7 +93,7 @@ def train_run(args: list[str], workdir: str, name: str, timeout: float = 900) ->
     A run with the same ARGS earlier in this process is reused: `run.py` then starts the
     tiny preset once for the pipeline's synchronous row and the peer's tiny workload.
     """
-    from areal_kit import logs
+    from areal_kit import runlog
 
     if tuple(args) in _RUNS:
         return _RUNS[tuple(args)]
@@ -113,8 +113,8 @@ def train_run(args: list[str], workdir: str, name: str, timeout: float = 900) ->
         tail = Path(log_path).read_text()[-2000:]
         raise RuntimeError(f"areal-kit train {' '.join(args)} exited {proc.returncode}; log {log_path}:\n{tail}")
     exp = _value(args, "experiment_name") or "tiny"
-    paths = logs.run_paths(fileroot, exp, name, user="bench")
-    _RUNS[key] = {"rows": logs.read_metrics(paths.metrics_file), "wall": wall, "start": t0, "log": log_path}
+    paths = runlog.run_paths(fileroot, exp, name, user="bench")
+    _RUNS[key] = {"rows": runlog.read_metrics(paths.metrics_file), "wall": wall, "start": t0, "log": log_path}
     return _RUNS[key]
 
 

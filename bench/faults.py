@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from areal_kit import logs
+from areal_kit import runlog
 from bench.report import Result
 
 KINDS = ("driver-sigkill", "driver-sigterm", "trainer-sigkill", "engine-sigkill", "hang")
@@ -82,7 +82,7 @@ class Run:
                      f"exp_ctrl.total_train_steps={steps}", "exp_ctrl.ckpt_freq_steps=1", "exp_ctrl.ckpt_freq_secs=0",
                      "ppo.max_head_offpolicyness=0", "recover_retries=100", "exp_ctrl.hang_factor=5",
                      "exp_ctrl.hang_floor_s=15", "exp_ctrl.hang_warmup=2", *extra]
-        self.paths = logs.run_paths(root, preset, "faults", "faults")
+        self.paths = runlog.run_paths(root, preset, "faults", "faults")
         self.proc: subprocess.Popen | None = None
         self.launches = 0
 
@@ -172,7 +172,7 @@ def campaign(kinds: list[str], seed: int = 0, root: str | None = None, preset: s
         kill_session(run.proc.pid)
         raise
     executed = run.steps_logged()
-    metrics = [r["global_step"] for r in logs.read_metrics(run.paths.metrics_file)]
+    metrics = [r["global_step"] for r in runlog.read_metrics(run.paths.metrics_file)]
     text = Path(run.paths.log_file).read_text(errors="replace")
     return {"faults": len(kinds), "kinds": list(kinds), "resumed": resumed, "exit_code": code, "steps": steps,
             "steps_lost": len(set(range(1, steps + 1)) - set(metrics)),

@@ -129,7 +129,7 @@ def colocated(model_path: str, reps: int) -> float | None:
 def run() -> Result:
     import ray
 
-    from areal_kit import logs
+    from areal_kit import runlog
     from areal_kit.rl.driver.controller import Controller, start_ray
     from areal_kit.rl.driver.job import prepare
 
@@ -138,7 +138,7 @@ def run() -> Result:
     cfg = engines.bench_config(model_path, fileroot, ["ppo.gen.max_new_tokens=16", "weight_sync=auto",
                                                       "ppo.reward_fns=[toy]"])
     job = prepare(cfg)
-    log = logs.RunLogger(job.paths, tensorboard=False, console=False)
+    log = runlog.RunLogger(job.paths, tensorboard=False, console=False)
     ctrl = Controller(job, log)
     times = {"auto": [], "broadcast": [], "disk": [], "raw": []}
     reports = {"auto": [], "broadcast": [], "disk": []}  # each sync's own figures: [trainer's send,] engine's load

@@ -13,7 +13,7 @@ all hosts in parallel via cluster/parallel.py; the exit code is an ExitCode (are
 OK when every host succeeded, FAILED when any failed, BAD_INPUT for bad input. Per-host logs go
 to --log-dir.
 Each option is declared once, on the field of the dataclass it fills (cluster/options.py,
-cluster/target.py), and the signatures below are made of those fields (cluster/flags.py); status,
+cluster/target.py), and the signatures below are made of those fields (areal_kit/flags.py); status,
 down and doctor find their cluster through one Target, filled from what setup saved.
 """
 
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import typer
 
-from areal_kit.cluster.flags import build, command, flag, params
 from areal_kit.cluster.options import STOP_GRACE, TRAIN_WAIT, Cluster, ConnectOptions, Limits, SetupOptions, save_state
 from areal_kit.cluster.target import Hosts, Target
 from areal_kit.errors import ExitCode, RunFailed, UserError
+from areal_kit.flags import build, command, flag, params
 from areal_kit.home import state_dir
 
 # status, down and doctor: which cluster, and how this machine reaches it.
@@ -63,6 +63,7 @@ def _build(opts: SetupOptions, copts: ConnectOptions, secrets: dict[str, str]) -
         if opts.dry_run:
             h.remote = DryRemote(spec, copts.gateway)
         else:
+            assert opts.log_dir, "SetupOptions names a log folder when not told one"
             h.log_path = Path(opts.log_dir) / (re.sub(r"[^A-Za-z0-9_.-]", "_", spec.label) + ".log")
             h.remote = Remote(spec, copts, HostLog(h.log_path, list(secrets.values())))
         hosts.append(h)

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import re
 import shlex
+from typing import TYPE_CHECKING
 
 from areal_kit.cluster.options import Cluster, SetupOptions, q
 from areal_kit.cluster.parallel import HostState, Outcome
@@ -31,6 +32,9 @@ from areal_kit.config.loader import load_resolved
 from areal_kit.data.assets import SCHEMES, Asset, is_folder, mirror_url
 from areal_kit.errors import UserError
 from areal_kit.eval.data import eval_set_assets, eval_sets_dir
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 EVAL = "eval/"  # the eval sets' asset names (eval/data.py eval_set_assets)
 
@@ -51,15 +55,16 @@ def split_data(spec: str) -> tuple[str, str]:
     return (uri, dest) if sep and dest.startswith("/") else (spec, "")
 
 
-def preset_sources(opts: SetupOptions):
+def preset_sources(opts: SetupOptions) -> tuple[TrainConfig, list[str]]:
     """(the preset's config as its assets are fetched, a line per preset asset a --train-arg dropped):
     under the storage setup provides, unless a --train-arg says otherwise (it comes later, so it
     wins); a cluster spec is the head's file, and the assets do not depend on it."""
+    assert opts.train_param, "setup was given a preset"
     args = [a for a in opts.train_args if a.split("=", 1)[0].strip() != "cluster"]
     return load_resolved(opts.train_param, [f"storage_root={opts.storage}", *args])
 
 
-def plan(opts: SetupOptions, mirror: str = "", cfg=None) -> list[Asset]:
+def plan(opts: SetupOptions, mirror: str = "", cfg: TrainConfig | None = None) -> list[Asset]:
     """Every source the data step fetches, checked (a UserError before any host is touched). cfg: the
     preset's config as the run loads it, where the caller has it already (setup loads it first)."""
     if mirror and not mirror.startswith(("http://", "https://", "file://")):
@@ -77,10 +82,10 @@ def plan(opts: SetupOptions, mirror: str = "", cfg=None) -> list[Asset]:
     if opts.train_param:
         if cfg is None:
             cfg = preset_sources(opts)[0]
-        wanted = {name: a for name, a in cfg.assets.items() if a["uri"]}
-        for name, a in wanted.items():
-            validate(a["uri"], name if name in PATH_KEYS else f"{opts.train_param} assets.{name}.uri")
-            out.append(Asset(name, a["uri"], a["dest"], a["sha256"]))
+        wanted = {name: entry for name, entry in cfg.assets.items() if entry["uri"]}
+        for name, entry in wanted.items():
+            validate(entry["uri"], name if name in PATH_KEYS else f"{opts.train_param} assets.{name}.uri")
+            out.append(Asset(name, entry["uri"], entry["dest"], entry["sha256"]))
         if wanted:
             out += eval_set_assets(eval_sets_dir(cfg.storage_root))
     seen: dict[str, Asset] = {}
@@ -108,10 +113,10 @@ def data(c: Cluster, h: HostState, assets: list[Asset], mirror: str = "") -> Out
     dropped = preset_sources(c.opts)[1] if c.opts.train_param else []
     if c.opts.dry_run:  # a line per source, readable beside the command that fetches them all
         for line in dropped:
-            h.remote.commands.append(("fetch", line))
+            h.dry.commands.append(("fetch", line))
         for a in assets:
             kind = {True: "folder", False: "file", None: "file or folder"}[is_folder(a.uri)]
-            h.remote.commands.append(("fetch", f"{a.name}: {mirror_url(a.uri, mirror)} -> {a.dest} ({kind})"))
+            h.dry.commands.append(("fetch", f"{a.name}: {mirror_url(a.uri, mirror)} -> {a.dest} ({kind})"))
     mine = f"; not the preset's {', '.join(d.split(':', 1)[0] for d in dropped)} (a path you named)" if dropped else ""
     if not assets:
         return Outcome("skipped", "nothing to fetch (no --data, and the preset declares no assets)" + mine)

@@ -37,7 +37,9 @@ import json
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, replace
+from typing import Any
 
 from areal_kit.cluster import gpu_stack
 from areal_kit.cluster.options import Cluster, Finding, Limits, q
@@ -149,8 +151,8 @@ def host_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
 
 
 # -- agree ------------------------------------------------------------------------------------
-def _reference(c: Cluster, key) -> object:
-    """The value most hosts have (the head's on a tie)."""
+def _reference(c: Cluster, key: Callable[[dict], Any]) -> Any:
+    """The value most hosts have (the head's on a tie): a JSON value."""
     values = [key(f) for f in c.doctor.hosts.values()]
     if not values:
         return None
@@ -162,13 +164,18 @@ def _reference(c: Cluster, key) -> object:
     return json.loads(counts.most_common(1)[0][0])
 
 
+def _version_of(pkg: str) -> Callable[[dict], Any]:
+    """A host's version of pkg, from its facts."""
+    return lambda f: f["versions"].get(pkg)
+
+
 def agree_step(c: Cluster, h: HostState, limits: Limits) -> Outcome:
     facts = c.doctor.hosts.get(h.name)
     if facts is None:
         return Outcome("skipped", "no facts from the host step")
     found = []
     for pkg in sorted(facts["versions"]):
-        want = _reference(c, lambda f, p=pkg: f["versions"].get(p))
+        want = _reference(c, _version_of(pkg))
         if facts["versions"][pkg] != want:
             found.append(Finding(h.name, "versions", f"{pkg} {facts['versions'][pkg]}", f"{pkg} {want} as on the others",
                                  "one runtime image (or environment) on every host: areal-kit setup --image ..."))

@@ -2,7 +2,7 @@
 
 `SetupOptions` is everything `areal-kit setup` was told, `ConnectOptions` how this machine reaches
 the hosts, `Limits` what doctor holds them to; each field that is a command-line option carries
-its flag, default and help (cluster/flags.py), and the commands' signatures are made of them.
+its flag, default and help (areal_kit/flags.py), and the commands' signatures are made of them.
 `Cluster` is one run over the hosts (connections, facts, secrets, doctor's findings). After a
 setup, the options are saved to ``$AREAL_KIT_HOME/clusters/<cluster_name>.json`` (default
 ``~/.areal-kit``) so that `areal-kit status`, `down` and `doctor` find the same hosts, runtime and
@@ -27,11 +27,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from areal_kit.cluster.flags import flag, many
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.errors import UserError
+from areal_kit.flags import flag, many
 from areal_kit.home import state_dir
+
+if TYPE_CHECKING:  # parallel.py imports this module
+    from areal_kit.cluster.parallel import HostState, Outcome
 
 RUNTIMES = ("docker", "host")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)[bB]?$")
@@ -163,7 +167,7 @@ class SetupOptions:
     def ray_env(self) -> dict[str, str]:
         """Environment every Ray process and driver gets (auth mode explicit: a Ray that defaults to token auth would refuse workers without it)."""
         env = {"RAY_AUTH_MODE": self.ray_auth_mode, "RAY_USAGE_STATS_ENABLED": "0"}
-        env.update(e.split("=", 1) for e in self.env)
+        env.update(e.partition("=")[::2] for e in self.env)  # each KEY=VALUE, checked above
         return env
 
     def volume_args(self) -> list[str]:
@@ -301,12 +305,12 @@ class Cluster:
     """One run over the hosts: options, host states, and the secrets to mask."""
 
     opts: SetupOptions
-    hosts: list  # list[HostState]
+    hosts: list[HostState]
     secrets: dict[str, str] = field(default_factory=dict)  # env name -> value (never logged)
     token: str = field(default_factory=lambda: secrets_mod.token_hex(8))  # this run's storage marker
     # Setup stops a running training at most once, before the first container it replaces:
     # (the host that asked, the outcome), shared by the hosts' threads under stop_lock.
-    training_stop: tuple | None = None
+    training_stop: tuple[str, Outcome] | None = None
     stop_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     doctor: DoctorState = field(default_factory=DoctorState)
     # The containers' image: the one the options name, or areal-kit's own, whose tag the image step
@@ -317,7 +321,7 @@ class Cluster:
         self.image = self.image or self.opts.image or ""
 
     @property
-    def head(self):
+    def head(self) -> HostState:
         return self.hosts[0]
 
 

@@ -20,13 +20,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from areal_kit.cluster.remote import Result
+from areal_kit.cluster.options import Cluster
+from areal_kit.cluster.remote import DryRemote, HostLog, Result, Shell
+from areal_kit.config.cluster_spec import HostSpec
 from areal_kit.console import make_console
 from areal_kit.errors import ExitCode
 
@@ -62,17 +66,27 @@ class Step:
     # that cannot run on these nodes makes installing them pointless)
 
 
+class Unconnected:
+    """The connection of a host given none (a plan, a test that runs no command): any use is a bug."""
+
+    def _refuse(self, *args: object, **kwargs: object) -> Any:
+        raise RuntimeError("this host has no connection")
+
+    user = is_root = property(_refuse)
+    connect = run = put_text = put_bytes = close = _refuse
+
+
 @dataclass
 class HostState:
     """A host as the run sees it: its connection, facts learned, and per-step outcomes."""
 
-    spec: object  # HostSpec
+    spec: HostSpec
     index: int
-    remote: object = None  # Remote | DryRemote
+    remote: Shell = field(default_factory=Unconnected)
     ip: str = ""  # address Ray uses for this node
-    facts: dict = field(default_factory=dict)
-    outcomes: dict = field(default_factory=dict)  # step name -> Outcome
-    log_path: object = None
+    facts: dict[str, Any] = field(default_factory=dict)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # step name -> Outcome
+    log_path: Path | None = None
 
     @property
     def name(self) -> str:
@@ -83,6 +97,12 @@ class HostState:
         return self.index == 0
 
     @property
+    def dry(self) -> DryRemote:
+        """The connection of a dry run (setup --dry-run), which lists what would run."""
+        assert isinstance(self.remote, DryRemote), "a dry run's host records its commands"
+        return self.remote
+
+    @property
     def failed(self) -> bool:
         """A step failed that the later ones need."""
         return any(o.status == "failed" and o.blocking for o in self.outcomes.values())
@@ -90,6 +110,12 @@ class HostState:
     @property
     def any_failed(self) -> bool:
         return any(o.status == "failed" for o in self.outcomes.values())
+
+
+def host_log(h: HostState) -> HostLog | None:
+    """The host's log file, where its connection keeps one (a dry run's does not)."""
+    log: HostLog | None = getattr(h.remote, "log", None)
+    return log
 
 
 class Display:
@@ -148,10 +174,10 @@ class Display:
                                    f"[dim]({o.seconds:.1f}s)[/]", highlight=False, soft_wrap=True)
 
 
-def run_steps(cluster, steps: list[Step], console: Console | None = None) -> bool:
+def run_steps(cluster: Cluster, steps: list[Step], console: Console | None = None) -> bool:
     """Run all steps; return True when no host failed any step."""
     console = console or make_console(highlight=False)
-    hosts: list[HostState] = cluster.hosts
+    hosts = cluster.hosts
 
     def one(h: HostState, step: Step) -> None:
         display.started(h, step)
@@ -164,8 +190,9 @@ def run_steps(cluster, steps: list[Step], console: Console | None = None) -> boo
             o = Outcome("failed", f"{type(e).__name__}: {e}")
         o.seconds = time.monotonic() - t0
         h.outcomes[step.name] = o
-        if o.status == "failed" and h.remote is not None and hasattr(h.remote, "log"):
-            h.remote.log.write(f"FAILED {step.name}: {o.message}")
+        log = host_log(h)
+        if o.status == "failed" and log:
+            log.write(f"FAILED {step.name}: {o.message}")
         display.finished(h, step, o)
 
     def skip_all(hs, step, why):
@@ -208,7 +235,7 @@ def run_steps(cluster, steps: list[Step], console: Console | None = None) -> boo
     return not any(h.any_failed for h in hosts)
 
 
-def recap(cluster, steps: list[Step], console: Console) -> None:
+def recap(cluster: Cluster, steps: list[Step], console: Console) -> None:
     """Closing table (per host counts and where it failed), then each failure in detail."""
     t = Table(title="recap")
     for col in ("host", "ok", "changed", "failed", "skipped", "result"):
@@ -224,7 +251,8 @@ def recap(cluster, steps: list[Step], console: Console) -> None:
         for s, o in h.outcomes.items():
             if o.status != "failed":
                 continue
-            redact = h.remote.log.redact if hasattr(h.remote, "log") else (lambda x: x)
+            log = host_log(h)
+            redact = log.redact if log else (lambda x: x)
             console.print(f"[bold red]FAILED[/] {escape(f'[{h.name}] {s}: {redact(o.message)}')}", soft_wrap=True)
             if o.result is not None:
                 console.print(f"  command: {redact(o.result.cmd)}", soft_wrap=True, markup=False)
@@ -237,7 +265,7 @@ def recap(cluster, steps: list[Step], console: Console) -> None:
                 console.print(f"  log: {h.log_path}", markup=False)
 
 
-def dry_run(cluster, steps: list[Step], console: Console) -> ExitCode:
+def dry_run(cluster: Cluster, steps: list[Step], console: Console) -> ExitCode:
     """Every command the steps would run, per host, without running one: the steps in order, each on
     the hosts it runs on, head first, as a real run issues them. A step that fails (setup's preset
     gate) ends the list with why the run would stop there."""
@@ -254,10 +282,10 @@ def dry_run(cluster, steps: list[Step], console: Console) -> ExitCode:
     return ExitCode.OK
 
 
-def print_dry_run(cluster, console: Console | None = None) -> None:
+def print_dry_run(cluster: Cluster, console: Console | None = None) -> None:
     console = console or make_console(highlight=False)
     for h in cluster.hosts:
         console.print(f"[bold]# {escape(h.name)}[/] ({'head' if h.is_head else 'worker'})")
-        for kind, cmd in h.remote.commands:
+        for kind, cmd in h.dry.commands:
             console.print(f"  [{kind}] {cmd}", markup=False, soft_wrap=True)
     sys.stdout.flush()

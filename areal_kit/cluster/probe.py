@@ -32,6 +32,7 @@ import sys
 import time
 from datetime import timedelta
 from importlib import metadata
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -103,7 +104,8 @@ def all_reduce(n: int, nbytes: int, device: str = "cuda", timeout_s: float = ALL
              for r in range(n)]
     for p in procs:
         p.start()
-    got, deadline, lost = [], time.monotonic() + timeout_s, f"no result within {timeout_s:g}s"
+    got: list[dict] = []
+    deadline, lost = time.monotonic() + timeout_s, f"no result within {timeout_s:g}s"
     try:
         while len(got) < n and time.monotonic() < deadline:
             try:
@@ -192,7 +194,7 @@ def _storage_io(storage: str) -> str:
 def host(storage: str, ray_tmp: str, write_token: str | None, read_token: bool, host_gpus: int = 0) -> dict:
     token_path = os.path.join(storage, TOKEN_FILE)
     shm = os.statvfs("/dev/shm")
-    facts = {"shm_gb": round(shm.f_blocks * shm.f_frsize / 1e9, 3),
+    facts: dict[str, Any] = {"shm_gb": round(shm.f_blocks * shm.f_frsize / 1e9, 3),
              # the hard limit: Ray's processes raise their soft limit to it, none can go past it
              "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[1],
              "storage_free_gb": round(_free_gb(storage), 2) if os.path.isdir(storage) else None,

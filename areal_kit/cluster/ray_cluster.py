@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 import time
 
+from areal_kit import logs
 from areal_kit.cluster.options import STOP_GRACE, Cluster, env_prefix, parse_size, q
 from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
 from areal_kit.cluster.steps import must
@@ -207,9 +207,9 @@ def _stop_training_once(c: Cluster, h: HostState) -> str:
     Returns what to add to the host's message."""
     with c.stop_lock:
         first = c.training_stop is None
-        if first:
+        if c.training_stop is None:
             c.training_stop = (h.name, stop_training(c, c.head, STOP_GRACE))
-    by, stopped = c.training_stop
+        by, stopped = c.training_stop
     if stopped.status != "changed":
         return ""
     return f"; first, {stopped.message}" if first else f"; after training was stopped for {by}'s container"
@@ -267,7 +267,7 @@ def ray_ready(c: Cluster, h: HostState) -> Outcome:
     if missing:
         raise StepFailed(f"Ray reports {len(alive)} node(s) after {c.opts.ray_wait:.0f}s; missing: "
                          f"{', '.join(missing)}; see their logs", res)
-    twice = next((json.loads(ln[6:]) for ln in res.stdout.splitlines() if ln.startswith("TWICE ")), [])
+    twice: list[str] = next((json.loads(ln[6:]) for ln in res.stdout.splitlines() if ln.startswith("TWICE ")), [])
     if twice:
         raise StepFailed(f"Ray counts two live nodes at {', '.join(twice)} after {c.opts.ray_wait:.0f}s: a "
                          "replaced node not yet gone, or a second raylet on that host; run `areal-kit down` "
@@ -290,15 +290,20 @@ def in_head(c: Cluster, h: HostState, body: str) -> str:
 # `areal-kit train`). "[.]" and "(" keep the shell running this pattern from matching itself.
 TRAIN_DRIVER = "areal(_kit[.]cli|-kit) train"
 
-# SIGTERM the driver, wait for it to go, print what its log said of the stop since the SIGTERM,
-# else its log's last line. Exit 4: still running after the grace period.
+def _grep(*heads: str) -> str:
+    """A grep for the log lines of these kinds (logs.py's), as a _head_script template holds it."""
+    return "grep -aE " + shlex.quote(logs.grep_pattern(*heads)).replace("{", "{{").replace("}", "}}")
+
+
+# SIGTERM the driver, wait for it to go, print the lines its log wrote of the stop since the
+# SIGTERM, else its log's last line. Exit 4: still running after the grace period.
 _STOP_TRAINING = (
     "n=$(wc -c < \"$log\" 2>/dev/null || echo 0); kill -TERM $p; i=0; "
     # gone: no state (ps prints none), or a zombie its parent has not reaped yet
     "while s=$(ps -o stat= -p $p | tr -d ' ') && [ -n \"$s\" ] && [ \"${{s#Z}}\" = \"$s\" ]; do "
     "i=$((i+1)); [ $i -gt {grace} ] && exit 4; sleep 1; done; "
     "[ -f \"$log\" ] || exit 0; "
-    "said=$(tail -c +$((n+1)) \"$log\" | grep -oE '(Run interrupted|After SIGTERM).*' | tail -n 1); "
+    f"said=$(tail -c +$((n+1)) \"$log\" | {_grep(logs.RUN_HEAD, logs.AFTER_SIGTERM_HEAD)}); "
     "[ -n \"$said\" ] && echo \"$said\" || echo \"its log's last line: $(tail -n 1 \"$log\")\"; exit 0")
 
 
@@ -324,14 +329,25 @@ def stop_training(c: Cluster, h: HostState, grace: float) -> Outcome:
     if c.opts.dry_run:
         return Outcome("ok", f"would SIGTERM training and wait up to {grace:g}s")
     if res.rc == 0:
-        said = res.stdout.strip().splitlines()[-1:] or ["its log did not say how"]
-        return Outcome("changed", f"training stopped after SIGTERM: {said[0]}")
+        return Outcome("changed", f"training stopped after SIGTERM: {_how_it_stopped(res.stdout)}")
     if res.rc == 4:
         return Outcome("changed", f"training still running {grace:g}s after SIGTERM: stopped with Ray, "
                                   "from its last checkpoint")
     if _no_driver(res):
         return Outcome("ok", "no training running")
     return Outcome("ok", f"could not stop training (exit {res.rc}: {res.tail(1)}); it stops with Ray")
+
+
+def _how_it_stopped(said: str) -> str:
+    """The message of the last stop line the driver's log wrote (logs.py's, the time and level
+    left out), else what the script printed instead: the log's last line."""
+    lines = said.strip().splitlines()
+    for line in reversed(lines):
+        if (stop := logs.parse_stopped(line)) is not None:
+            return logs.stopped_line(stop.signame, stop.global_step, stop.checkpoint)
+        if (error := logs.parse_after_sigterm(line)) is not None:
+            return logs.after_sigterm_line(error)
+    return lines[-1] if lines else "its log did not say how"
 
 
 def _no_driver(res) -> bool:
@@ -341,8 +357,7 @@ def _no_driver(res) -> bool:
 
 # Prints the driver's log file and its last finished step.
 _TRAINING_STATE = ("echo \"$log\"; "
-                   "[ -f \"$log\" ] && tail -n 200 \"$log\" | grep -oE '[(]global step [0-9]+[)] finishes.*' "
-                   "| tail -n 1; exit 0")
+                   f"[ -f \"$log\" ] && tail -n 200 \"$log\" | {_grep(logs.EPOCH_HEAD)} | tail -n 1; exit 0")
 
 
 def training_state(c: Cluster, h: HostState) -> str:
@@ -354,13 +369,11 @@ def training_state(c: Cluster, h: HostState) -> str:
         return f"unknown (exit {res.rc}: {res.tail(1)})"
     log, *last = res.stdout.strip().splitlines() or [""]
     where = f"log {log}" if log.startswith("/") else "its output is not a file"
-    line = last[-1] if last else ""
-    step = re.match(r"\(global step (\d+)\) finishes", line)
-    if not step:
+    step = logs.parse_epoch(last[-1]) if last else None
+    if step is None:
         return f"running, no step finished yet; {where}"
-    eta = re.search(r"Estimated remaining time: (\S+?)\.?$", line)
-    return f"running, global step {step.group(1)} finished" + (f", about {eta.group(1)} to go" if eta else "") + \
-        f"; {where}"
+    eta = f", about {step.eta:.3f}s to go" if step.eta is not None else ""
+    return f"running, global step {step.global_step} finished{eta}; {where}"
 
 
 def probe(c: Cluster, h: HostState) -> Outcome:

@@ -34,6 +34,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import fabric
 import invoke
@@ -92,6 +93,34 @@ def check_key_file(path: str | None) -> None:
     if mode & 0o077:
         raise UserError(f"--private_key_file: {path} has permissions {oct(mode & 0o777)}, readable by "
                         f"others; run: chmod 600 {shlex.quote(path)}")
+
+
+class Shell(Protocol):
+    """What a step needs of a host's connection: a Remote, a DryRemote, or a test's stand-in."""
+
+    @property
+    def user(self) -> str: ...
+
+    @property
+    def is_root(self) -> bool: ...
+
+    def connect(self) -> str: ...
+
+    def run(self, cmd: str, sudo: bool = False, check: bool = False, timeout: float | None = None,
+            quiet: bool = False) -> Result: ...
+
+    def put_text(self, text: str, path: str, mode: int = 0o600) -> None: ...
+
+    def put_bytes(self, data: bytes, path: str, mode: int = 0o600) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def as_sent(cmd: str, sudo: bool, is_root: bool) -> str:
+    """The command as sent: root-needing commands go through `sudo -n` for other users."""
+    if sudo and not is_root:
+        return "sudo -n sh -c " + shlex.quote(cmd)
+    return cmd
 
 
 class HostLog:
@@ -249,10 +278,7 @@ class Remote:
 
     # -- commands ----------------------------------------------------------------------------
     def wrap(self, cmd: str, sudo: bool = False) -> str:
-        """The command as sent: root-needing commands go through `sudo -n` for other users."""
-        if sudo and not self.is_root:
-            return "sudo -n sh -c " + shlex.quote(cmd)
-        return cmd
+        return as_sent(cmd, sudo, self.is_root)
 
     def run(self, cmd: str, sudo: bool = False, check: bool = False, timeout: float | None = None,
             quiet: bool = False) -> Result:
@@ -314,7 +340,8 @@ class DryRemote:
     def is_root(self) -> bool:
         return self.user == "root"
 
-    wrap = Remote.wrap
+    def wrap(self, cmd: str, sudo: bool = False) -> str:
+        return as_sent(cmd, sudo, self.is_root)
 
     def connect(self) -> str:
         words = ["ssh"] + (["-J", self.gateway] if self.gateway else []) + (["-p", str(self.host.port)] if self.host.port else [])

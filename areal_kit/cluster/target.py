@@ -22,10 +22,10 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from areal_kit.cluster.flags import argument, flag, many
 from areal_kit.cluster.options import SetupOptions, load_state, state_path
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec, load_cluster_spec
 from areal_kit.errors import UserError
+from areal_kit.flags import argument, flag, many
 
 
 @dataclass
@@ -98,11 +98,14 @@ class Target:
         # the jump host setup was given for the addresses it saved.
         route_given = spec is not None and bool(self.ssh_config)
         # No host named and nothing saved: load_state says which name it looked for.
-        saved = load_state(name) if spec is None or state_path(name).exists() else None
+        saved: SetupOptions | None
         if spec is None:
+            saved = load_state(name)
             spec = saved.spec
-        elif saved is not None:
-            spec = _as_saved(spec, saved.spec, inventory=bool(self.inventory))
+        else:
+            saved = load_state(name) if state_path(name).exists() else None
+            if saved is not None:
+                spec = _as_saved(spec, saved.spec, inventory=bool(self.inventory))
         base = saved or SetupOptions(spec=spec)
         return dataclasses.replace(base, spec=spec, runtime=self.runtime or base.runtime,
                                    python=self.python or base.python, ssh_config=self.ssh_config or base.ssh_config,

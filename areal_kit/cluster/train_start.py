@@ -19,13 +19,14 @@ set up before, after `running` found no driver of the run on the head (exit 2 wh
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from areal_kit import logs
 from areal_kit.cluster.options import Cluster, q
 from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
 from areal_kit.cluster.ray_cluster import container_name, host_env, in_head
@@ -33,6 +34,9 @@ from areal_kit.cluster.steps import must
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
 from areal_kit.errors import UserError
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 POLL_S = 5.0  # seconds between two reads of the training log
 DRY_RUN_TIMEOUT_S = 300
@@ -69,7 +73,7 @@ def dry_run_args(o) -> list[str]:
     return [sys.executable, "-m", "areal_kit.cli", "train", o.train_param, *train_overrides(o), "--dry-run"]
 
 
-def preset(c: Cluster, h: HostState, cfg) -> Outcome:
+def preset(c: Cluster, h: HostState, cfg: TrainConfig) -> Outcome:
     """The head's step after preflight: can the preset (cfg, loaded by load_preset) run on these nodes?"""
     o = c.opts
     gpus = [int(x.facts.get("gpus") or 0) for x in c.hosts if not x.failed]
@@ -80,12 +84,12 @@ def preset(c: Cluster, h: HostState, cfg) -> Outcome:
         raise StepFailed(f"{refuse}: {short}; pick a preset for {sum(gpus)} GPUs, or --train-arg allocation_mode=...")
     args = dry_run_args(o)
     if o.dry_run:
-        h.remote.commands.append(("local", f"AREAL_DEVICE={device} {shlex.join(args)}"))
+        h.dry.commands.append(("local", f"AREAL_DEVICE={device} {shlex.join(args)}"))
         return Outcome("ok", "dry run")
     try:
         res = subprocess.run(args, env={**os.environ, "AREAL_DEVICE": device}, capture_output=True, text=True,
                              timeout=DRY_RUN_TIMEOUT_S, check=False)
-        errors = [ln[len("error: "):] for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+        errors = [e for ln in res.stderr.splitlines() if (e := logs.parse_error(ln)) is not None]
         rc, tail = res.returncode, (res.stderr.strip().splitlines() or [""])[-1]
     except (OSError, subprocess.TimeoutExpired) as e:
         errors, rc, tail = [], -1, str(e)
@@ -162,7 +166,7 @@ def train(c: Cluster, h: HostState, fresh: bool = False) -> Outcome:
 # driver holds the run's lock (rl/driver/launch.py hold_run_lock: it outlives no driver, even after kill -9).
 HELD_SNIPPET = """
 import fcntl, json, os, sys
-from areal_kit.logs import run_paths
+from areal_kit.runlog import run_paths
 d = run_paths(*sys.argv[1:4]).log_dir
 try:
     fcntl.flock(os.open(os.path.join(d, ".driver.lock"), os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -178,7 +182,7 @@ except OSError:  # no lock file: no driver has run; a filesystem without locks: 
 """
 
 
-def running_cmd(c: Cluster, h: HostState, cfg) -> str:
+def running_cmd(c: Cluster, h: HostState, cfg: TrainConfig) -> str:
     """Prints "DRIVER PID" when setup's driver of this preset runs (its log is the one a new start
     would write to), else "HELD ..." when another driver holds the run's lock, else nothing."""
     o = c.opts
@@ -186,7 +190,7 @@ def running_cmd(c: Cluster, h: HostState, cfg) -> str:
                          f"exec {q(o.python, '-c', HELD_SNIPPET, cfg.fileroot, cfg.experiment_name, cfg.trial_name)}")
 
 
-def running(c: Cluster, h: HostState, cfg) -> str:
+def running(c: Cluster, h: HostState, cfg: TrainConfig) -> str:
     """Why a start of the run (cfg, as the driver will load it) is refused: its driver runs on the
     head; "" when none does. StepFailed when the head cannot be asked."""
     o = c.opts
@@ -212,7 +216,7 @@ def running(c: Cluster, h: HostState, cfg) -> str:
     return ""
 
 
-def not_running(c: Cluster, h: HostState, cfg) -> Outcome:
+def not_running(c: Cluster, h: HostState, cfg: TrainConfig) -> Outcome:
     """`running` as a step (the dry run's listing)."""
     why = running(c, h, cfg)
     if why:
@@ -221,14 +225,10 @@ def not_running(c: Cluster, h: HostState, cfg) -> Outcome:
 
 
 # -- after: the run's log ----------------------------------------------------------------------
-# What the run writes as it starts (the run's logger prefixes a time and the level; the CLI's one
-# error line starts the line). Each is an extended regex as grep -E reads it and Python's re.
-LAUNCH = r" INFO Run [^ ]+: [0-9]+ steps"  # rl/driver/launch.py: the first line of every launch
-READY = r" INFO Workers ready in "  # rl/driver/controller.py: trainers and engines up; generation is next
-STEP = r"\(global step ([0-9]+)\) finishes"  # logs.epoch_line
-FINISHED = r" INFO Training finished: ([0-9]+) steps"  # rl/driver/launch.py
-FAILED = r"^error: |Run failed: |Run interrupted"  # the CLI's error line; the run's own failure lines
-MARKERS = (LAUNCH, READY, STEP, FINISHED, FAILED)
+# The lines the poll picks out on the head (grep -E) and classify reads: each launch's first line, its
+# workers ready, a finished step, the end of training, and the failures: the CLI's error line, the run's
+# own "Run failed" and "Run interrupted" (their messages start as the first line's does).
+MARKERS = logs.grep_pattern(logs.RUN_HEAD, logs.READY_HEAD, logs.EPOCH_HEAD, logs.FINISHED_HEAD, logs.ERROR_HEAD)
 
 
 @dataclass(frozen=True)
@@ -244,15 +244,15 @@ def classify(lines: list[str], driver_running: bool = True, last_line: str = "")
     line or the end of training has failed, with its log's last line as the error."""
     now, done = Start("starting"), False
     for line in lines:
-        if re.search(LAUNCH, line):
+        if logs.parse_run(line):
             now, done = Start("starting"), False
-        elif m := re.search(FAILED, line):
-            now = Start("failed", line[m.start():].removeprefix("error: ").strip())
-        elif m := re.search(FINISHED, line):
-            now, done = Start("started", f"finished, {m.group(1)} steps"), True
-        elif m := re.search(STEP, line):
-            now = Start("started", f"at global step {m.group(1)}")
-        elif re.search(READY, line):
+        elif failure := _failure(line):
+            now = Start("failed", failure)
+        elif end := logs.parse_finished(line):
+            now, done = Start("started", f"finished, {end.steps} steps"), True
+        elif step := logs.parse_epoch(line):
+            now = Start("started", f"at global step {step.global_step}")
+        elif logs.parse_ready(line):
             now = Start("started", "workers ready, engines generating")
     if driver_running or now.state == "failed" or done:
         return now
@@ -262,13 +262,23 @@ def classify(lines: list[str], driver_running: bool = True, last_line: str = "")
     return Start("failed", f"the driver exited before its workers were ready; {last}")
 
 
+def _failure(line: str) -> str:
+    """The error a failure line gives (the CLI's error, the run's own line as it reads), else ""."""
+    if (error := logs.parse_error(line)) is not None:
+        return error.strip()
+    if (error := logs.parse_failed(line)) is not None:
+        return logs.failed_line(error)
+    stop = logs.parse_stopped(line)
+    return logs.stopped_line(stop.signame, stop.global_step, stop.checkpoint) if stop else ""
+
+
 def poll_cmd(c: Cluster, h: HostState, start: int) -> str:
     """Prints "DRIVER running|gone" (asked first, so a gone driver's log is whole), the marker lines
     written after byte `start`, and "LAST " with the last non-empty one."""
     log, new = q(train_log_path(c)), f"tail -c +{start + 1} {q(train_log_path(c))}"
     return in_head(c, h, f"if pgrep -f {q(driver_pattern(c.opts))} >/dev/null; then echo DRIVER running; "
                          f"else echo DRIVER gone; fi; [ -f {log} ] || exit 0; "
-                         f"{new} | grep -aE {q('|'.join(MARKERS))} | tail -n 50; "
+                         f"{new} | grep -aE {q(MARKERS)} | tail -n 50; "
                          f"printf 'LAST %s\\n' \"$({new} | grep -av '^[[:space:]]*$' | tail -n 1)\"")
 
 
@@ -289,7 +299,7 @@ def wait(c: Cluster, h: HostState) -> Outcome:
     log, what = train_log_path(c), f"training {o.train_param}"
     cmd, sudo = poll_cmd(c, h, h.facts.get("train_log_from", 0)), o.runtime == "docker"
     if o.dry_run:
-        h.remote.commands.append((f"every {POLL_S:g}s, up to {o.train_wait:g}s", h.remote.wrap(cmd, sudo)))
+        h.dry.commands.append((f"every {POLL_S:g}s, up to {o.train_wait:g}s", h.dry.wrap(cmd, sudo)))
         return Outcome("ok", "dry run")
     end, polls, misses, last = time.monotonic() + o.train_wait, 0, 0, ""
     while True:

@@ -156,10 +156,10 @@ def parse_allocation(text: str) -> Allocation:
     if ":" in text:
         roles = _parse_roles(text)
         default = roles.get("*")
-        gen = roles.get("actor_gen", default)
-        train = roles.get("actor_train", default)
-        if gen is None or train is None:
+        gen_role = roles.get("actor_gen", default)
+        train_role = roles.get("actor_train", default)
+        if gen_role is None or train_role is None:
             raise ConfigError(f"allocation {text!r}: actor_gen and actor_train need a strategy; add *:STRATEGY")
-        return Allocation(text, "per_role", gen, train)
+        return Allocation(text, "per_role", gen_role, train_role)
     p = parse_parallel(text)
     return Allocation(text, "colocated", p, p)

@@ -16,20 +16,19 @@ import dataclasses
 import difflib
 import os
 import typing
-from importlib import resources
 from pathlib import Path
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from areal_kit.config.assets import PATH_KEYS, resolve
 from areal_kit.config.cluster_spec import load_cluster_spec
 from areal_kit.config.schema import ConfigError, TrainConfig
+from areal_kit.train_scripts import PRESET_DIR, preset_names
 
 # train_scripts/ ships inside the package (pyproject.toml maps it to areal_kit.train_scripts), so a
 # wheel, `pip install .` and the image find the presets as an editable install does.
-PRESET_DIR = Path(str(resources.files("areal_kit.train_scripts")))
 
 # Keys other PPO trainers have that this one cannot honour: naming one says why, where a "did you
 # mean" would offer a neighbour that does something else.
@@ -55,10 +54,6 @@ RUN_ENV = {"fileroot": "AREAL_KIT_FILEROOT", "storage_root": "AREAL_KIT_STORAGE_
 def env_defaults() -> dict[str, str]:
     """RUN_ENV's keys that this environment sets (fileroot's is applied in finalize, below a cluster spec's)."""
     return {key: os.environ[name] for key, name in RUN_ENV.items() if os.environ.get(name) and key != "fileroot"}
-
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml") if not p.stem.startswith("_"))
 
 
 def preset_path(name: str) -> Path:
@@ -178,6 +173,7 @@ def load_resolved(preset: str, overrides: list[str] | None = None) -> tuple[Trai
         cfg = OmegaConf.merge(base, env_defaults(), *_load_chain(path))
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e, str(path)) from None
+    assert isinstance(cfg, DictConfig), "a structured TrainConfig merges into a mapping"
     pairs = [p for p in map(_parse_override, overrides or []) if p[0] not in FIXED]
     _apply(cfg, [p for p in pairs if p[0] not in PATH_KEYS])
     own, own_assets = _paths(cfg, path), _select(cfg, "assets", path)
@@ -195,10 +191,11 @@ def load_resolved(preset: str, overrides: list[str] | None = None) -> tuple[Trai
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e, str(path)) from None
+    assert isinstance(obj, TrainConfig), "a structured TrainConfig converts to one"
     return finalize(obj), list(got.dropped.values())
 
 
-def _apply(cfg, pairs: list[tuple[str, str]]) -> None:
+def _apply(cfg: DictConfig, pairs: list[tuple[str, str]]) -> None:
     for key, value in pairs:
         try:
             OmegaConf.update(cfg, key, _yaml_value(value), merge=False)
@@ -207,7 +204,7 @@ def _apply(cfg, pairs: list[tuple[str, str]]) -> None:
             raise ConfigError(f"override {key}={value!r} is not valid; expected {expected}") from None
 
 
-def _select(cfg, key: str, path: Path):
+def _select(cfg: DictConfig, key: str, path: Path):
     """cfg's value at key, interpolations resolved (a mapping as plain dicts)."""
     try:
         value = OmegaConf.select(cfg, key)
@@ -216,7 +213,7 @@ def _select(cfg, key: str, path: Path):
         raise _omegaconf_error(e, str(path)) from None
 
 
-def _paths(cfg, path: Path) -> dict[str, str]:
+def _paths(cfg: DictConfig, path: Path) -> dict[str, str]:
     return {key: str(_select(cfg, key, path) or "") for key in PATH_KEYS}
 
 
@@ -229,7 +226,7 @@ def _load_chain(path: Path, depth: int = 0) -> list:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}: not valid YAML{where} ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict) and not OmegaConf.is_dict(data):
+    if not isinstance(data, DictConfig):
         raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
     _drop_fixed(data, str(path))
     parent = data.pop("inherit", None)
@@ -280,7 +277,9 @@ def _value(cfg: TrainConfig, key: str):
 
 
 def _default(f: dataclasses.Field):
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def describe_options(cfg: TrainConfig) -> list[dict]:

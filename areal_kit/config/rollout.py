@@ -8,8 +8,12 @@ to the generations in flight. A section of the training config (config/schema.py
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from areal_kit.config.fields import check, check_choices, opt
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 
 @dataclass
@@ -41,6 +45,6 @@ class RolloutConfig:
               f"rollout.max_restarts={self.max_restarts}; expected an integer >= 0")
 
 
-def streaming(cfg) -> bool:
+def streaming(cfg: TrainConfig) -> bool:
     """Whether the run's engines stream (rollout.mode=stream)."""
     return cfg.rollout.mode == "stream"

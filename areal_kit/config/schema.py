@@ -221,24 +221,31 @@ class MFCConfig:
     mb_spec: MBSpec = section(MBSpec, "Micro-batch spec of this model function call.")
 
 
-FREQS = tuple(f"{kind}_freq_{unit}" for kind in ("save", "ckpt") for unit in ("epochs", "steps", "secs"))
+# exp_ctrl's two schedules, persistent saves and recover checkpoints: an option per unit, each a
+# trigger of its own; their help is one sentence naming the unit.
+_FREQ_UNITS = {"epochs": "epochs", "steps": "steps", "secs": "seconds"}
+_FREQ_KINDS = {"save": ("Persistent HF saves", "a final save always happens"),
+               "ckpt": ("Recover checkpoints", "also after global step 2")}
+FREQS = tuple(f"{kind}_freq_{unit}" for kind in _FREQ_KINDS for unit in _FREQ_UNITS)
 
 
-SAVE_FREQ = "Persistent HF saves every N epochs / steps / seconds (0 or null = off); a final save always happens."
-CKPT_FREQ = "Recover checkpoints every N epochs / steps / seconds (0 or null = off); also after global step 2."
+def _freq(default: int, kind: str, unit: str):
+    """The option `<kind>_freq_<unit>`: N units between two saves of the kind."""
+    what, also = _FREQ_KINDS[kind]
+    return opt(default, f"{what} every N {_FREQ_UNITS[unit]} (0 or null = off); {also}.")
 
 
 @dataclass
 class ExpCtrl:
     total_train_epochs: int = opt(10, "Epochs over the dataset.")
     total_train_steps: int = opt(0, "Stop after this many global steps (0 = run all epochs).")
-    save_freq_epochs: int | None = opt(1, SAVE_FREQ)
-    save_freq_steps: int | None = opt(0, SAVE_FREQ)
-    save_freq_secs: int | None = opt(0, SAVE_FREQ)
+    save_freq_epochs: int | None = _freq(1, "save", "epochs")
+    save_freq_steps: int | None = _freq(0, "save", "steps")
+    save_freq_secs: int | None = _freq(0, "save", "secs")
     keep_last_n: int = opt(0, "Keep only the last N persistent saves (0 = keep all).")
-    ckpt_freq_epochs: int | None = opt(0, CKPT_FREQ)
-    ckpt_freq_steps: int | None = opt(0, CKPT_FREQ)
-    ckpt_freq_secs: int | None = opt(600, CKPT_FREQ)
+    ckpt_freq_epochs: int | None = _freq(0, "ckpt", "epochs")
+    ckpt_freq_steps: int | None = _freq(0, "ckpt", "steps")
+    ckpt_freq_secs: int | None = _freq(600, "ckpt", "secs")
     eval_every: int = opt(0,
         "In-training evaluation on the held-out split every N steps (0 = off): greedy, pass@1 by the "
         "grader of `areal-kit eval`; the split is dataset.eval_path or dataset.eval_size.")

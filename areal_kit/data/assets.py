@@ -41,6 +41,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MANIFEST = ".areal-kit-manifest.json"
 GENERATED = ("tiny://", "toy://")
@@ -370,8 +371,10 @@ def fetch(a: Asset, mirror: str = "", local: Filler | None = None) -> str:
     folder = is_folder(a.uri)
     if folder is None:
         folder = Path(urllib.parse.unquote(src.split("://", 1)[1])).is_dir()
-    put = fetch_folder if folder else fetch_file
+    # A folder's filler returns its files' checksums (or None), a file's its size: the one put takes.
+    put: Callable[[Asset, Callable[[Path], Any]], str] = fetch_folder if folder else fetch_file
     if src.startswith(("http://", "https://", "file://")):
+        get: Callable[[Path], Any]
         if src.startswith("file://"):
             get = functools.partial(copy_from, Path(urllib.parse.unquote(src[len("file://"):])))
         else:

@@ -4,6 +4,14 @@ A dataset is a list of rows, each with an `id`, the prompt's token ids and whate
 function needs (answer, solutions). `PromptLoader` walks it in a seeded, per-epoch shuffled order
 and remembers (epoch, position, ids used this epoch), so a resumed run neither repeats nor
 skips a prompt.
+
+`run_prompts` makes a run's prompts in one pass, every problem a UserError before any worker
+starts: the sources read (data/sources.py, or the toy task), the eval split held out, the mix
+weighed, each row checked for what its verifier reads, then tokenized and put in the loader.
+`read_rows` is its first half, what the dry-run plan counts without the model's tokenizer.
+
+    from areal_kit.config.loader import load_config
+    prompts = run_prompts(load_config("tiny"), MODEL_DIR)   # .loader, .eval_rows, .n_dropped, .tokenizer
 """
 
 from __future__ import annotations
@@ -11,14 +19,53 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from areal_kit.data import sources
+from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.data.toy_task import toy_rows
 from areal_kit.errors import UserError
 
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
-def load_rows(cfg) -> list[dict]:
-    """Rows of cfg.dataset (TrainConfig), before tokenization; with dataset.mix, every source's
+# What each built-in reward reads from a dataset row.
+REWARD_FIELDS = {"toy": ("answer",), "math": ("answer", "solutions"), "gsm8k": ("answer",)}
+
+
+@dataclass(frozen=True)
+class RunPrompts:
+    """What a run trains and evaluates on."""
+
+    loader: PromptLoader  # the training rows, tokenized
+    eval_rows: list[dict]  # the in-training eval split, tokenized (rl/driver/validation.py)
+    n_dropped: int  # training prompts left out: longer than dataset.max_prompt_len
+    tokenizer: object  # the model's, as load_tokenizer gives it
+
+
+def run_prompts(cfg: TrainConfig, model_path: str) -> RunPrompts:
+    """cfg's prompts, tokenized with the tokenizer of the model folder model_path (refused, in one
+    line, when it cannot read itself), and the loader over them."""
+    rows, eval_rows = read_rows(cfg)
+    tok = load_tokenizer(model_path)
+    d = cfg.dataset
+    rows, dropped = tokenize_rows(rows, tok, d.max_prompt_len, d.apply_chat_template, d.question_field)
+    if eval_rows:
+        eval_rows, _ = tokenize_rows(eval_rows, tok, d.max_prompt_len, d.apply_chat_template, d.question_field)
+    return RunPrompts(PromptLoader(rows, d.train_bs_n_seqs, seed=cfg.seed, shuffle=d.shuffle), eval_rows, dropped, tok)
+
+
+def read_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
+    """(training rows, eval rows) of cfg, before tokenization: the sources read, the eval split
+    held out (sources.split_eval), the mix weighed, and every row checked against cfg's rewards."""
+    rows, eval_rows = sources.split_eval(load_rows(cfg), cfg.dataset, cfg.seed)
+    rows = mix_rows(rows, cfg.dataset.mix, cfg.seed)
+    check_rows(rows + eval_rows, cfg.ppo.reward_fns)
+    return rows, eval_rows
+
+
+def load_rows(cfg: TrainConfig) -> list[dict]:
+    """Rows of cfg.dataset, before tokenization; with dataset.mix, every source's
     rows, each tagged with its source's name (`source`, and the id's prefix) and not yet weighed
     (see mix_rows)."""
     d = cfg.dataset
@@ -55,6 +102,18 @@ def mix_rows(rows: list[dict], mix: list[dict], seed: int) -> list[dict]:
             raise UserError(f"dataset.mix source {m['name']!r} gives no training rows (weight {m['weight']:g} of "
                             f"{len(own)}); expected a larger weight or more rows")
     return out
+
+
+def check_rows(rows: list[dict], reward_fns: list[str]) -> None:
+    """Fail before any actor starts when a row lacks what its verifier needs."""
+    for name in reward_fns:
+        need = REWARD_FIELDS.get(name)
+        if not need:
+            continue
+        for row in rows:
+            if not any(row.get(f) not in (None, "", []) for f in need):
+                raise UserError(f"dataset row {row.get('id', '?')!r} has no {' or '.join(need)} field, which "
+                                f"reward {name!r} needs; expected every row to carry the reference answer")
 
 
 def tokenize_rows(rows: list[dict], tokenizer, max_prompt_len: int, apply_chat_template: bool = False,

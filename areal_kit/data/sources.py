@@ -195,8 +195,10 @@ if __name__ == "__main__":
     import sys
     from types import SimpleNamespace
 
+    from areal_kit.errors import refuse
+
     if len(sys.argv) not in (2, 3):
-        sys.exit("usage: python -m areal_kit.data.sources PATH [areal|jsonl|hf]")
+        refuse("usage: python -m areal_kit.data.sources PATH [areal|jsonl|hf]")
     kind = sys.argv[2] if len(sys.argv) == 3 else ("hf" if os.path.isdir(sys.argv[1]) else "jsonl")
     cfg = SimpleNamespace(path=sys.argv[1], type=kind, id2info_path="", question_field="question",
                           answer_field="answer")

@@ -21,6 +21,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -81,7 +82,7 @@ class TinySpec:
         """`tiny://toy` or `tiny://toy?hidden=128&layers=4`: a kind and integer shape fields."""
         kind, _, query = url.removeprefix("tiny://").partition("?")
         ints = {f for f, v in asdict(cls()).items() if isinstance(v, int) and not isinstance(v, bool)} - {"seed"}
-        shape = {}
+        shape: dict[str, Any] = {}  # integer fields by name, checked above
         for item in filter(None, query.split("&")):
             key, _, value = item.partition("=")
             if key not in ints or not value.isdigit():
@@ -258,7 +259,7 @@ def build(out_dir: str, spec: TinySpec | None = None) -> str:
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
@@ -277,7 +278,8 @@ def main() -> None:
         ap.add_argument(f"--{f.replace('_', '-')}", type=type(v) if not isinstance(v, bool) else int, default=v)
     a = vars(ap.parse_args())
     out = a.pop("out")
-    spec = TinySpec(**{k: (bool(v) if k == "tie_embeddings" else v) for k, v in a.items()})
+    fields: dict[str, Any] = {k: (bool(v) if k == "tie_embeddings" else v) for k, v in a.items()}
+    spec = TinySpec(**fields)
     build(out, spec)
     print(f"saved {out} ({spec.kind}, hidden {spec.hidden}, {spec.layers} layers)")
 

@@ -7,7 +7,9 @@ pass rate) and `areal-kit grade` (check answers).
     areal-kit grade '\\frac{1}{2}' 0.5
     areal-kit grade --file pairs.jsonl        # rows {"pred": ..., "ref": ..., "expected": true}
 
-Heavy imports (vllm, torch, math-verify) happen inside the commands.
+Heavy imports (vllm, torch, math-verify) happen inside the commands. eval's and filter's options
+that fill their run's config are declared on its fields (eval/options.py); the signatures below
+are made of them.
 """
 
 from __future__ import annotations
@@ -20,9 +22,17 @@ import typer
 from areal_kit.config.cluster_spec import DEFAULT_STORAGE
 from areal_kit.console import make_console
 from areal_kit.errors import ExitCode, UserError
+from areal_kit.eval.options import DATA_NAMES, EvalConfig, FilterConfig
+from areal_kit.flags import build, command, params
 from areal_kit.interrupts import stops_say_so
 
+# eval's options that fill EvalConfig, in the order --help lists them after the command's own.
+_EVAL = params(EvalConfig, "prompt_type max_gen_tokens num_samples n_sampling num_sample_nodes samples_per_node "
+                           "temperature top_p greedy seed max_questions tp num_engines grade_timeout_s "
+                           "enforce_eager overwrite")
 
+
+@command(_EVAL, own_first=True)
 def eval_(
     model_path: list[str] = typer.Option(..., "--model_path", "--model-path",
                                          help="Hugging Face model folder to evaluate (a checkpoint). Repeat it, or "
@@ -31,7 +41,7 @@ def eval_(
     output_path: str = typer.Option("eval_out", "--output_path", "--output-path",
                                     help="Folder for per-sample records, aggregate.json and the "
                                          "table; a re-run with the same folder resumes."),
-    data_names: str = typer.Option("math_500,aime24,amc23", "--data_names", "--data-names",
+    data_names: str = typer.Option(",".join(DATA_NAMES), "--data_names", "--data-names",
                                    help="Comma-separated datasets from evaluation/manifest.yaml."),
     data_dir: str = typer.Option(None, "--data_dir", "--data-dir", envvar="AREAL_EVAL_DATA", show_envvar=True,
                                  help="Folder holding <name>/test.jsonl for each dataset (default: "
@@ -43,47 +53,12 @@ def eval_(
     mirror: str = typer.Option("", "--mirror", envvar="AREAL_KIT_MIRROR", show_envvar=True,
                                help="Fetch a missing eval set from this mirror (laid out as its origin: "
                                     "MIRROR/raw.githubusercontent.com/...), as setup --mirror does."),
-    prompt_type: str = typer.Option("deepscaler", "--prompt_type", "--prompt-type",
-                                    help="Prompt template from evaluation/prompts.yaml."),
-    max_gen_tokens: int = typer.Option(32768, "--max_gen_tokens", "--max-gen-tokens",
-                                       help="Maximum generated tokens per sample."),
-    num_samples: int | None = typer.Option(None, "--num_samples", "--num-samples",
-                                           help="Sampled generations per question (0: greedy only; default "
-                                                "32); pass@k is reported for k in 1, 8, 16 up to this."),
-    n_sampling: int | None = typer.Option(None, "--n_sampling", "--n-sampling",
-                                          help="The AReaL guide's name for --num_samples (with --num_sample_nodes: "
-                                               "at most their product, as there)."),
-    num_sample_nodes: int | None = typer.Option(None, "--num_sample_nodes", "--num-sample-nodes",
-                                                help="The guide's sampling runs: N runs of --samples_per_node "
-                                                     "answers there are N x M sampled answers per question here, "
-                                                     "each with its own seed, spread over the engines (default 8)."),
-    samples_per_node: int | None = typer.Option(None, "--samples_per_node", "--samples-per-node",
-                                                help="The guide's answers per sampling run (see --num_sample_nodes; "
-                                                     "default 4)."),
-    temperature: float = typer.Option(0.6, "--temperature", help="Temperature of sampled generations."),
-    top_p: float = typer.Option(0.95, "--top_p", "--top-p", help="Top-p of sampled generations."),
-    greedy: bool = typer.Option(True, "--greedy/--no_greedy",
-                                help="Also make one temperature-0 generation per question."),
-    seed: int = typer.Option(0, "--seed", help="Base seed; each sample's seed derives from it."),
-    max_questions: int = typer.Option(0, "--max_questions", "--max-questions",
-                                      help="Evaluate only the first N questions of each dataset (0: all)."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel GPUs per vLLM engine."),
-    num_engines: int = typer.Option(0, "--num_engines", "--num-engines",
-                                    help="Data-parallel vLLM engines (0: GPUs // tp; 1 on CPU)."),
-    grade_timeout: float = typer.Option(5.0, "--grade_timeout", "--grade-timeout",
-                                        help="Seconds math-verify may spend on one answer."),
-    enforce_eager: bool = typer.Option(True, "--enforce_eager/--no_enforce_eager",
-                                       "--enforce-eager/--no-enforce-eager",
-                                       help="Run vLLM eager, without CUDA graphs, as the guide's numbers were "
-                                            "made (--no_enforce_eager: faster, may round differently)."),
-    overwrite: bool = typer.Option(False, "--overwrite",
-                                   help="Delete the records of an earlier evaluation in --output_path and "
-                                        "evaluate from scratch (without it a re-run resumes)."),
+    **given,
 ) -> None:
     """Evaluate checkpoints with vLLM on math datasets and print the accuracy / pass@k table."""
     from areal_kit.eval import compare
     from areal_kit.eval import data as evdata
-    from areal_kit.eval.evaluation import EvalConfig, run, sample_count
+    from areal_kit.eval.evaluation import run
 
     models = compare.expand(model_path)
     out = Path(output_path)
@@ -92,15 +67,10 @@ def eval_(
         raise UserError(f"{out} holds the evaluation of {'one checkpoint' if several else 'several'}; "
                         "use another --output_path")
     names = evdata.parse_data_names(data_names)
-    num_samples = sample_count(num_samples, n_sampling, num_sample_nodes, samples_per_node)
     fetch_missing = data_dir is None  # into the storage's folder only, never into a folder the user named
     data_dir = data_dir or str(evdata.eval_sets_dir(storage_root))
-    cfgs = [EvalConfig(model_path=str(m), output_path=str(out / m.name if several else out),
-                       data_names=names, data_dir=data_dir,
-                       prompt_type=prompt_type, max_gen_tokens=max_gen_tokens, greedy=greedy,
-                       num_samples=num_samples, temperature=temperature, top_p=top_p, seed=seed,
-                       max_questions=max_questions, tp=tp, num_engines=num_engines,
-                       grade_timeout_s=grade_timeout, enforce_eager=enforce_eager, overwrite=overwrite)
+    cfgs = [build(EvalConfig, given, model_path=str(m), output_path=str(out / m.name if several else out),
+                  data_names=names, data_dir=data_dir)
             for m in models]
     console = make_console()
     for line in evdata.find_sets(data_dir, names, fetch_missing, mirror):  # the options are valid: fetch
@@ -118,50 +88,14 @@ def eval_(
         console.print(f"wrote {out}/compare.json, compare.md, compare.csv", markup=False)
 
 
-def filter_(
-    model_path: str = typer.Option(..., "--model_path", "--model-path",
-                                   help="Hugging Face model folder whose pass rates decide (a checkpoint)."),
-    dataset: str = typer.Option(..., "--dataset",
-                                help="Training dataset to filter: a jsonl file (--type jsonl, areal) or a "
-                                     "datasets folder (--type hf), read as training reads dataset.path."),
-    type_: str = typer.Option("jsonl", "--type", help="Dataset format: jsonl | areal | hf (as dataset.type)."),
-    question_field: str = typer.Option("question", "--question_field", "--question-field",
-                                       help="jsonl/hf: field holding the question."),
-    answer_field: str = typer.Option("answer", "--answer_field", "--answer-field",
-                                     help="jsonl/hf: field holding the reference answer."),
-    id2info_path: str = typer.Option("", "--id2info_path", "--id2info-path",
-                                     help="areal: id2info.json (default: beside the dataset)."),
-    output_path: str = typer.Option("filter_out", "--output_path", "--output-path",
-                                    help="Folder for samples.jsonl, rates.jsonl and filtered.jsonl; a re-run "
-                                         "with the same folder resumes."),
-    num_samples: int = typer.Option(8, "--num_samples", "--num-samples",
-                                    help="Sampled completions per prompt; pass rate = correct / num_samples."),
-    keep: str = typer.Option("0.1-0.9", "--keep",
-                             help="Pass rates kept, LO-HI, ends included (0.1-0.9 drops prompts solved by "
-                                  "fewer than 10% or more than 90% of the samples)."),
-    max_gen_tokens: int = typer.Option(16384, "--max_gen_tokens", "--max-gen-tokens",
-                                       help="Maximum generated tokens per sample (as ppo.gen.max_new_tokens)."),
-    temperature: float = typer.Option(0.6, "--temperature", help="Sampling temperature (as ppo.gen.temperature)."),
-    top_p: float = typer.Option(1.0, "--top_p", "--top-p", help="Top-p of the samples (as ppo.gen.top_p)."),
-    seed: int = typer.Option(0, "--seed", help="Base seed; each sample's seed derives from it."),
-    apply_chat_template: bool = typer.Option(False, "--apply_chat_template", "--apply-chat-template",
-                                             help="Apply the tokenizer's chat template to prompts "
-                                                  "(as dataset.apply_chat_template)."),
-    max_prompt_len: int = typer.Option(2048, "--max_prompt_len", "--max-prompt-len",
-                                       help="Prompts longer than this (tokens) are not sampled nor kept, as "
-                                            "training drops them (dataset.max_prompt_len)."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel GPUs per vLLM engine."),
-    num_engines: int = typer.Option(0, "--num_engines", "--num-engines",
-                                    help="Data-parallel vLLM engines (0: GPUs // tp; 1 on CPU)."),
-) -> None:
+@command(params(FilterConfig, "model_path dataset type question_field answer_field id2info_path output_path "
+                              "num_samples keep max_gen_tokens temperature top_p seed apply_chat_template "
+                              "max_prompt_len tp num_engines"))
+def filter_(**given) -> None:
     """Sample every training prompt, record its pass rate, and keep the prompts within a range."""
-    from areal_kit.eval.filter import FilterConfig, parse_keep, run
+    from areal_kit.eval.filter import run
 
-    cfg = FilterConfig(model_path=model_path, dataset=dataset, output_path=output_path, type=type_,
-                       question_field=question_field, answer_field=answer_field, id2info_path=id2info_path,
-                       num_samples=num_samples, keep=parse_keep(keep), max_gen_tokens=max_gen_tokens,
-                       temperature=temperature, top_p=top_p, seed=seed, apply_chat_template=apply_chat_template,
-                       max_prompt_len=max_prompt_len, tp=tp, num_engines=num_engines)
+    cfg = build(FilterConfig, given)
     with stops_say_so():  # the records graded so far are on disk: a re-run resumes after them
         run(cfg, make_console())
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -24,6 +25,9 @@ from areal_kit.data.assets import Asset, FetchError, fetch
 from areal_kit.data.jsonl import iter_objects
 from areal_kit.errors import UserError
 from areal_kit.reward import extract_answer, gsm8k_reference
+
+if TYPE_CHECKING:
+    from areal_kit.eval.options import EvalConfig
 
 # evaluation/ ships inside the package (pyproject.toml maps it to areal_kit.evaluation), so every
 # kind of install finds it; AREAL_EVAL_MANIFEST_DIR points at another folder of the same files.
@@ -202,8 +206,8 @@ if __name__ == "__main__":
     print(f"{q.dataset} #{q.qid} reference={q.reference!r}\n{q.prompt}")
 
 
-def sample_keys(q: Question, cfg) -> list[tuple[str, str, int]]:
+def sample_keys(q: Question, cfg: EvalConfig) -> list[tuple[str, str, int]]:
     """(key, mode, index) of every sample a question needs, under an EvalConfig's greedy / num_samples."""
     keys = [(f"{q.dataset}/{q.qid}/greedy", "greedy", 0)] if cfg.greedy else []
-    keys += [(f"{q.dataset}/{q.qid}/s{i}", "sample", i) for i in range(cfg.num_samples)]
+    keys += [(f"{q.dataset}/{q.qid}/s{i}", "sample", i) for i in range(cfg.num_samples or 0)]  # None only before EvalConfig's check
     return keys

@@ -114,7 +114,9 @@ class RayEngines:
     def __init__(self, model_path: str, max_model_len: int, n: int, seed: int = 0, tp: int = 1,
                  use_gpu: bool = True, enforce_eager: bool = True):
         opts = {"num_gpus": tp} if use_gpu else {"num_cpus": 1}
-        actor_cls = ray.remote(**opts)(_EngineActor)
+        # (The ignore: ray.remote's typed overloads take no options dict, and its typed handles
+        # would not see the actor's undecorated methods.)
+        actor_cls = ray.remote(**opts)(_EngineActor)  # type: ignore[call-overload]
         self.actors = [actor_cls.remote(model_path, max_model_len, seed, tp, enforce_eager) for _ in range(n)]
         self.num_engines = n
 

@@ -11,7 +11,7 @@ A re-run skips every sample already in samples.jsonl, so an interrupted evaluati
 where it stopped and a finished one only rebuilds the table (no engine start); --overwrite
 (overwrite=True) deletes the earlier records first and evaluates from scratch. The pieces that
 make it so (check_identity, load_records, append_records, generate) also serve `areal-kit
-filter` (eval/filter.py).
+filter` (eval/filter.py). The options are EvalConfig's (eval/options.py).
 
     areal-kit eval --model_path CKPT --output_path OUT --data_names math_500,aime24
 """
@@ -22,7 +22,6 @@ import hashlib
 import json
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -35,83 +34,9 @@ from areal_kit.eval import data as evdata
 from areal_kit.eval import engine as evengine
 from areal_kit.eval import report
 from areal_kit.eval.engine import GenRequest
+from areal_kit.eval.options import EvalConfig, FilterConfig
 from areal_kit.interrupts import interruption
 from areal_kit.reward.grading import grade_completion
-
-
-@dataclass
-class EvalConfig:
-    """Everything one `areal-kit eval` run needs."""
-
-    model_path: str  # Hugging Face model folder (config.json, weights, tokenizer)
-    output_path: str  # folder for records, aggregate and table
-    data_names: list[str] = field(default_factory=lambda: ["math_500", "aime24", "amc23"])
-    data_dir: str = "evaluation/data"  # folder of <name>/test.jsonl
-    prompt_type: str = "deepscaler"  # a key of evaluation/prompts.yaml
-    max_gen_tokens: int = 32768  # generation budget per sample
-    greedy: bool = True  # one temperature-0 sample per question
-    num_samples: int = 32  # sampled generations per question (0: greedy only)
-    temperature: float = 0.6  # for the sampled generations
-    top_p: float = 0.95
-    seed: int = 0  # base of the per-sample sampling seeds
-    max_questions: int = 0  # first N questions of each dataset (0: all)
-    tp: int = 1  # tensor-parallel GPUs per engine
-    num_engines: int = 0  # data-parallel engines (0: GPUs // tp, 1 on the CPU)
-    grade_timeout_s: float = 5.0  # math-verify budget per answer
-    chunk_size: int = 256  # requests per engine between two record flushes
-    enforce_eager: bool = True  # vLLM without CUDA graphs, as the guide's numbers were made
-    overwrite: bool = False  # delete the earlier records in output_path: every sample anew
-
-    def __post_init__(self):
-        if not self.greedy and self.num_samples <= 0:
-            raise UserError("nothing to evaluate: greedy is off and num_samples is 0; "
-                            "expected --greedy or --num_samples >= 1")
-        checks = [
-            (self.max_gen_tokens >= 1, f"max_gen_tokens must be >= 1, got {self.max_gen_tokens}"),
-            (self.num_samples >= 0, f"num_samples must be >= 0, got {self.num_samples}"),
-            (self.temperature > 0 or self.num_samples == 0,
-             f"temperature must be > 0 for sampled generations, got {self.temperature}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.max_questions >= 0, f"max_questions must be >= 0, got {self.max_questions}"),
-            (self.tp >= 1 and self.num_engines >= 0, "tp must be >= 1 and num_engines >= 0"),
-            (self.grade_timeout_s > 0, f"grade_timeout_s must be > 0, got {self.grade_timeout_s}"),
-            (self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise UserError(msg)
-        evdata.template_for(self.prompt_type)
-        check_model_path(self.model_path)
-
-    def identity(self) -> dict:
-        """The settings a stored sample depends on; must match to reuse earlier records."""
-        return {"model_path": str(Path(self.model_path).resolve()), "prompt_type": self.prompt_type,
-                "max_gen_tokens": self.max_gen_tokens, "temperature": self.temperature,
-                "top_p": self.top_p, "seed": self.seed}
-
-
-def sample_count(num_samples: int | None, n_sampling: int | None, nodes: int | None, per_node: int | None) -> int:
-    """Sampled answers per question, from --num_samples (32 by default) or the AReaL guide's flags.
-    --n_sampling is AReaL's name for --num_samples. AReaL's --num_sample_nodes N runs of
-    --samples_per_node M answers (8 and 4 by default) are N x M answers here, each with its own
-    seed, shared by the engines; as in AReaL, --n_sampling may not exceed N x M."""
-    if nodes is None and per_node is None:
-        if None not in (num_samples, n_sampling) and num_samples != n_sampling:
-            raise UserError(f"--num_samples {num_samples} and --n_sampling {n_sampling} disagree; --n_sampling "
-                            "is AReaL's name for --num_samples: give one of them")
-        return next((n for n in (num_samples, n_sampling) if n is not None), 32)
-    nodes, per_node = 8 if nodes is None else nodes, 4 if per_node is None else per_node
-    if nodes < 1 or per_node < 1:
-        raise UserError(f"--num_sample_nodes {nodes} x --samples_per_node {per_node} is not valid; expected "
-                        "both >= 1 (their product is the sampled answers per question)")
-    total = nodes * per_node
-    if num_samples is not None and num_samples != total:
-        raise UserError(f"--num_samples {num_samples} is not --num_sample_nodes {nodes} x --samples_per_node "
-                        f"{per_node} = {total}; give one of them")
-    if n_sampling is not None and n_sampling > total:
-        raise UserError(f"--n_sampling {n_sampling} is more than --num_sample_nodes {nodes} x --samples_per_node "
-                        f"{per_node} = {total} sampled answers; expected at most {total}")
-    return total
 
 
 def clear_records(out: Path) -> int:
@@ -123,19 +48,6 @@ def clear_records(out: Path) -> int:
         path.unlink()
     (out / "run_config.json").unlink(missing_ok=True)
     return n
-
-
-def check_model_path(model_path: str) -> None:
-    """UserError unless model_path is a Hugging Face model folder (eval's and filter's check)."""
-    mp = Path(model_path)
-    if not mp.is_dir():
-        raise UserError(f"model path {model_path} not found; expected a Hugging Face "
-                        "model folder (config.json, weights, tokenizer)")
-    if (mp / "adapter_config.json").exists():  # a LoRA adapter: its base must be a model folder
-        adapters.adapter_base(model_path)
-    elif not (mp / "config.json").exists():
-        raise UserError(f"model path {model_path} has no config.json; expected a "
-                        "Hugging Face model folder (a checkpoint saved by areal-kit train is one)")
 
 
 def sample_seed(seed: int, key: str) -> int:
@@ -204,8 +116,8 @@ def run(cfg: EvalConfig, console=None) -> dict:
     out = Path(cfg.output_path)
     questions = {n: evdata.load_questions(cfg.data_dir, n, cfg.prompt_type, cfg.max_questions)
                  for n in cfg.data_names}
-    if cfg.overwrite and (n := clear_records(out)):
-        console.print(f"--overwrite: deleted the {n} records of an earlier evaluation in {out}; evaluating from scratch",
+    if cfg.overwrite and (cleared := clear_records(out)):
+        console.print(f"--overwrite: deleted the {cleared} records of an earlier evaluation in {out}; evaluating from scratch",
                       markup=False)
     check_identity(out, cfg.identity())
     done = {}
@@ -257,7 +169,7 @@ def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None
     generate(cfg, tok, prompts, record, lambda recs: _store(recs, out, done), console)
 
 
-def generate(cfg, tok, prompts: list[tuple[str, tuple[int, ...], bool]], make_record, store, console) -> None:
+def generate(cfg: EvalConfig | FilterConfig, tok, prompts: list[tuple[str, tuple[int, ...], bool]], make_record, store, console) -> None:
     """Generate each (key, prompt_ids, greedy) prompt on cfg's engines and record it: chunk by
     chunk, the completions decoded with `tok` become make_record(key, text, n_tokens,
     finish_reason) and go to store(records) before the next chunk starts, so a failure or a

@@ -6,7 +6,8 @@ Each prompt of a training dataset is sampled num_samples times by the eval engin
 --keep LO-HI (inclusive) are written out: dropping the ones the model always or never solves,
 which teach a GRPO-style policy nothing, as AReaL did for its boba data. Prompts are read and
 tokenized the way training reads them (data/sources.load, data/prompts.tokenize_rows); a prompt
-longer than --max_prompt_len, which training would drop, is not sampled and never kept.
+longer than --max_prompt_len, which training would drop, is not sampled and never kept. The
+options are FilterConfig's (eval/options.py).
 
 Outputs under output_path:
   run_config.json   the settings a sample depends on (model, dataset and its content, chat
@@ -34,117 +35,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from areal_kit import durable
-from areal_kit.config.dataset import DatasetConfig
 from areal_kit.console import make_console
 from areal_kit.data import sources
 from areal_kit.data.prompts import tokenize_rows
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import UserError
-from areal_kit.eval.evaluation import append_records, check_identity, check_model_path, failed, generate, load_records
+from areal_kit.eval.evaluation import append_records, check_identity, failed, generate, load_records
+from areal_kit.eval.options import FilterConfig
 from areal_kit.interrupts import interruption
 from areal_kit.reward import extract_answer
 from areal_kit.reward.grading import grade_row, references
 
-TYPES = ("areal", "jsonl", "hf")
-_RANGE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*-\s*(\d+(?:\.\d*)?|\.\d+)\s*")
 # Upper edges of the summary's histogram bins of pass rates strictly between 0 and 1.
 _BINS = (0.25, 0.5, 0.75, 1.0)
-
-
-def parse_keep(text: str) -> tuple[float, float]:
-    """'0.1-0.9' -> (0.1, 0.9): an inclusive range of pass rates, 0 <= LO <= HI <= 1."""
-    m = _RANGE.fullmatch(text)
-    expect = "expected LO-HI with 0 <= LO <= HI <= 1, e.g. --keep 0.1-0.9"
-    if not m:
-        raise UserError(f"--keep {text!r} is not a range; {expect}")
-    lo, hi = float(m[1]), float(m[2])
-    if hi > 1:
-        raise UserError(f"--keep {text!r}: pass rates are at most 1; {expect}")
-    if lo > hi:
-        raise UserError(f"--keep {text!r}: LO {lo:g} is above HI {hi:g}; {expect}")
-    return lo, hi
 
 
 def kept(rate: float | None, keep: tuple[float, float]) -> bool:
     """The selection rule: a sampled prompt whose pass rate is within keep, ends included."""
     return rate is not None and keep[0] <= rate <= keep[1]
-
-
-@dataclass
-class FilterConfig:
-    """Everything one `areal-kit filter` run needs."""
-
-    model_path: str  # Hugging Face model folder whose pass rates decide
-    dataset: str  # training dataset: a jsonl file (jsonl, areal) or a datasets folder (hf)
-    output_path: str  # folder for records, rates and the filtered dataset
-    type: str = "jsonl"  # areal | jsonl | hf, as dataset.type of training
-    question_field: str = "question"  # jsonl/hf
-    answer_field: str = "answer"  # jsonl/hf
-    id2info_path: str = ""  # areal: "" = id2info.json beside the dataset
-    num_samples: int = 8  # sampled completions per prompt
-    keep: tuple[float, float] = (0.1, 0.9)  # pass rates kept, ends included
-    max_gen_tokens: int = 16384  # generation budget per sample
-    temperature: float = 0.6
-    top_p: float = 1.0
-    seed: int = 0  # base of the per-sample sampling seeds
-    apply_chat_template: bool = False  # as dataset.apply_chat_template
-    max_prompt_len: int = 2048  # as dataset.max_prompt_len: longer prompts are skipped
-    tp: int = 1  # tensor-parallel GPUs per engine
-    num_engines: int = 0  # data-parallel engines (0: GPUs // tp, 1 on the CPU)
-    chunk_size: int = 256  # requests per engine between two record flushes
-    enforce_eager: bool = False  # CUDA graphs: its pass rates are a filter, not numbers to compare
-
-    def __post_init__(self):
-        if self.type not in TYPES:
-            raise UserError(f"--type {self.type!r} is not a dataset file format; expected one of {', '.join(TYPES)} "
-                            "(the toy task is generated, there is nothing to filter)")
-        checks = [
-            (self.num_samples >= 1, f"num_samples must be >= 1, got {self.num_samples}"),
-            (self.max_gen_tokens >= 1, f"max_gen_tokens must be >= 1, got {self.max_gen_tokens}"),
-            (self.temperature > 0, f"temperature must be > 0 for sampled completions, got {self.temperature}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.max_prompt_len >= 1, f"max_prompt_len must be >= 1, got {self.max_prompt_len}"),
-            (self.tp >= 1 and self.num_engines >= 0, "tp must be >= 1 and num_engines >= 0"),
-            (self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise UserError(msg)
-        check_model_path(self.model_path)
-        _check_output_apart(self)
-
-    def dataset_config(self) -> DatasetConfig:
-        return DatasetConfig(path=self.dataset, type=self.type, id2info_path=self.id2info_path,
-                             question_field=self.question_field, answer_field=self.answer_field)
-
-    def id2info_file(self) -> Path:
-        """Where training reads this areal dataset's id2info.json from."""
-        return Path(self.id2info_path or os.path.join(os.path.dirname(os.path.abspath(self.dataset)), "id2info.json"))
-
-    def identity(self, digest: str) -> dict:
-        """The settings a stored sample depends on; num_samples and keep are not among them (a
-        sample's seed depends on its index, not on how many there are)."""
-        return {"command": "filter", "model_path": str(Path(self.model_path).resolve()),
-                "dataset": str(Path(self.dataset).resolve()), "type": self.type, "dataset_sha256": digest,
-                "apply_chat_template": self.apply_chat_template, "max_gen_tokens": self.max_gen_tokens,
-                "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
-
-
-def _check_output_apart(cfg: FilterConfig) -> None:
-    # filtered.jsonl and id2info.json written into the dataset's own folder would replace its files,
-    # and anywhere inside a datasets folder they would be read as more of its data files.
-    out = Path(cfg.output_path).resolve()
-    data = Path(cfg.dataset).resolve()
-    homes = [data.parent] + ([cfg.id2info_file().resolve().parent] if cfg.type == "areal" else [])
-    if out in homes or (cfg.type == "hf" and (out == data or data in out.parents)):
-        raise UserError(f"--output_path {cfg.output_path} is the dataset's folder; expected another folder "
-                        "(filter writes filtered.jsonl and id2info.json there)")
 
 
 def sample_keys(row_id: str, num_samples: int) -> list[str]:
@@ -272,10 +183,10 @@ def run(cfg: FilterConfig, console=None) -> dict:
             if (stop := interruption(e)) is not None:
                 raise stop from None
             raise failed("filter", e, out, len(done) - n_before) from e
-    rates = prompt_rates(rows, sampled, done, cfg.num_samples, cfg.keep)
+    rates = prompt_rates(rows, sampled, done, cfg.num_samples, cfg.keep_range)
     _write_outputs(cfg, out, raw, rates)
     (out / "error.log").unlink(missing_ok=True)  # an earlier failure's, now resumed past
-    line = summary(rates, cfg.keep, cfg.max_prompt_len)
+    line = summary(rates, cfg.keep_range, cfg.max_prompt_len)
     console.print(line, markup=False)
     fmt = "areal" if cfg.type == "areal" else "jsonl"
     console.print(f"wrote {out}/filtered.jsonl (train with dataset.type={fmt}), rates.jsonl, samples.jsonl",

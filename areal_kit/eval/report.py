@@ -17,6 +17,7 @@ import csv
 import io
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.table import Table
@@ -24,6 +25,9 @@ from rich.text import Text
 
 from areal_kit.eval.data import sample_keys
 from areal_kit.eval.passk import mean_pass_at_k
+
+if TYPE_CHECKING:
+    from areal_kit.eval.options import EvalConfig
 
 COLUMNS = ["dataset", "num_questions", "greedy_length", "sample_length", "greedy_acc",
            "sample_pass@1", "pass@8", "pass@16"]
@@ -34,7 +38,7 @@ def _mean(xs: list[float]) -> float | None:
     return round(sum(xs) / len(xs), 4) if xs else None
 
 
-def aggregate(cfg, questions: dict, records: dict[str, dict[str, dict]]) -> dict:
+def aggregate(cfg: EvalConfig, questions: dict, records: dict[str, dict[str, dict]]) -> dict:
     """Numbers per dataset from the records of the current questions and sample count."""
 
     results = {}
@@ -63,7 +67,7 @@ def aggregate(cfg, questions: dict, records: dict[str, dict[str, dict]]) -> dict
             "sample_pass@1": round(100 * mean_pass_at_k(counts, 1), 4) if counts else None,
         }
         for k in PASS_KS:
-            ok = counts and cfg.num_samples >= k
+            ok = counts and (cfg.num_samples or 0) >= k  # None only before EvalConfig's check
             row[f"pass@{k}"] = round(100 * mean_pass_at_k(counts, k), 4) if ok else None
         row["num_samples"] = cfg.num_samples
         row["truncated_pct"] = round(100.0 * truncated / n, 4) if n else None

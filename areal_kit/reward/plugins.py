@@ -17,9 +17,13 @@ import importlib
 import importlib.util
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from areal_kit.errors import UserError
 from areal_kit.reward.registry import get_reward, known_rewards, register
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import PPOConfig
 
 # Built-in rewards that ship with areal-kit: trusted (bounded time, never raise), so they run
 # in the rollout engine's process; everything else runs in the reward pool (reward/pool.py).
@@ -39,6 +43,8 @@ def load_object(spec: str, what: str = "reward"):
             mod = sys.modules.get(name)
             if mod is None or getattr(mod, "__file__", None) != module:
                 loader_spec = importlib.util.spec_from_file_location(name, module)
+                if loader_spec is None or loader_spec.loader is None:
+                    raise UserError(f"{what} {spec!r}: {module} does not load as a Python module")
                 mod = importlib.util.module_from_spec(loader_spec)
                 loader_spec.loader.exec_module(mod)
                 sys.modules[name] = mod
@@ -95,7 +101,7 @@ def is_trusted(spec: str) -> bool:
     return spec in BUILTIN.values()
 
 
-def reward_specs(ppo) -> list[tuple[str, str]]:
+def reward_specs(ppo: PPOConfig) -> list[tuple[str, str]]:
     """(name, spec) of every reward in ppo.reward_fns, each imported once here."""
     out = []
     for name in ppo.reward_fns:

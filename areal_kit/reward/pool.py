@@ -32,7 +32,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal, overload
 
 from areal_kit.reward.alarm import alarm
 
@@ -69,7 +71,7 @@ def _read(fd: int):
 
 
 class _Worker:
-    def __init__(self):
+    def __init__(self) -> None:
         env = dict(os.environ)
         # The package without an install, then the caller's sys.path (a Ray worker's, a test's),
         # so that a user's module imports here as it does in the caller.
@@ -77,14 +79,22 @@ class _Worker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "areal_kit.reward.pool"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        self.fd = self.proc.stdout.fileno()
+        assert self.proc.stdin and self.proc.stdout  # both piped
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.fd = self.stdout.fileno()
         self.answered = False
         self.task: tuple[int, float] | None = None  # (index, deadline) of the call in flight
 
     def send(self, index: int, msg: tuple, timeout_s: float) -> None:
         grace = KILL_GRACE_S if self.answered else STARTUP_GRACE_S
         self.task = (index, time.monotonic() + timeout_s + grace)
-        _write(self.proc.stdin, msg)
+        _write(self.stdin, msg)
+
+    @property
+    def in_flight(self) -> tuple[int, float]:
+        """(index, deadline) of the call it was sent."""
+        assert self.task is not None, "a busy worker has a call"
+        return self.task
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -93,7 +103,7 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        for s in (self.proc.stdin, self.proc.stdout):
+        for s in (self.stdin, self.stdout):
             try:
                 s.close()
             except OSError:
@@ -108,6 +118,12 @@ class Pool:
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._lock = threading.Lock()
         self._live: list[_Worker] = []
+
+    @overload
+    def _take(self, block: Literal[True]) -> _Worker: ...
+
+    @overload
+    def _take(self, block: Literal[False]) -> _Worker | None: ...
 
     def _take(self, block: bool) -> _Worker | None:
         """An idle worker, a new one while fewer than `size` live, else wait (or None)."""
@@ -165,10 +181,10 @@ class Pool:
         return results
 
     def _collect(self, busy: list[_Worker], idle: list[_Worker], results: list, timeout_s: float) -> None:
-        wait = max(0.0, min(w.task[1] for w in busy) - time.monotonic())
+        wait = max(0.0, min(w.in_flight[1] for w in busy) - time.monotonic())
         ready, _, _ = select.select([w.fd for w in busy], [], [], wait)
         for w in list(busy):
-            i = w.task[0]
+            i, deadline = w.in_flight
             if w.fd in ready:
                 try:
                     results[i] = _read(w.fd)
@@ -178,7 +194,7 @@ class Pool:
                     continue
                 except (EOFError, OSError, pickle.UnpicklingError, AttributeError, ImportError):
                     results[i] = ("crash", f"the worker process died (exit code {w.proc.poll()}) during the call")
-            elif time.monotonic() >= w.task[1]:
+            elif time.monotonic() >= deadline:
                 results[i] = ("timeout", f"took longer than {timeout_s:g}s (process killed)")
             else:
                 continue
@@ -214,7 +230,7 @@ def _serve() -> None:
     inp, out = sys.stdin.buffer.fileno(), sys.stdout.buffer
     # A function that prints must not corrupt the frames: its stdout goes to stderr (discarded).
     sys.stdout = sys.stderr
-    fns: dict[str, object] = {}
+    fns: dict[str, Callable[..., Any]] = {}
     while True:
         try:
             fn, args, timeout_s = _read(inp)

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from areal_kit.reward import plugins
 from areal_kit.reward.pool import Pool
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import PPOConfig
 
 CALL = "areal_kit.reward.plugins:call_reward"  # what a pool worker runs for one sample
 
@@ -38,7 +42,7 @@ def as_reward(value) -> tuple[float, dict]:
 
 
 class RewardScorer:
-    def __init__(self, ppo):
+    def __init__(self, ppo: PPOConfig) -> None:
         self.specs = plugins.reward_specs(ppo)
         self.fns = {spec: plugins.load_reward(spec) for _, spec in self.specs}
         self.trusted = {spec for _, spec in self.specs if plugins.is_trusted(spec)}

@@ -8,7 +8,12 @@ weight-sync path and by `areal-kit doctor --rl-step`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ray
+
+if TYPE_CHECKING:
+    from areal_kit.rl.driver.groups import Workers
 
 
 def fixed_sequences(rows: list[dict], n: int = 6) -> tuple[list[list[int]], list[list[int]]]:
@@ -17,7 +22,7 @@ def fixed_sequences(rows: list[dict], n: int = 6) -> tuple[list[list[int]], list
     return [r["prompt_ids"] for r in rows], [[5 + (i % 10), 1] for i in range(len(rows))]
 
 
-def engine_vs_trainer(workers, rows: list[dict], engine) -> float:
+def engine_vs_trainer(workers: Workers, rows: list[dict], engine) -> float:
     """max |trainer logprob - engine logprob| over the answer tokens of fixed_sequences(rows)."""
     prompts, answers = fixed_sequences(rows)
     # Every rank runs the forward: ZeRO-3 gathers each layer's parameters from all of them.

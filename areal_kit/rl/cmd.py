@@ -12,6 +12,7 @@ train_on; cli.py gives the command both sets of options and picks one by --clust
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -19,11 +20,15 @@ from rich.text import Text
 
 from areal_kit.console import make_console
 from areal_kit.errors import UserError
+from areal_kit.train_scripts import preset_names
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 
 def train(
-    preset: str = typer.Argument(..., help="Preset name in train_scripts/ (tiny, 1.5B_n1, 1.5B_n4, 1.5B_n16, 7B_n4, "
-                                           "7B_n16, tiny_dapo, 1.5B_n1_dapo) or a path to a YAML file."),
+    preset: str = typer.Argument(..., help=f"Preset name in train_scripts/ ({', '.join(preset_names())}) or a path to a YAML "
+                                           "file."),
     overrides: list[str] = typer.Argument(None, help="Config overrides key=value, e.g. actor.lr=2e-6 "
                                                      "ppo.gen.max_new_tokens=8192."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate everything checkable without GPUs and "
@@ -69,7 +74,7 @@ def train(
     raise typer.Exit(rc)
 
 
-def _show_args(preset: str, cfg, as_json: bool) -> None:
+def _show_args(preset: str, cfg: TrainConfig, as_json: bool) -> None:
     """Every option with its value and help: a table (markdown rows in a pipe), or JSON."""
     from areal_kit.config.loader import describe_args, describe_options
 

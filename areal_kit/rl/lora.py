@@ -18,25 +18,29 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 
 from areal_kit.adapters import SERVED_ID, AdapterLLM, adapter_base, request
 from areal_kit.config.lora import UNSERVED_MODULES
 from areal_kit.data.tokenizer import copy_tokenizer_files
-from areal_kit.errors import UserError
+from areal_kit.errors import ExitCode, UserError
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 # The adapter PEFT creates is named "default"; the files it saves drop the name.
 _ADAPTER = "default"
 __all__ = ["SERVED_ID", "AdapterLLM", "request"]  # re-exported: the engines' side reads them from here
 
 
-def enabled(cfg) -> bool:
+def enabled(cfg: TrainConfig) -> bool:
     # A config without the section (a test's partial stand-in) is a run without LoRA.
     return getattr(getattr(getattr(cfg, "actor", None), "lora", None), "rank", 0) > 0
 
 
-def sends_adapter(cfg) -> bool:
+def sends_adapter(cfg: TrainConfig) -> bool:
     """The weight sync sends the adapter alone (the engines serve it with vLLM's LoRA support)."""
     return enabled(cfg) and cfg.actor.lora.sync == "adapter"
 
@@ -66,7 +70,7 @@ def trainable(model):
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def recover_kwargs(cfg, save: bool) -> dict:
+def recover_kwargs(cfg: TrainConfig, save: bool) -> dict:
     """DeepSpeed's save_checkpoint / load_checkpoint arguments under LoRA: the adapter (and its
     optimizer state), the base coming from actor.path. DeepSpeed leaves frozen parameters out by
     name, so a tied LM head (the embedding under a second name) is still written, and loads back
@@ -109,7 +113,7 @@ def merged_state(state: dict, lcfg) -> dict:
 
 
 # ---------------------------------------------------------------- engines
-def engine_kwargs(cfg) -> dict:
+def engine_kwargs(cfg: TrainConfig) -> dict:
     """vllm.LLM's LoRA arguments for the run's engines ({} without LoRA or with merged sync)."""
     if not sends_adapter(cfg):
         return {}
@@ -117,7 +121,7 @@ def engine_kwargs(cfg) -> dict:
     return {"enable_lora": True, "max_lora_rank": cfg.actor.lora.engine_rank, "max_loras": 1, "max_cpu_loras": 2}
 
 
-def engine_buffers(cfg) -> tuple[int, int]:
+def engine_buffers(cfg: TrainConfig) -> tuple[int, int]:
     """(max_lora_rank, max_loras) of the run's engines, whose LoRA buffers the memory plan counts;
     (0, 0) when they serve no adapter."""
     kw = engine_kwargs(cfg)
@@ -129,13 +133,13 @@ def engine_peft_config(lcfg) -> dict:
     return {"r": lcfg.rank, "lora_alpha": lcfg.alpha, "target_modules": lcfg.target_modules}
 
 
-def serving(llm, cfg):
+def serving(llm, cfg: TrainConfig):
     """The engine the rollout worker generates with: llm itself unless the adapter is synced."""
     return AdapterLLM(llm) if sends_adapter(cfg) else llm
 
 
 # ---------------------------------------------------------------- driver
-def check_run(cfg, model_path: str) -> None:
+def check_run(cfg: TrainConfig, model_path: str) -> None:
     """Refuse (UserError, one line) what LoRA cannot run with, before any worker starts."""
     if not enabled(cfg):
         return
@@ -184,13 +188,13 @@ def merge_folder(adapter_dir: str, out_dir: str) -> str:
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "merge":
         print("usage: python -m areal_kit.rl.lora merge ADAPTER_DIR OUT_DIR", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     try:
         print(merge_folder(argv[1], argv[2]))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return ExitCode.BAD_INPUT
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -7,34 +7,37 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from areal_kit import hardware, logs, netfigures, stack
+from areal_kit import hardware, netfigures, runlog, stack
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import UserError
-from areal_kit.rl import lora, memory, sharing
+from areal_kit.rl import lora, memory, shapes, sharing
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.driver import placement
 from areal_kit.rl.weight_sync import colocated
 from areal_kit.rl.weight_sync.sync import weight_sync_dir
 from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
 
+if TYPE_CHECKING:
+    from areal_kit.config.lora import LoRAConfig
+    from areal_kit.config.schema import TrainConfig
 
-def dataset_size(cfg) -> tuple[int | None, str]:
+
+def dataset_size(cfg: TrainConfig) -> tuple[int | None, str]:
     """(number of training prompts, note) when the dataset is readable here; (None, why not) otherwise.
 
-    Counted before tokenization: prompts over max_prompt_len are dropped when the run starts.
+    The rows the run reads and checks (data.prompts.read_rows), counted before tokenization: prompts over
+    max_prompt_len are dropped when the run starts.
     """
     d = cfg.dataset
-    for src in d.mix or [d]:
-        src = src if isinstance(src, dict) else {"type": d.type, "path": d.path}
+    for src in d.mix or [{"type": d.type, "path": d.path}]:
         if src["type"] != "toy" and not os.path.exists(src["path"]):
             return None, f"{src['path']} not found here (it is read on the cluster)"
     try:
-        from areal_kit.data.prompts import load_rows, mix_rows
-        from areal_kit.data.sources import split_eval
+        from areal_kit.data.prompts import read_rows
 
-        rows, ev = split_eval(load_rows(cfg), d, cfg.seed)
-        rows = mix_rows(rows, d.mix, cfg.seed)
+        rows, ev = read_rows(cfg)
     except Exception as e:  # noqa: BLE001 - the plan reports, the run fails
         return None, f"{d.path or 'dataset.mix'}: {str(e).splitlines()[0]}"
     note = "built-in toy task" if d.type == "toy" else d.path
@@ -45,7 +48,7 @@ def dataset_size(cfg) -> tuple[int | None, str]:
     return len(rows), note
 
 
-def weight_sync_line(cfg, n_workers: int, plat=None) -> str:
+def weight_sync_line(cfg: TrainConfig, n_workers: int, plat=None) -> str:
     mode = colocated.sync_mode(cfg, plat)
     if mode == "cuda_ipc":
         return (f"weight sync: cuda_ipc (auto on shared GPUs): each trainer rank hands the engine worker on its GPU "
@@ -68,13 +71,13 @@ def model_bytes(path: str) -> int | None:
     return sum(os.path.getsize(os.path.join(path, f)) for f in files) or None
 
 
-def sync_estimate(cfg) -> list[str]:
+def sync_estimate(cfg: TrainConfig) -> list[str]:
     """The weight sync's time a step from the bandwidth `areal-kit doctor` last measured, if it ran here."""
     line = netfigures.sync_estimate_line(model_bytes(cfg.actor.path), netfigures.latest())
     return [line] if line else []
 
 
-def device_lines(cfg, plat) -> list[str]:
+def device_lines(cfg: TrainConfig, plat) -> list[str]:
     """What the run uses on plat's device: the exact versions of its stack (on GPUs, the image's),
     the trainer's attention, and the placement groups it requests on the configured cluster."""
     hint = "" if os.environ.get("AREAL_DEVICE") or not plat.is_cpu else " (no GPU here; AREAL_DEVICE=cuda plans for GPUs)"
@@ -90,7 +93,7 @@ def device_lines(cfg, plat) -> list[str]:
 
 
 
-def gpu_capacity(cfg) -> tuple[float, str]:
+def gpu_capacity(cfg: TrainConfig) -> tuple[float, str]:
     """Bytes of each GPU for the memory plan, and where the figure comes from."""
     if cfg.gpu_memory_gb:
         return cfg.gpu_memory_gb * memory.GB, "gpu_memory_gb"
@@ -100,8 +103,7 @@ def gpu_capacity(cfg) -> tuple[float, str]:
     return memory.CARD_80GB, "gpu_memory_gb unset and no GPU here: what CUDA reports of an 80 GB card"
 
 
-def _lora_lines(cfg) -> list[str]:
-    lc = cfg.actor.lora
+def _lora_lines(lc: LoRAConfig) -> list[str]:
     if not lc.rank:
         return []
     return [f"LoRA: rank {lc.rank}, alpha {lc.alpha:g} on {lc.target_modules}; only the adapter trains; the KL "
@@ -110,9 +112,9 @@ def _lora_lines(cfg) -> list[str]:
                else "the merged weights")]
 
 
-def memory_plan(cfg) -> memory.MemoryPlan | None:
+def memory_plan(cfg: TrainConfig) -> memory.MemoryPlan | None:
     """What one trainer GPU and one generation GPU hold under cfg; None when the model's shape is unknown."""
-    shape = memory.model_shape(cfg.actor.path)
+    shape = shapes.model_shape(cfg.actor.path)
     if shape is None:
         return None
     a = parse_allocation(cfg.allocation_mode)
@@ -127,7 +129,7 @@ def memory_plan(cfg) -> memory.MemoryPlan | None:
         engine_lora=lora.engine_buffers(cfg))
 
 
-def memory_lines(cfg, plat) -> list[str]:
+def memory_lines(cfg: TrainConfig, plat) -> list[str]:
     """The memory plan on GPUs (CPU workers take what the machine has)."""
     if plat.is_cpu:
         return []
@@ -138,14 +140,14 @@ def memory_lines(cfg, plat) -> list[str]:
     return plan.lines()
 
 
-def memory_refusal(cfg, plat) -> str:
+def memory_refusal(cfg: TrainConfig, plat) -> str:
     """'' when the run's GPUs hold what the plan says they must; else one line with the arithmetic."""
     plan = None if plat.is_cpu else memory_plan(cfg)
     refusal = plan.refusal() if plan else ""
     return f"the memory plan does not fit: {refusal}" if refusal else ""
 
 
-def shared_words(cfg, plat) -> str:
+def shared_words(cfg: TrainConfig, plat) -> str:
     """How training shares the generation GPUs on plat: cores on CPU, turns on GPUs."""
     if plat.is_cpu:
         return " sharing the generation GPUs (on CPU: worker slots on the same cores)"
@@ -153,7 +155,7 @@ def shared_words(cfg, plat) -> str:
             f"{sharing.sleep_level(cfg)}) while the trainer trains, then wake for the weight sync")
 
 
-def recipe_lines(cfg) -> list[str]:
+def recipe_lines(cfg: TrainConfig) -> list[str]:
     """The recipe options that change what a step trains on, and the in-training eval, when on."""
     p, x = cfg.ppo, cfg.exp_ctrl
     parts = []
@@ -174,11 +176,11 @@ def recipe_lines(cfg) -> list[str]:
     return lines
 
 
-def plan_lines(cfg, plat=None) -> list[str]:
+def plan_lines(cfg: TrainConfig, plat=None) -> list[str]:
     plat = plat or hardware.detect()
     a = parse_allocation(cfg.allocation_mode)
     p, d = cfg.ppo, cfg.dataset
-    paths = logs.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)
+    paths = runlog.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)
     n_seqs = d.train_bs_n_seqs * p.group_size
     n, note = dataset_size(cfg)
     lines = [
@@ -194,7 +196,7 @@ def plan_lines(cfg, plat=None) -> list[str]:
         *memory_lines(cfg, plat),
         f"model: {cfg.actor.path}" + (f"; reference: {cfg.ref.path or cfg.actor.path} (kl_ctl {p.kl_ctl}, "
                                        f"{p.kl_estimator}, in {p.kl_mode})" if p.kl_ctl > 0 else "; no reference model"),
-        *_lora_lines(cfg),
+        *_lora_lines(cfg.actor.lora),
         (f"batch: {d.train_bs_n_seqs} prompts x {p.group_size} answers = {n_seqs} sequences; "
          f"{p.ppo_n_minibatches} optimizer step(s) per batch"),
         (f"tokens: prompt <= {d.max_prompt_len}, answer <= {p.gen.max_new_tokens}; micro-batches <= "
@@ -219,7 +221,7 @@ def plan_lines(cfg, plat=None) -> list[str]:
     return lines
 
 
-def _rollout_line(cfg) -> str:
+def _rollout_line(cfg: TrainConfig) -> str:
     """How the engines generate (rollout.mode), and what a weight update does to them."""
     if cfg.rollout.mode == "batch":
         return (f"rollout: batch (each engine generates a batch in one call; up to "

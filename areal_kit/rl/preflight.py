@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -29,10 +30,10 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from areal_kit import hardware, logs
+from areal_kit import hardware, runlog
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
-from areal_kit.errors import UserError, describe
+from areal_kit.errors import ExitCode, UserError, describe
 from areal_kit.eval.engine import GenRequest, RayEngines
 from areal_kit.rl.agreement import engine_vs_trainer
 from areal_kit.rl.driver import controller, groups, placement
@@ -103,7 +104,7 @@ def _measure(peers: list, ips: list[str], nbytes: int, backend: str, quick: bool
 
 
 def net(address: str, mb: float, preset: str | None, fileroot: str, quick: bool = False) -> dict:
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     nodes = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: n["NodeManagerAddress"])
     gpu = all(n["Resources"].get("GPU", 0) >= 1 for n in nodes)
     backend = "nccl" if gpu else "gloo"
@@ -157,14 +158,14 @@ def rl_step(fileroot: str) -> dict:
                                "n_gpus_per_node=1", "exp_ctrl.total_train_steps=1"])
     t0 = time.time()
     job = prepare(cfg)
-    log = logs.RunLogger(job.paths, tensorboard=False, console=False)
+    log = runlog.RunLogger(job.paths, tensorboard=False, console=False)
     ctrl = controller.Controller(job, log)
     try:
         controller.start_ray(cfg)
         ctrl.start()
         ctrl.run()
-        gap = engine_vs_trainer(ctrl.workers, job.loader.rows, ctrl.workers.engines.actors[0])
-        row = logs.read_metrics(job.paths.metrics_file)[-1]
+        gap = engine_vs_trainer(ctrl.running, job.loader.rows, ctrl.running.engines.actors[0])
+        row = runlog.read_metrics(job.paths.metrics_file)[-1]
         where = _actor_ips()
         return {"rl_step": "", "logprob_gap": gap, "trainer_ips": where["trainer"], "engine_ips": where["engine"],
                 "sync_time": row.get("sync_time"), "seconds": round(time.time() - t0, 1), "log": job.paths.log_file,
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     res = net(a.address, a.mb, a.preset, a.fileroot, a.quick) if a.what == "net" else rl_step(a.fileroot)
     print("PROBE " + json.dumps(res), flush=True)
-    sys.exit(0)
+    sys.exit(ExitCode.OK)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
     rollout engine  (rl/workers/rollout.py, generate)    Sample: the tokens, behaviour logprobs,
                     weight version, loss_mask (a workflow's), task_reward and format_reward
-    controller      (rl/driver/controller.py, _gather;          fresh `group` numbers for the groups it
-                     rl/driver/stream.py, Stream.gather)         keeps (dynamic sampling, streaming)
+    controller      (rl/driver/rollout.py, gather)       fresh `group` numbers for the groups it
+                                                         keeps (dynamic sampling, streaming)
     reward shaping  (rl/algo/batch.py, shape_rewards)    final_reward and seq_reward; an all-zero
                     loss_mask for a truncated answer under ppo.overlong_filter
     trainer         (rl/workers/trainer.py, train_step)  reads trainer_rows(samples)
@@ -37,7 +37,9 @@ class Sample:
     @property
     def interrupted(self) -> bool:
         """New weights arrived while it was generated (streaming, rollout.interrupt=keep)."""
-        return bool(self.versions) and min(self.versions) != max(self.versions)
+        if not self.versions:
+            return False
+        return min(self.versions) != max(self.versions)
 
 
 @dataclass
@@ -53,37 +55,32 @@ class Generated:
     reward_extras: dict = field(default_factory=dict)  # {"reward/<key>": mean} of the dict rewards' extras
 
 
-def trainer_rows(samples: list[Sample]) -> list[dict]:
-    """What the trainer reads of each sample, as the dicts it takes: the tokens, the behaviour
-    logprobs, seq_reward, and loss_mask where a stage set one (a batch without any trains on every
-    token)."""
-    rows = []
-    for s in samples:
-        row = {"prompt_ids": s.prompt_ids, "output_ids": s.output_ids, "logprobs": s.logprobs,
-               "seq_reward": s.seq_reward}
-        if s.loss_mask is not None:
-            row["loss_mask"] = s.loss_mask
-        rows.append(row)
-    return rows
+@dataclass(frozen=True)
+class TrainerRow:
+    """What a trainer rank reads of one sample (rl/algo/ppo.py): the tokens, the behaviour logprobs,
+    the reward credited to the last token and the loss mask where a stage set one."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)  # empty where only logprobs are asked for
+    seq_reward: float = 0.0
+    loss_mask: list[int] | None = None  # None: every output token is trained on
 
 
-@dataclass
-class Batch:
-    """One batch of prompts' generation, queued on the engines."""
-
-    epoch: int
-    epoch_step: int
-    handles: list  # the engines' generate calls
-    loads: list  # the weight loads queued before them: a failed load must never feed training
+def trainer_rows(samples: list[Sample]) -> list[TrainerRow]:
+    """The trainer's rows of the step's shaped samples (seq_reward set by reward shaping)."""
+    return [TrainerRow(s.prompt_ids, s.output_ids, s.logprobs, float(s.seq_reward or 0.0), s.loss_mask)
+            for s in samples]
 
 
 @dataclass
 class Gathered:
-    """What one step trains on, and what it took to get it."""
+    """What one step trains on, and what it took to get it (a rollout's gather, rl/driver/rollout.py)."""
 
-    batch: Batch  # the first batch taken (its epoch and step name the step)
+    epoch: int  # the step's place in the data: the batch that names it (0-based)
+    epoch_step: int
     outs: list[Generated]  # the engines' replies, every round
-    loads: list[dict]
+    loads: list[dict]  # the weight loads the step waited for
     # Every sample generated for the step, as the engines replied: their task_reward is the policy's accuracy.
     samples: list[Sample]
     stale: int
@@ -93,7 +90,7 @@ class Gathered:
     dropped: int = 0  # groups dropped for equal task rewards (dynamic sampling)
     kept: int = 0  # informative groups trained on (dynamic sampling)
     picked: list[Sample] | None = None  # what dynamic sampling trains on, when not every sample generated
-    stream: dict = field(default_factory=dict)  # streaming: its metrics (rl/driver/stream.py)
+    metrics: dict = field(default_factory=dict)  # the rollout's own step metrics (streaming: stream/*)
 
     @property
     def train(self) -> list[Sample]:

@@ -7,11 +7,16 @@ sleep mode (rl/workers/rollout.py) and the weight sync's choice of CUDA IPC
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.rollout import streaming
 from areal_kit.errors import UserError
 from areal_kit.rl import lora
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 # Level 2 discards the weights as well as the KV cache instead of copying them to host memory
 # (level 1): the weight sync re-sends every weight after each step anyway, so a copy would cost a
@@ -23,22 +28,22 @@ SLEEP_LEVEL = 2
 ADAPTER_SLEEP_LEVEL = 1
 
 
-def shares_gpus(cfg, plat: hardware.Platform | None = None) -> bool:
+def shares_gpus(cfg: TrainConfig, plat: hardware.Platform | None = None) -> bool:
     """Whether generation and training take turns on the same GPUs (never on CPU)."""
     plat = plat or hardware.detect()
     return not plat.is_cpu and parse_allocation(cfg.allocation_mode).kind != "decoupled"
 
 
-def sleep_mode(cfg, plat: hardware.Platform | None = None) -> bool:
+def sleep_mode(cfg: TrainConfig, plat: hardware.Platform | None = None) -> bool:
     """Whether the run's engines start with vLLM's sleep mode (enable_sleep_mode)."""
     return shares_gpus(cfg, plat)
 
 
-def sleep_level(cfg) -> int:
+def sleep_level(cfg: TrainConfig) -> int:
     return ADAPTER_SLEEP_LEVEL if lora.sends_adapter(cfg) else SLEEP_LEVEL
 
 
-def check(cfg, plat: hardware.Platform | None = None) -> None:
+def check(cfg: TrainConfig, plat: hardware.Platform | None = None) -> None:
     """Refuse, in one line each, the settings a run on shared GPUs cannot take."""
     if not shares_gpus(cfg, plat):
         return

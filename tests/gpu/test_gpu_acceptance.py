@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # 
 from rl_run import Run, interrupt_check
 from run_checks import all_engines_vs_trainer, reserved_check, sync_check
 
-from areal_kit import hardware, logs
+from areal_kit import hardware, runlog
 from areal_kit.data.tiny_model import TinySpec, build
 from areal_kit.rl import memory
 from areal_kit.rl.checkpoint.store import latest
@@ -123,7 +123,7 @@ def resumed(trained):
                         *case.overrides(trained["model"], STEPS + 1)], root, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {**trained, "log": Path(trained["paths"].log_file).read_text(),
-            "rows": logs.read_metrics(trained["paths"].metrics_file)}
+            "rows": runlog.read_metrics(trained["paths"].metrics_file)}
 
 
 def test_streaming_tokens_after_an_update_have_the_new_weights_logprobs(trained):

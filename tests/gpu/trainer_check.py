@@ -23,7 +23,8 @@ import torch
 
 from areal_kit import hardware
 from areal_kit.config.loader import load_config
-from areal_kit.rl import memory
+from areal_kit.rl import memory, shapes
+from areal_kit.rl.sample import TrainerRow
 from areal_kit.rl.workers.trainer import TrainerWorker
 
 PROMPT, ANSWER_MIN, ANSWER_MAX, SEQS = 64, 128, 512, 16
@@ -36,8 +37,8 @@ def batch(vocab: int, seed: int) -> list[dict]:
     for i in range(SEQS):
         n = int(torch.randint(ANSWER_MIN, ANSWER_MAX, (1,), generator=g))
         answer = torch.randint(3, vocab, (n,), generator=g).tolist()
-        out.append({"prompt_ids": torch.randint(3, vocab, (PROMPT,), generator=g).tolist(), "output_ids": answer,
-                    "logprobs": [-7.0] * n, "seq_reward": float(i % 2), "version": 0})
+        out.append(TrainerRow(torch.randint(3, vocab, (PROMPT,), generator=g).tolist(), answer,
+                              logprobs=[-7.0] * n, seq_reward=float(i % 2)))
     return out
 
 
@@ -59,7 +60,7 @@ def fp32_logprobs(path: str, prompts: list[list[int]], answers: list[list[int]],
 
 def trainer_plan(cfg, model_path: str, zero: int, lora_rank: int) -> memory.GpuPlan:
     """The dry run's trainer GPU for these settings (rl/plan.py reads the same fields)."""
-    shape = memory.model_shape(model_path)
+    shape = shapes.model_shape(model_path)
     lora = shape.lora_params(lora_rank, cfg.actor.lora.target_modules) if lora_rank else 0
     plan = memory.trainer_plan(shape, zero, 1, cfg.actor_train.mb_spec.max_tokens_per_mb,
                                reference=cfg.ppo.kl_ctl > 0, checkpointing=cfg.actor.gradient_checkpointing,
@@ -104,9 +105,9 @@ def main(zero: int, lora_rank: int, root: str, model_path: str, port: str) -> di
     cfg = load_config("tiny", overrides)
     worker = TrainerWorker(0, 1, cfg, model_path, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}, total_steps=2)
     res: dict = {"setup_s": worker.setup(), "device": str(worker.device)}
-    vocab = min(memory.model_shape(model_path).vocab, 1024)  # ids the test's tokenizer has
+    vocab = min(shapes.model_shape(model_path).vocab, 1024)  # ids the test's tokenizer has
     samples = batch(vocab, seed=1)
-    prompts, answers = [s["prompt_ids"] for s in samples[:4]], [s["output_ids"] for s in samples[:4]]
+    prompts, answers = [s.prompt_ids for s in samples[:4]], [s.output_ids for s in samples[:4]]
     before = worker.logprobs(prompts, answers)
     on_gpu = worker.device.type == "cuda"
     if on_gpu:

@@ -6,7 +6,7 @@ import time
 
 import ray
 
-from areal_kit import logs
+from areal_kit import runlog
 from areal_kit.config.loader import load_config
 from areal_kit.rl.agreement import engine_vs_trainer
 from areal_kit.rl.driver.controller import Controller, start_ray
@@ -19,12 +19,12 @@ class Run:
     def __init__(self, tmp, overrides):
         cfg = load_config("tiny", [f"fileroot={tmp}", "tensorboard=false", *overrides])
         self.job = prepare(cfg)
-        self.log = logs.RunLogger(self.job.paths, tensorboard=False, console=False)
+        self.log = runlog.RunLogger(self.job.paths, tensorboard=False, console=False)
         self.ctrl = Controller(self.job, self.log)
         start_ray(cfg)
         self.ctrl.start()
         self.last = self.ctrl.run().last
-        self.rows = logs.read_metrics(self.job.paths.metrics_file)
+        self.rows = runlog.read_metrics(self.job.paths.metrics_file)
 
     def close(self):
         import ray

@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 
-from areal_kit import logs
+from areal_kit import runlog
 
 EXE = os.path.join(os.path.dirname(sys.executable), "areal-kit")
 PLUGINS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy_plugins.py")
@@ -28,8 +28,8 @@ def test_rewards_that_always_fail_stop_the_run_with_the_first_error(tmp_path):
     assert err[-1].startswith("error: run tiny/broken failed: CannotLearn: every sample's reward failed in 3 steps"), \
         err[-1]
     assert "broken: ValueError: the grading service is down" in err[-1]
-    p = logs.run_paths(str(tmp_path), "tiny", "broken")
-    rows = logs.read_metrics(p.metrics_file)
+    p = runlog.run_paths(str(tmp_path), "tiny", "broken")
+    rows = runlog.read_metrics(p.metrics_file)
     assert [r["global_step"] for r in rows] == [1, 2], "steps 1 and 2 trained; the third stopped the run"
     assert all(r["reward_failures"] == r["n_seqs"] for r in rows)
     # Global step 2 writes a recover checkpoint in a healthy run; not inside a failing streak.
@@ -47,8 +47,8 @@ def test_a_loss_that_is_not_finite_stops_the_run_before_the_engines_take_the_wei
     # Step 2's forward can stay finite through the RMSNorms while its gradient is already NaN: the
     # run stops there, before that step's NaN weights reach the engines or a recover checkpoint.
     assert re.search(r"CannotLearn: the (loss|gradient norm) is nan at global step 2;", err[-1]), err[-1]
-    p = logs.run_paths(str(tmp_path), "tiny", "nan")
+    p = runlog.run_paths(str(tmp_path), "tiny", "nan")
     assert not os.path.isdir(os.path.join(p.recover_dir, "globalstep2"))
-    rows = logs.read_metrics(p.metrics_file)
+    rows = runlog.read_metrics(p.metrics_file)
     assert [r["global_step"] for r in rows] == [1], \
         "the step with the NaN loss is not logged as a step"

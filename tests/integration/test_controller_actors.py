@@ -5,16 +5,25 @@ step came from a dead peer, which relaunches the run, or from a bug, which must 
 WeightSync.push: the trainer joins the weight broadcast only after the engine's running generation, so a
 long generation never holds it inside the collective until the group's timeout, and it is free
 to train meanwhile (the send waits on the trainer's second concurrency group).
+BatchRollout: batches queued k + 1 ahead of training, never past the last step, each with its own
+sample seeds, and a batch whose weights fell more than k versions behind is never trained.
 """
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import ray
 
+from areal_kit.config.loader import load_config
 from areal_kit.config.schema import ExpCtrl
+from areal_kit.data.prompts import PromptLoader
+from areal_kit.rl.algo.batch import sample_seed
 from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup, Workers
+from areal_kit.rl.driver.job import RunState
+from areal_kit.rl.driver.rollout import BatchRollout, make_rollout
 from areal_kit.rl.driver.watchdog import Watchdog, WorkerHang
+from areal_kit.rl.sample import Generated, Sample
 from areal_kit.rl.weight_sync.sync import WeightSync
 from areal_kit.rl.workers.stacks import StackDumps
 
@@ -78,13 +87,11 @@ class Trainer:
 
 def test_trainer_joins_the_broadcast_only_after_the_running_generation(ray_local):
     """A long generation must not hold the trainer inside the collective (its timeout would fire)."""
-    from types import SimpleNamespace
-
     engine = ray.remote(num_cpus=0)(Engine).remote()
     trainer = ray.remote(num_cpus=0, concurrency_groups={"weights": 1})(Trainer).remote()
     dog = Watchdog(ExpCtrl(), "/nonexistent")
-    sync = WeightSync(SimpleNamespace(weight_sync="broadcast", rollout=SimpleNamespace(mode="batch")),
-                      TrainerGroup([trainer], dog), EngineGroup([engine], dog))
+    sync = WeightSync(load_config("tiny", ["weight_sync=broadcast"]), TrainerGroup([trainer], dog),
+                      EngineGroup([engine], dog))
     engine.generate.remote(2.0)
     time.sleep(0.2)  # the generation is running
     sync.push(1)
@@ -125,3 +132,44 @@ def test_a_call_past_its_bound_is_a_hang_with_every_workers_stacks(ray_local, tm
     assert set(stacks) == {"trainer_rank_0.txt", "rollout_engine_0.txt", "driver.txt"}
     assert "stuck_in_a_call" in stacks["rollout_engine_0.txt"]
     assert "stuck_in_a_call" not in stacks["trainer_rank_0.txt"]  # it had finished: idle
+
+
+class StaleEngine:
+    """Stands in for a batch engine that never gets new weights: every answer is from version 0."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def generate(self, rows: list[dict]) -> Generated:
+        self.calls += 1
+        samples = [Sample(id=r["id"], group=i, prompt_ids=[1], output_ids=[2], logprobs=[0.0], no_eos=False,
+                          version=0, task_reward=float(r["seed"])) for i, r in enumerate(rows)]
+        return Generated(samples, 0.0, 0.0, 0, 0)
+
+    def generated(self) -> int:
+        return self.calls
+
+
+def test_batch_rollout_queues_k_ahead_and_never_trains_past_the_bound(ray_local, tmp_path):
+    cfg = load_config("tiny", [f"fileroot={tmp_path}", "ppo.max_head_offpolicyness=1", "dataset.train_bs_n_seqs=4"])
+    dog = Watchdog(cfg.exp_ctrl, str(tmp_path / "stacks"))
+    engine = ray.remote(num_cpus=0)(StaleEngine).remote()
+    workers = SimpleNamespace(engines=EngineGroup([engine], dog), watchdog=dog)
+    weights = WeightSync(cfg, TrainerGroup([], dog), workers.engines)  # nothing pushed: no load to wait for
+    rows = [{"id": str(i), "prompt_ids": [1]} for i in range(12)]
+    state = RunState()
+    rollout = make_rollout(cfg, SimpleNamespace(loader=PromptLoader(rows, batch_size=4, seed=1), total_steps=3),
+                           workers, weights, state, log=None)
+    assert isinstance(rollout, BatchRollout)
+    for step in range(2):
+        got = rollout.gather()
+        assert (got.epoch, got.epoch_step, got.stale) == (0, step, step)
+        assert [s.task_reward for s in got.train] == [sample_seed(cfg.seed, step, i) for i in range(4)]
+        assert state.batches == step + 1 and len(rollout.queue) == 1  # the next one already generating
+        assert ray.get(engine.generated.remote()) == step + 2
+        state.version, state.global_step = state.version + 1, state.global_step + 1
+        rollout.after_push()
+    # Two updates since the third batch was queued, k = 1: its answers can no longer be trained.
+    with pytest.raises(RuntimeError, match="sample staleness 2 exceeds max_head_offpolicyness 1"):
+        rollout.gather()
+    assert ray.get(engine.generated.remote()) == 3  # one step left: nothing queued past it

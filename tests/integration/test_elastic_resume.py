@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_kit import logs
+from areal_kit import runlog
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +46,8 @@ def train(root: Path, preset: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def step(root: Path, preset: str, g: int) -> dict:
-    p = logs.run_paths(str(root), preset, "elastic", "t")
-    [row] = [r for r in logs.read_metrics(p.metrics_file) if r["global_step"] == g]
+    p = runlog.run_paths(str(root), preset, "elastic", "t")
+    [row] = [r for r in runlog.read_metrics(p.metrics_file) if r["global_step"] == g]
     return row
 
 
@@ -67,13 +67,13 @@ def runs(request, tmp_path_factory):
 
 def test_a_two_rank_checkpoint_resumes_on_one_rank_and_says_so(runs):
     preset, _, one = runs
-    log = Path(logs.run_paths(str(one), preset, "elastic", "t").log_file).read_text()
+    log = Path(runlog.run_paths(str(one), preset, "elastic", "t").log_file).read_text()
     assert "Will recover from: " in log
     assert ("Resuming on 1 trainer rank and 1 rollout engine (vllm.d1p1m1+d1p1m1), written by 2 trainer ranks and "
             "1 rollout engine (vllm.d1p1m1+d2p1m1)") in log
     assert "engine (written by 2 ranks: DeepSpeed's universal format, loaded in " in log
-    metrics = logs.run_paths(str(one), preset, "elastic", "t").metrics_file
-    assert [r["global_step"] for r in logs.read_metrics(metrics)] == [1, 2, 3, 4]
+    metrics = runlog.run_paths(str(one), preset, "elastic", "t").metrics_file
+    assert [r["global_step"] for r in runlog.read_metrics(metrics)] == [1, 2, 3, 4]
 
 
 def test_the_next_steps_on_one_rank_match_the_two_rank_continuation(runs):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_kit import logs
+from areal_kit import runlog
 from bench.faults import cmdline, kill_session, session_pids
 
 EXE = os.path.join(os.path.dirname(sys.executable), "areal-kit")
@@ -45,7 +45,7 @@ def test_a_trainer_oom_and_a_dead_engine_core_are_relaunched_to_the_end(tmp_path
     cmd = [EXE, "train", "tiny", f"fileroot={tmp_path}", "trial_name=faults", "tensorboard=false",
            f"exp_ctrl.total_train_steps={STEPS}", "exp_ctrl.ckpt_freq_steps=1", "exp_ctrl.ckpt_freq_secs=0",
            "ppo.max_head_offpolicyness=0", "recover_retries=2"]
-    p = logs.run_paths(str(tmp_path), "tiny", "faults", "t")
+    p = runlog.run_paths(str(tmp_path), "tiny", "faults", "t")
     with open(tmp_path / "driver.out", "ab") as out:
         proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -74,4 +74,4 @@ def test_a_trainer_oom_and_a_dead_engine_core_are_relaunched_to_the_end(tmp_path
     assert "(retry 2/2)" in failures[1]
     assert f"Will recover from: {p.recover_dir}/globalstep1 (global step 1" in log
     assert f"Will recover from: {p.recover_dir}/globalstep{STEPS - 1} (global step {STEPS - 1}" in log
-    assert [r["global_step"] for r in logs.read_metrics(p.metrics_file)] == list(range(1, STEPS + 1))
+    assert [r["global_step"] for r in runlog.read_metrics(p.metrics_file)] == list(range(1, STEPS + 1))

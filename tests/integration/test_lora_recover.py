@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_kit import logs
+from areal_kit import runlog
 from bench.faults import kill_session
 
 EXE = os.path.join(os.path.dirname(sys.executable), "areal-kit")
@@ -44,7 +44,7 @@ def _rows(p):
 def test_a_killed_lora_run_resumes_with_identical_metrics(tmp_path):
     if not os.path.exists(EXE):
         pytest.skip(f"{EXE} not installed")
-    p = logs.run_paths(str(tmp_path), "tiny_lora", "kill", "t")
+    p = runlog.run_paths(str(tmp_path), "tiny_lora", "kill", "t")
     proc = _start(tmp_path, "before_commit:4")
     try:
         marker = os.path.join(p.log_dir, "PAUSED-before_commit-4")

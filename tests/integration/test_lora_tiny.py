@@ -19,7 +19,7 @@ import torch
 from rl_run import LONG, Run, _engine_vs_trainer, interrupt_check
 
 from areal_kit import adapters
-from areal_kit.rl import lora, memory
+from areal_kit.rl import lora, shapes
 from areal_kit.rl.agreement import fixed_sequences
 
 # Streaming engines (LoRA in batch mode runs in test_lora_recover.py and test_elastic_resume.py).
@@ -125,7 +125,7 @@ def test_the_saved_adapter_loads_in_vllm_with_the_trainers_logprobs(lora_run, tm
     assert max(abs(x - y) for x, y in zip(got, want)) < 1e-4
     # The memory plan's count of the engine's LoRA buffers is what vLLM allocated (rank 8, one slot).
     buffers = [x for x in done.stdout.splitlines() if x.startswith("LORA_BUFFERS ")]
-    assert int(buffers[0].split()[1]) == memory.model_shape(lora_run.job.model_path).vllm_lora_params(8, 1)
+    assert int(buffers[0].split()[1]) == shapes.model_shape(lora_run.job.model_path).vllm_lora_params(8, 1)
 
 
 def test_a_merged_save_is_a_plain_model_with_the_same_logprobs(lora_run, tmp_path):

@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 
-from areal_kit import logs
+from areal_kit import runlog
 from areal_kit.config.loader import load_config
 from areal_kit.data.toy_task import toy_rows
 from areal_kit.rl.driver.job import prepare
@@ -65,7 +65,7 @@ def test_tiny_dapo_on_a_mix_resumes_at_the_exact_prompt(tmp_path, monkeypatch):
     monkeypatch.setenv("AREAL_USER", "ci")
     job = prepare(load_config("tiny_dapo", overrides(tmp_path, 5)))
     paths = job.paths
-    rows = logs.read_metrics(paths.metrics_file)
+    rows = runlog.read_metrics(paths.metrics_file)
     log = "\n".join(read_lines(paths.log_file))
     assert [r["global_step"] for r in rows] == [1, 2, 3, 4, 5]
     assert "Will recover from: " in log and "resuming at global step 4 of 5" in log

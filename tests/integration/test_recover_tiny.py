@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_kit import logs
+from areal_kit import runlog
 from bench.faults import cmdline, kill_session, session_pids
 
 EXE = os.path.join(os.path.dirname(sys.executable), "areal-kit")
@@ -63,7 +63,7 @@ def start(root, trial, extra_args=(), **extra_env):
 
 
 def paths(root, trial):
-    return logs.run_paths(str(root), "tiny", trial, "t")
+    return runlog.run_paths(str(root), "tiny", trial, "t")
 
 
 def wait_for(path, proc, limit=900):

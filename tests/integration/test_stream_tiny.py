@@ -8,7 +8,7 @@ AsyncLLM, in one tiny run with the two-turn workflow plug-in (one Ray start, one
    trainer), the tokens before it the old ones'. An update aborts the answers that began more
    than k versions before it: no step could train them.
 3. The staleness bound holds under a slow trainer and under a slow engine, and the capacity bound
-   holds: the controller's Stream against stand-in engines (real Ray actors) whose timing the
+   holds: the controller's StreamRollout against stand-in engines (real Ray actors) whose timing the
    test controls, which the real engine's cannot be made to be.
 
     .venv/bin/python -m pytest tests/integration/test_stream_tiny.py
@@ -26,11 +26,12 @@ from rl_run import LONG, Run, abort_check, interrupt_check
 
 from areal_kit.config.loader import load_config
 from areal_kit.data.prompts import PromptLoader
-from areal_kit.rl.driver.groups import EngineGroup
+from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
 from areal_kit.rl.driver.job import RunState
-from areal_kit.rl.driver.stream import Stream
+from areal_kit.rl.driver.rollout import StreamRollout
 from areal_kit.rl.driver.watchdog import Watchdog
 from areal_kit.rl.sample import Generated, Sample
+from areal_kit.rl.weight_sync.sync import WeightSync
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGINS = os.path.join(HERE, "toy_plugins.py")
@@ -130,6 +131,14 @@ class TimedEngine:
         return self.priorities
 
 
+def _stand_ins(cfg, engines, tmp_path):
+    """The workers a StreamRollout asks, on the stand-in engines, and a weight sync that never
+    pushed (the test sets the engines' versions itself)."""
+    dog = Watchdog(cfg.exp_ctrl, str(tmp_path / "stacks"))
+    group = EngineGroup(engines, dog)
+    return SimpleNamespace(engines=group, watchdog=dog), WeightSync(cfg, TrainerGroup([], dog), group)
+
+
 @pytest.mark.parametrize("k, train_s, slow_s, slow_every, dynamic", [
     (1, 0.3, 0.0, 0, False),  # a slow trainer: the engines run ahead as far as the bound lets them
     (1, 0.0, 1.5, 7, False),  # a slow engine: some groups outlive an update or two
@@ -140,11 +149,10 @@ def test_staleness_and_capacity_bounds_hold(run, tmp_path, k, train_s, slow_s, s
     cfg = load_config("tiny", [f"fileroot={tmp_path}", f"ppo.max_head_offpolicyness={k}",
                                "dataset.train_bs_n_seqs=8", "ppo.group_size=2", f"ppo.dynamic_sampling={dynamic}"])
     engines = [TimedEngine.remote(slow_s, slow_every) for _ in range(2)]
-    dog = Watchdog(cfg.exp_ctrl, str(tmp_path / "stacks"))
-    workers = SimpleNamespace(engines=EngineGroup(engines, dog), watchdog=dog)
+    workers, weights = _stand_ins(cfg, engines, tmp_path)
     loader = PromptLoader(run.job.loader.rows[:64], batch_size=8, seed=1)
     state, steps = RunState(), 10
-    stream = Stream(cfg, SimpleNamespace(loader=loader, total_steps=steps), workers, state)
+    stream = StreamRollout(cfg, SimpleNamespace(loader=loader, total_steps=steps), workers, weights, state)
     restarted = dropped = held = 0
     for _ in range(steps):
         got = stream.gather()
@@ -155,15 +163,18 @@ def test_staleness_and_capacity_bounds_hold(run, tmp_path, k, train_s, slow_s, s
         # In flight or finished and untrained, the step's own groups included.
         assert len(stream.flight) + len(stream.finished) + 8 <= (1 + k) * 8
         assert all(state.version - s.version <= k for s in got.train), [s.version for s in got.train]
-        restarted += got.stream["stream/restarted"]
-        held += got.stream["stream/held"]
+        assert got.loads == [] and got.metrics["stream/aborted"] == 0  # no weights pushed: none loaded
+        restarted += got.metrics["stream/restarted"]
+        held += got.metrics["stream/held"]
         time.sleep(train_s)
         state.version += 1
         state.global_step += 1
         ray.get([e.set_version.remote(state.version) for e in engines])
-        if state.global_step < steps:
-            stream.refill()  # as the controller does once the weights are pushed
-            assert len(stream.flight) + len(stream.finished) <= (1 + k) * 8
+        in_flight = len(stream.flight)
+        stream.after_push()  # as the controller does once the weights are pushed
+        assert len(stream.flight) + len(stream.finished) <= (1 + k) * 8
+        if state.global_step == steps:  # after the last step nothing more is generated
+            assert len(stream.flight) == in_flight
         if not dynamic:  # every prompt taken from the loader is trained or pending, none both
             assert state.batches * 8 - len(state.pending) == state.global_step * 8
     assert max(peak for peak, _ in ray.get([e.stats.remote() for e in engines])) <= (1 + k) * 8
@@ -191,10 +202,9 @@ def test_a_stream_that_stops_producing_is_a_hang(run, tmp_path):
 
     cfg = load_config("tiny", [f"fileroot={tmp_path}", "dataset.train_bs_n_seqs=8", "exp_ctrl.hang_first_s=3"])
     stuck = TimedEngine.remote(600.0, 1)  # every group takes ten minutes
-    dog = Watchdog(cfg.exp_ctrl, str(tmp_path / "stacks"))
-    workers = SimpleNamespace(engines=EngineGroup([stuck], dog), watchdog=dog)
+    workers, weights = _stand_ins(cfg, [stuck], tmp_path)
     loader = PromptLoader(run.job.loader.rows[:64], batch_size=8, seed=1)
-    stream = Stream(cfg, SimpleNamespace(loader=loader, total_steps=2), workers, RunState())
+    stream = StreamRollout(cfg, SimpleNamespace(loader=loader, total_steps=2), workers, weights, RunState())
     with pytest.raises(WorkerHang, match="rollout engine 0 ran stream for"):
         stream.gather()
     ray.kill(stuck)

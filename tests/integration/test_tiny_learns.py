@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from areal_kit import logs
+from areal_kit import runlog
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.data.toy_task import spell
 from areal_kit.rl.algo import varlen
@@ -58,7 +58,7 @@ def test_tiny_preset_learns_multi_token_sums(tmp_path):
     wall = time.time() - t0
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = tmp_path / "areal_runs" / "logs" / "ci" / "tiny" / "run0"
-    rows = logs.read_metrics(str(run / "metrics.jsonl"))
+    rows = runlog.read_metrics(str(run / "metrics.jsonl"))
     rewards = [r["task_reward"] for r in rows]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     saves = sorted(glob.glob(str(tmp_path / "areal_runs" / "checkpoints" / "ci" / "tiny" / "run0" / "actor" / "*")))

@@ -28,6 +28,7 @@ import json, sys
 import torch
 import torch.distributed as dist
 from strict_device import HostTensorRefused, strict_collectives
+from areal_kit.rl.sample import TrainerRow
 from areal_kit.config.loader import load_config
 from areal_kit.rl.driver.groups import shard_batch
 from areal_kit.rl.workers.trainer import TrainerWorker
@@ -43,8 +44,8 @@ g = torch.Generator().manual_seed(0)
 samples = []
 for i in range(8):  # uneven lengths: the ranks get different shards and micro-batch counts agree by max
     out = torch.randint(3, 20, (1 + i % 3,), generator=g).tolist()
-    samples.append({"prompt_ids": torch.randint(3, 20, (4 + i % 2,), generator=g).tolist(), "output_ids": out,
-                    "logprobs": [-2.5] * len(out), "seq_reward": float(i % 2), "version": 0})
+    samples.append(TrainerRow(torch.randint(3, 20, (4 + i % 2,), generator=g).tolist(), out,
+                              logprobs=[-2.5] * len(out), seq_reward=float(i % 2)))
 result = {}
 with strict_collectives(label):
     result["steps"] = [worker.train_step(shard_batch(samples, 2)[rank]) for _ in range(2)]

@@ -18,6 +18,7 @@ import ray
 import torch
 
 from areal_kit import hardware
+from areal_kit.config.loader import load_config
 from areal_kit.config.schema import ExpCtrl
 from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
 from areal_kit.rl.driver.watchdog import Watchdog
@@ -30,12 +31,17 @@ TIMEOUT_S = 3.0
 SLOW_S = 8.0  # the slow engine's generation: well past the timeout
 
 
+def run_cfg():
+    """The run's config, as the driver, the trainer and the engines each hold it: a broadcast sync under ZeRO-2."""
+    return load_config("tiny", ["weight_sync=broadcast", f"weight_sync_timeout_s={TIMEOUT_S}", "actor.zero_stage=2"])
+
+
 class Trainer(WeightSender):
     """Trainer rank 0 of one rank: the real sender, with a state of two tensors for its weights."""
 
     def __init__(self):
         self.rank, self.device, self.outbox = 0, torch.device("cpu"), transport.Outbox()
-        self.cfg = SimpleNamespace(weight_sync_timeout_s=TIMEOUT_S, actor=SimpleNamespace(zero_stage=2))
+        self.cfg = run_cfg()
         self.engine = SimpleNamespace(module=SimpleNamespace(config=SimpleNamespace()))
         self.state = {"a": torch.zeros(1000), "b": torch.zeros(3, 4)}
 
@@ -78,7 +84,7 @@ class Worker:
 class Engine(WeightReceiver):
     def __init__(self):
         self.llm = Worker()
-        self.cfg = SimpleNamespace(weight_sync_timeout_s=TIMEOUT_S)
+        self.cfg = run_cfg()
 
     def generate(self, seconds: float) -> float:
         time.sleep(seconds)
@@ -92,9 +98,7 @@ def test_an_engine_that_finishes_early_does_not_wait_out_the_timeout_in_the_rece
     trainer = ray.remote(num_cpus=0, concurrency_groups={"weights": 1})(Trainer).remote()
     engines = [ray.remote(num_cpus=0)(Engine).remote() for _ in range(2)]
     dog = Watchdog(ExpCtrl(), "/nonexistent")
-    sync = WeightSync(SimpleNamespace(weight_sync="broadcast", rollout=SimpleNamespace(mode="batch")),
-                      TrainerGroup([trainer], dog),
-                      EngineGroup(engines, dog))
+    sync = WeightSync(run_cfg(), TrainerGroup([trainer], dog), EngineGroup(engines, dog))
     assert sync.connect() == "broadcast over gloo"
     t0 = time.time()
     generating = [engines[0].generate.remote(0.1), engines[1].generate.remote(SLOW_S)]

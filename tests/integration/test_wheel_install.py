@@ -82,7 +82,7 @@ def test_train_dry_run_finds_the_preset(installed, elsewhere, preset):
 def test_the_eval_manifest_and_prompts_load(installed, elsewhere):
     venv, env = installed
     code = textwrap.dedent("""
-        from areal_kit.config.loader import PRESET_DIR, preset_names
+        from areal_kit.train_scripts import PRESET_DIR, preset_names
         from areal_kit.eval.data import EVAL_DIR, manifest, prompt_templates
         print(EVAL_DIR); print(PRESET_DIR)
         print(",".join(sorted(manifest()))); print(",".join(sorted(prompt_templates())))

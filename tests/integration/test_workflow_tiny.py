@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from areal_kit import logs
+from areal_kit import runlog
 from areal_kit.config.loader import load_config
 from areal_kit.rl.driver.controller import Controller, start_ray
 from areal_kit.rl.driver.job import prepare
@@ -29,7 +29,7 @@ def run(tmp_path_factory):
         f"ppo.reward_plugins={{flaky: {PLUGINS}:flaky}}", "ppo.reward_workers=1",
         "exp_ctrl.eval_every=2", f"dataset.eval_size={EVAL_N}", "exp_ctrl.eval_max_new_tokens=1"])
     job = prepare(cfg)
-    log = logs.RunLogger(job.paths, tensorboard=False, console=False)
+    log = runlog.RunLogger(job.paths, tensorboard=False, console=False)
     ctrl = Controller(job, log)
     start_ray(cfg)
     ctrl.start()
@@ -37,7 +37,7 @@ def run(tmp_path_factory):
         ctrl.run()
         with open(job.paths.log_file) as f:
             text = f.read()
-        yield ctrl, logs.read_metrics(job.paths.metrics_file), text
+        yield ctrl, runlog.read_metrics(job.paths.metrics_file), text
     finally:
         import ray
 

@@ -1,10 +1,9 @@
 """The loop's stop rules for a run that cannot learn: a non-finite loss or gradient at once, rewards that all
 fail after the configured number of steps in a row (a step with any reward scored resets it)."""
 
-from types import SimpleNamespace
-
 import pytest
 
+from areal_kit.config.loader import load_config
 from areal_kit.rl.driver.controller import CannotLearn, Controller
 from areal_kit.rl.driver.job import RunState
 from areal_kit.rl.sample import Generated
@@ -12,7 +11,7 @@ from areal_kit.rl.sample import Generated
 
 def ctrl(limit: int) -> Controller:
     c = Controller.__new__(Controller)  # the checks read only the config and the step counter
-    c.cfg = SimpleNamespace(exp_ctrl=SimpleNamespace(stop_after_failed_reward_steps=limit))
+    c.cfg = load_config("tiny", [f"exp_ctrl.stop_after_failed_reward_steps={limit}"])
     c.state, c._failed_steps, c._first_failure = RunState(global_step=6), 0, ""
     return c
 

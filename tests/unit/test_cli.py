@@ -9,6 +9,7 @@ its stdout piped (every row whole, as markdown), as JSON, and on a pseudo-termin
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -192,6 +193,18 @@ def test_every_subcommand_has_help(sub, capsys):
     assert code == 0, err
     assert "Usage:" in out
     assert f"areal-kit {sub}" in out
+
+
+def test_train_help_lists_every_preset_file(capsys, monkeypatch):
+    """The presets in `areal-kit train --help` are the YAML files in train_scripts/ (a `_`-file is a base)."""
+    monkeypatch.setenv("COLUMNS", "1000")  # the list on one line
+    code, out, err = run(["train", "--help"], capsys)
+    assert code == 0, err
+    listed = re.search(r"train_scripts/ \(([^)]*)\) or a path", out)
+    assert listed, out
+    files = sorted(p.stem for p in (ROOT / "train_scripts").glob("*.yaml") if not p.name.startswith("_"))
+    assert len(files) >= 12
+    assert listed[1].split(", ") == files
 
 
 def test_show_args_lists_every_key_with_value_and_help(capsys):

@@ -31,7 +31,7 @@ def stop(*_):
         sys.exit(0)
     print("got SIGTERM", flush=True)
     time.sleep(1.0)  # the step under way, then its checkpoint
-    print("WARNING Run interrupted (SIGTERM) after global step 3, with its recover checkpoint /ckpt/globalstep3; "
+    print("20261123-06:18:31 WARNING Run interrupted (SIGTERM) after global step 3, with its recover checkpoint /ckpt/globalstep3; "
           "the same command resumes it from there.", flush=True)
     sys.exit(143)
 signal.signal(signal.SIGTERM, stop)
@@ -74,7 +74,7 @@ def start_driver(c: Cluster, tmp_path, mode: str, reaped: bool = False, started:
     reaped=True as the child of a shell that reaps it at once (gone without a trace)."""
     log = open(tmp_path / "train.log", "w")  # noqa: SIM115 (the child holds it)
     # setup appends to one log per preset: an earlier run's stop is in it already
-    log.write("WARNING Run interrupted (SIGTERM) after global step 1, with its recover checkpoint /ckpt/globalstep1; "
+    log.write("20261123-06:10:00 WARNING Run interrupted (SIGTERM) after global step 1, with its recover checkpoint /ckpt/globalstep1; "
               "the same command resumes it from there.\n")
     log.flush()
     # argv carries "areal_kit.cli train", as the real driver's does

@@ -15,8 +15,8 @@ import json
 import pytest
 from cli_run import cli
 
-from areal_kit import netfigures
-from areal_kit.cluster import cmd, flags, steps
+from areal_kit import flags, netfigures
+from areal_kit.cluster import cmd, steps
 from areal_kit.cluster import remote as remote_mod
 from areal_kit.cluster.options import Limits, SetupOptions, save_state
 from areal_kit.cluster.parallel import StepFailed

@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 import pytest
+from areal_kit.train_scripts import preset_names
 
 from areal_kit.config import loader
 from areal_kit.config.dataset import DatasetConfig
@@ -304,8 +305,10 @@ def test_help_texts_are_the_schema_fields_metadata():
     assert keys["ppo.kl_estimator"].metadata["help"].startswith("KL estimator: k1")
     assert keys["actor_train.mb_spec.max_tokens_per_mb"].metadata["help"].startswith(
         "Most tokens in one packed micro-batch")
-    # one text for a group of options
-    assert keys["exp_ctrl.save_freq_steps"].metadata["help"] == keys["exp_ctrl.save_freq_epochs"].metadata["help"]
+    # one text for a group of options, naming each option's unit
+    for kind, what in (("save", "Persistent HF saves"), ("ckpt", "Recover checkpoints")):
+        for unit, said in (("epochs", "epochs"), ("steps", "steps"), ("secs", "seconds")):
+            assert keys[f"exp_ctrl.{kind}_freq_{unit}"].metadata["help"].startswith(f"{what} every N {said} (0 or")
     # a text written over several source lines is one line of help
     recover = keys["recover_mode"].metadata["help"]
     assert "fault" in recover, recover
@@ -362,5 +365,5 @@ def test_all_keys_are_dotted_leaves():
     assert "ref_inf.mb_spec.max_tokens_per_mb" in keys
     assert "ppo" not in keys
     assert "ppo.gen" not in keys
-    assert loader.preset_names() == sorted(["tiny", "tiny_dapo", "tiny_storage", "1.5B_1gpu", "1.5B_n1", "1.5B_n1_dapo", "1.5B_n4",
+    assert preset_names() == sorted(["tiny", "tiny_dapo", "tiny_storage", "1.5B_1gpu", "1.5B_n1", "1.5B_n1_dapo", "1.5B_n4",
                                             "1.5B_n16", "7B_n4", "7B_n16", "tiny_lora", "7B_n1_lora"])

@@ -5,16 +5,16 @@ The machine's core list is the one thing faked (os.sched_getaffinity), to lay ou
 """
 
 import os
-from types import SimpleNamespace
 
 import pytest
 
+from areal_kit.config.loader import load_config
 from areal_kit.errors import UserError
 from areal_kit.rl.driver import groups
 
 
 def cfg(mode="auto", k=1, ray_address=""):
-    return SimpleNamespace(cpu_cores=mode, ray_address=ray_address, ppo=SimpleNamespace(max_head_offpolicyness=k))
+    return load_config("tiny", [f"cpu_cores={mode}", f"ray_address={ray_address}", f"ppo.max_head_offpolicyness={k}"])
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Dataset loaders (data/sources.py): AReaL's format, plain jsonl, HF datasets folders, the eval split,
-prompt tokenization, and `--dry-run` of a GPU preset when AReaL's files are present."""
+prompt tokenization, a run's prompts made in one pass (data/prompts.py: checked against the rewards,
+tokenized, loaded), and `--dry-run` of a GPU preset when AReaL's files are present."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from areal_kit.config.dataset import DatasetConfig
+from areal_kit.config.loader import load_config
 from areal_kit.data import sources
-from areal_kit.data.prompts import tokenize_rows
+from areal_kit.data.prompts import check_rows, read_rows, run_prompts, tokenize_rows
+from areal_kit.data.tiny_model import TinySpec, build_tokenizer
 from areal_kit.errors import UserError
 
 
@@ -181,7 +184,56 @@ def test_cli_entry_prints_rows(tmp_path):
 
 
 def test_namespace_config_is_enough():
-    # plan.py and the module's CLI pass plain namespaces; the loader reads only these fields.
+    # Not a DatasetConfig on purpose: data/prompts.py (a dataset.mix source) and the module's CLI pass plain
+    # namespaces; the loader reads only these fields.
     with pytest.raises(UserError, match="not found"):
         sources.load(SimpleNamespace(path="/nonexistent/x.jsonl", type="jsonl", id2info_path="",
                                      question_field="question", answer_field="answer"))
+
+
+# ------------------------------------------------------------------ a run's prompts (data/prompts.run_prompts)
+def test_check_rows():
+    check_rows([{"id": 1, "answer": "3"}, {"id": 2, "solutions": ["\\boxed{2}"]}], ["math"])
+    check_rows([{"id": 1}], ["my.module:fn"])  # custom rewards: nothing to check
+    with pytest.raises(UserError, match="dataset row 7 has no answer or solutions field"):
+        check_rows([{"id": 1, "answer": "3"}, {"id": 7, "answer": ""}], ["math"])
+    with pytest.raises(UserError, match="reward 'toy' needs"):
+        check_rows([{"id": 1, "solutions": ["1"]}], ["toy"])
+
+
+def test_rows_the_reward_cannot_grade_are_refused_where_they_are_read(tmp_path):
+    """AReaL's rows carry solutions, no answer: the toy reward cannot grade them. The run refuses
+    them in one line, and the dry-run plan reports the same instead of counting them."""
+    from areal_kit.rl.plan import dataset_size
+
+    path = _areal(tmp_path).path
+    cfg = load_config("tiny", [f"fileroot={tmp_path}", "dataset.type=areal", f"dataset.path={path}"])
+    with pytest.raises(UserError, match="dataset row 'q0' has no answer field, which reward 'toy' needs"):
+        read_rows(cfg)
+    n, note = dataset_size(cfg)
+    assert n is None and "which reward 'toy' needs" in note
+    cfg = load_config("tiny", [f"fileroot={tmp_path}", "dataset.type=areal", f"dataset.path={path}",
+                               "ppo.reward_fns=[math]", "dataset.eval_size=2"])
+    train, ev = read_rows(cfg)
+    assert (len(train), len(ev)) == (3, 2)
+    assert {r["id"] for r in train} | {r["id"] for r in ev} == {f"q{i}" for i in range(5)}
+    assert dataset_size(cfg) == (3, f"{path}; eval split 2 prompts held out")
+
+
+def test_run_prompts_tokenizes_both_splits_and_loads_the_training_rows(tmp_path):
+    model = str(tmp_path / "model")  # only the tokenizer is read
+    build_tokenizer(TinySpec(kind="toy")).save_pretrained(model)
+    short = [{"id": f"s{i}", "question": "1 + 2 =", "answer": "3"} for i in range(12)]
+    long = [{"id": f"l{i}", "question": "1 + 2 + 3 + 4 =", "answer": "1 0"} for i in range(4)]
+    path = _write_jsonl(tmp_path / "d.jsonl", short + long)
+    cfg = load_config("tiny", [f"fileroot={tmp_path}", "dataset.type=jsonl", f"dataset.path={path}",
+                               "dataset.eval_size=3", "dataset.max_prompt_len=6", "dataset.train_bs_n_seqs=4"])
+    train, ev = read_rows(cfg)
+    got = run_prompts(cfg, model)
+    kept = [r["id"] for r in train if r["id"].startswith("s")]
+    assert [r["id"] for r in got.loader.rows] == kept  # the long prompts dropped, and counted
+    assert got.n_dropped == len(train) - len(kept) > 0
+    assert [r["id"] for r in got.eval_rows] == [r["id"] for r in ev if r["id"].startswith("s")]
+    bos = got.tokenizer.bos_token_id
+    assert all(r["prompt_ids"][0] == bos and len(r["prompt_ids"]) == 5 for r in got.loader.rows + got.eval_rows)
+    assert got.loader.steps_per_epoch == len(kept) // 4

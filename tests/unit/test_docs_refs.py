@@ -1,5 +1,5 @@
 """What the docs name exists: every file (`rl/algo/varlen.py`) and every method (`WeightSync.push`)
-that README.md, bench/PERFORMANCE.md and the module docstrings (package, bench, tests) mention is
+that README.md, ARCHITECTURE.md, bench/PERFORMANCE.md and the module docstrings (package, bench, tests) mention is
 in the tree, and the README lists every exit code. A file that moved or a method that went leaves
 no stale pointer.
 
@@ -27,7 +27,7 @@ CLASS_METHOD = re.compile(r"(?<![\w.])([A-Z]\w*)\.([a-z_]\w*)\b")
 FILE_SUFFIXES = {"md", "json", "jsonl", "tar", "py", "yaml", "yml", "txt", "log", "toml", "sh", "gz", "pt"}
 PLACEHOLDERS = {"path/to/file.py"}
 # Classes of other libraries (or local names in an example) the docs name; ours are checked.
-NOT_OURS = {"AutoModelForCausalLM": "transformers", "Trainer": "rl/driver/placement.py's example: a Ray actor"}
+NOT_OURS = {"AutoModelForCausalLM": "transformers", "AsyncLLM": "vLLM", "Trainer": "rl/driver/placement.py's example: a Ray actor"}
 
 
 def _py_files() -> list[Path]:
@@ -36,6 +36,7 @@ def _py_files() -> list[Path]:
 
 def _docs() -> dict[Path, str]:
     docs = {ROOT / "README.md": (ROOT / "README.md").read_text(),
+            ROOT / "ARCHITECTURE.md": (ROOT / "ARCHITECTURE.md").read_text(),
             ROOT / "bench" / "PERFORMANCE.md": (ROOT / "bench" / "PERFORMANCE.md").read_text()}
     for p in _py_files():
         text = ast.get_docstring(ast.parse(p.read_text()))

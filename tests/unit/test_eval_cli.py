@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from cli_run import assert_one_line_error, run_cli
@@ -18,6 +17,7 @@ from areal_kit.cli import main
 from areal_kit.eval import engine as eval_engine
 from areal_kit.eval import report
 from areal_kit.eval.data import EVAL_DIR, Question, sample_keys
+from areal_kit.eval.options import EvalConfig
 
 
 def ok_cli(args, capsys):
@@ -233,10 +233,10 @@ def test_eval_table_in_a_pipe_keeps_names_and_numbers_whole(tmp_path):
     (out / LONG_NAME).mkdir(parents=True)
     rows = [{"question": f"{i}+1?", "answer": str(i + 1), "idx": i} for i in range(4)]
     (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = EvalConfig(model_path=str(model), output_path=str(out), data_names=[LONG_NAME], prompt_type="plain",
+                     greedy=True, num_samples=2)
     records = [{"key": key, "correct": i == 0, "tokens": 1234 + idx, "finish_reason": "stop", "mode": mode}
-               for i in range(4)
-               for key, mode, idx in sample_keys(Question(LONG_NAME, str(i), "", "", ""),
-                                                 SimpleNamespace(greedy=True, num_samples=2))]
+               for i in range(4) for key, mode, idx in sample_keys(Question(LONG_NAME, str(i), "", "", ""), cfg)]
     (out / LONG_NAME / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
     r = subprocess.run([str(SCRIPT), "eval", "--model_path", str(model), "--output_path", str(out), "--data_names",
@@ -254,3 +254,18 @@ def test_eval_table_in_a_pipe_keeps_names_and_numbers_whole(tmp_path):
     cells = [c.strip() for c in row.strip("| ").split(" | ")]
     # greedy tokens 1234, sampled 1234 and 1235; greedy and pass@1 right on 1 question of 4
     assert cells == [LONG_NAME, "4", "1234.0", "1234.5", "25.0", "25.0", "-", "-"], row
+
+
+@pytest.mark.parametrize("command, config", [("eval_", "EvalConfig"), ("filter_", "FilterConfig")])
+def test_every_option_of_the_config_is_a_flag_of_its_command(command, config):
+    """eval and filter take their options from their config's fields (eval/options.py): each one
+    declared on a field is a flag of the command, with the field's default."""
+    import inspect
+
+    from areal_kit import flags
+    from areal_kit.eval import cmd, options
+
+    declared = {p.name: p.default.default for p in flags.params(getattr(options, config))}
+    given = {name: p.default.default for name, p in inspect.signature(getattr(cmd, command)).parameters.items()}
+    assert len(declared) >= 10
+    assert {name: given.get(name) for name in declared} == declared

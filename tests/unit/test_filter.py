@@ -15,7 +15,8 @@ from cli_run import assert_one_line_error, run_cli
 from areal_kit.cli import main
 from areal_kit.config.dataset import DatasetConfig
 from areal_kit.data import sources
-from areal_kit.eval.filter import kept, parse_keep, prompt_rates, sample_keys, summary
+from areal_kit.eval.filter import kept, prompt_rates, sample_keys, summary
+from areal_kit.eval.options import parse_keep
 
 pytestmark = pytest.mark.unit
 

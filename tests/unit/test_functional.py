@@ -1,4 +1,4 @@
-"""RL math (rl/algo/functional.py, rl/algo/batch.py) against hand-computed values."""
+"""RL math (rl/algo/functional.py, rl/algo/advantage.py, rl/algo/batch.py) against hand-computed values."""
 
 import math
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from areal_kit.config.schema import PPOConfig
-from areal_kit.errors import UserError
+from areal_kit.rl.algo import advantage as A
 from areal_kit.rl.algo import functional as Fn
-from areal_kit.rl.algo.batch import check_rows, shape_rewards
+from areal_kit.rl.algo.batch import shape_rewards
 from areal_kit.rl.sample import Sample
 
 T = torch.tensor
@@ -66,7 +66,7 @@ def test_unknown_estimator():
 # ------------------------------------------------------------------ advantages
 def test_group_normalize_hand_values():
     r = T([1.0, 0.0, 0.0, 1.0, 5.0, 5.0, 5.0, 5.0, 0.0, 3.0, 0.0, 0.0])
-    adv = Fn.group_normalize(r, 4)
+    adv = A.group_normalize(r, 4)
     # group 1: mean .5, std .5 -> +-1; group 2: all equal -> 0; group 3: mean .75, std sqrt(27/16)
     s3 = math.sqrt(((0.75 ** 2) * 3 + 2.25 ** 2) / 4)
     expected = [1, -1, -1, 1, 0, 0, 0, 0, -0.75 / s3, 2.25 / s3, -0.75 / s3, -0.75 / s3]
@@ -76,56 +76,56 @@ def test_group_normalize_hand_values():
 
 def test_group_normalize_groups_are_consecutive():
     r = T([0.0, 1.0, 10.0, 30.0])
-    close(Fn.group_normalize(r, 2), [-1, 1, -1, 1], tol=1e-5)
+    close(A.group_normalize(r, 2), [-1, 1, -1, 1], tol=1e-5)
 
 
 def test_zero_adv_groups():
     r = T([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
-    assert Fn.zero_adv_groups(r, 2).tolist() == [True, False, True]
+    assert A.zero_adv_groups(r, 2).tolist() == [True, False, True]
 
 
 def test_token_returns_undiscounted():
     # sequence rewards go to the last token; per-token rewards (e.g. -kl_ctl*kl) add up backwards
     seq_r = T([1.0, 2.0])
     tok_r = T([-0.1, -0.2, -0.3, 0.5, 0.0])
-    out = Fn.token_returns(seq_r, tok_r, [3, 2], 1.0)
+    out = A.token_returns(seq_r, tok_r, [3, 2], 1.0)
     close(out, [0.4, 0.5, 0.7, 2.5, 2.0], tol=1e-6)
 
 
 def test_token_returns_discounted():
     seq_r = T([1.0, 2.0])
     tok_r = T([-0.1, -0.2, -0.3, 0.5, 0.0])
-    out = Fn.token_returns(seq_r, tok_r, [3, 2], 0.5)
+    out = A.token_returns(seq_r, tok_r, [3, 2], 0.5)
     # seq 1: r = [-.1, -.2, .7] -> G2 = .7, G1 = -.2 + .35 = .15, G0 = -.1 + .075 = -.025
     # seq 2: r = [.5, 2.0]      -> G1 = 2.0, G0 = .5 + 1.0 = 1.5
     close(out, [-0.025, 0.15, 0.7, 1.5, 2.0], tol=1e-6)
 
 
 def test_token_returns_without_token_rewards_give_every_token_the_sequence_reward():
-    out = Fn.token_returns(T([3.0, -1.0]), torch.zeros(5), [2, 3], 1.0)
+    out = A.token_returns(T([3.0, -1.0]), torch.zeros(5), [2, 3], 1.0)
     close(out, [3, 3, -1, -1, -1])
 
 
 def test_token_returns_does_not_modify_its_input():
     tok = torch.zeros(3)
-    Fn.token_returns(T([1.0]), tok, [3], 0.9)
+    A.token_returns(T([1.0]), tok, [3], 0.9)
     assert tok.tolist() == [0.0, 0.0, 0.0]
 
 
 def test_masked_normalize_hand_values():
     x = T([1.0, 2.0, 3.0, 4.0])
     std = math.sqrt(1.25)
-    close(Fn.masked_normalize(x), [(v - 2.5) / (std + 1e-5) for v in (1, 2, 3, 4)], tol=1e-6)
+    close(A.masked_normalize(x), [(v - 2.5) / (std + 1e-5) for v in (1, 2, 3, 4)], tol=1e-6)
 
 
 def test_masked_normalize_with_global_stats_matches_one_batch():
     x = torch.randn(20, generator=torch.Generator().manual_seed(0))
     a, b = x[:7], x[7:]
     stats = (float(x.sum()), float(x.pow(2).sum()), x.numel())  # what an all-reduce gives
-    close(torch.cat([Fn.masked_normalize(a, stats=stats), Fn.masked_normalize(b, stats=stats)]),
-          Fn.masked_normalize(x), tol=1e-5)
+    close(torch.cat([A.masked_normalize(a, stats=stats), A.masked_normalize(b, stats=stats)]),
+          A.masked_normalize(x), tol=1e-5)
     # local stats differ: the shards would be normalized differently
-    assert not torch.allclose(Fn.masked_normalize(a), Fn.masked_normalize(x)[:7], atol=1e-3)
+    assert not torch.allclose(A.masked_normalize(a), A.masked_normalize(x)[:7], atol=1e-3)
 
 
 # ------------------------------------------------------------------ the clipped loss
@@ -335,15 +335,6 @@ def test_shape_rewards_ppo_math_no_group_norm():
     assert [s.seq_reward for s in out.samples] == [5.0, 0.0]
 
 
-def test_check_rows():
-    check_rows([{"id": 1, "answer": "3"}, {"id": 2, "solutions": ["\\boxed{2}"]}], ["math"])
-    check_rows([{"id": 1}], ["my.module:fn"])  # custom rewards: nothing to check
-    with pytest.raises(UserError, match="dataset row 7 has no answer or solutions field"):
-        check_rows([{"id": 1, "answer": "3"}, {"id": 7, "answer": ""}], ["math"])
-    with pytest.raises(UserError, match="reward 'toy' needs"):
-        check_rows([{"id": 1, "solutions": ["1"]}], ["toy"])
-
-
 @pytest.mark.parametrize("discount", [1.0, 0.9])
 def test_token_returns_of_a_batch_equal_each_sequence_alone(discount):
     """All sequences at once (one grid) give bit for bit what each sequence alone gives: the
@@ -352,9 +343,9 @@ def test_token_returns_of_a_batch_equal_each_sequence_alone(discount):
     lens = [int(x) for x in torch.randint(1, 9, (40,), generator=g)]
     seq_r = torch.randn(len(lens), generator=g)
     tok_r = torch.randn(sum(lens), generator=g)
-    batch = Fn.token_returns(seq_r, tok_r, lens, discount)
+    batch = A.token_returns(seq_r, tok_r, lens, discount)
     alone, offset = [], 0
     for i, n in enumerate(lens):
-        alone.append(Fn.token_returns(seq_r[i:i + 1], tok_r[offset:offset + n], [n], discount))
+        alone.append(A.token_returns(seq_r[i:i + 1], tok_r[offset:offset + n], [n], discount))
         offset += n
     assert torch.equal(batch, torch.cat(alone))

@@ -19,7 +19,7 @@ import acceptance
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
-from areal_kit.rl import memory, sharing
+from areal_kit.rl import memory, shapes, sharing
 from areal_kit.rl.algo.functional import gather_logprobs
 from areal_kit.rl.driver import placement
 from areal_kit.rl.workers.rollout import RolloutWorker, engine_kwargs
@@ -146,7 +146,7 @@ def test_sleep_must_free_the_engines_share_and_wake_take_it_back():
 
 
 def test_a_trainer_rank_is_held_to_the_plan_by_what_it_reserves():
-    shape = memory.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-1.5B"]
+    shape = shapes.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-1.5B"]
     plan = memory.trainer_plan(shape, zero_stage=2, ranks=1, tokens=19456, reference=True)
     assert acceptance.reserved_failures(plan.total, plan.resident, plan.total, plan.resident) == []
     # Its cache not returned: the training peak stays reserved through generation.

@@ -9,6 +9,7 @@ from typing import ClassVar
 import pytest
 import ray.exceptions as rex
 
+from areal_kit import runlog
 from areal_kit.config.loader import load_config
 from areal_kit.errors import RunFailed, UserError
 from areal_kit.interrupts import Interrupted
@@ -189,7 +190,6 @@ class FakeController:
 def fake_run(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from areal_kit import logs
 
     job = SimpleNamespace(cfg=None, total_steps=4, n_dropped=0, rows=[],
                           paths=SimpleNamespace(log_dir=str(tmp_path), log_file=str(tmp_path / "train.log")),
@@ -210,26 +210,21 @@ def fake_run(monkeypatch, tmp_path):
     monkeypatch.setattr("areal_kit.rl.checkpoint.checkpointer.Checkpointer", FakeCheckpointer)
     monkeypatch.setattr(launch, "start_ray_early", lambda cfg: launch.raystart.InBackground(lambda: None))
     log = Log()
-    monkeypatch.setattr(logs, "RunLogger", lambda *a: log)
+    monkeypatch.setattr(runlog, "RunLogger", lambda *a: log)
     monkeypatch.setattr("areal_kit.rl.driver.retry.time.sleep", lambda s: None)
     FakeController.made = []
     FakeController.dead = 0
     return SimpleNamespace(fresh=fresh_flags, log=log, dir=tmp_path)
 
 
-def cfg(mode="auto", retries=1, on_sigterm="checkpoint"):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(recover_mode=mode, recover_retries=retries, tensorboard=False, wandb_project=None,
-                           experiment_name="e", trial_name="t", exp_ctrl=SimpleNamespace(on_sigterm=on_sigterm),
-                           allocation_mode="vllm.d1p1m1+d1p1m1", actor=load_config("tiny").actor,
-                           actor_train=load_config("tiny").actor_train)
+def cfg(mode="auto", retries=1, on_sigterm="checkpoint", preset="tiny", more=()):
+    return load_config(preset, [f"recover_mode={mode}", f"recover_retries={retries}", "tensorboard=false",
+                                "experiment_name=e", "trial_name=t", f"exp_ctrl.on_sigterm={on_sigterm}", *more])
 
 
 def test_the_run_log_says_once_what_replaces_the_guides_knobs(fake_run):
     """Training pipeline parallelism and actor.vllm.swap_space: one line each at the start, not one a relaunch."""
-    c = cfg()
-    c.allocation_mode, c.actor = "vllm.d16p1m1+d8p2m1", load_config("1.5B_n4", ["actor.vllm.swap_space=64"]).actor
+    c = cfg(preset="1.5B_n4", more=["actor.vllm.swap_space=64"])  # allocation_mode vllm.d16p1m1+d8p2m1
     FakeController.failures = [rex.ActorDiedError()]
     assert launch.launch(c) == 0
     assert len(FakeController.made) == 2

@@ -1,10 +1,12 @@
-"""The tree passes `ruff check` with the project's settings (pyproject.toml, ruff pinned in the dev
-extra so that a new ruff release cannot fail a clean clone by itself)."""
+"""The tree passes `ruff check` and `mypy` with the project's settings (pyproject.toml; both pinned in
+the dev extra so that a new release cannot fail a clean clone by itself)."""
 
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,6 +17,16 @@ def test_ruff_finds_nothing():
     assert exe, "ruff is not installed; expected it from the dev extra (bash .ci/install.sh --test)"
     proc = subprocess.run([exe, "check", "--output-format", "concise", str(ROOT)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_mypy_finds_nothing():
+    """The package type-checks clean ([tool.mypy] names it); the cache goes to .mypy_cache at the root."""
+    mypy = Path(sys.executable).with_name("mypy")
+    exe = str(mypy) if mypy.exists() else shutil.which("mypy")
+    assert exe, "mypy is not installed; expected it from the dev extra (bash .ci/install.sh --test)"
+    proc = subprocess.run([exe], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 

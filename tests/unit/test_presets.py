@@ -1,11 +1,12 @@
 """The presets in train_scripts/: the guide's settings, and `--dry-run` of each on this CPU machine."""
 
 import pytest
+from areal_kit.train_scripts import preset_names
 from cli_run import dry_run
 
 from areal_kit.cli import main
 from areal_kit.config.alloc import parse_allocation
-from areal_kit.config.loader import load_config, preset_names
+from areal_kit.config.loader import load_config
 
 GPU_PRESETS = ["1.5B_n1", "1.5B_n4", "1.5B_n16", "7B_n4", "7B_n16"]
 

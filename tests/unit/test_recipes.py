@@ -12,9 +12,9 @@ import torch
 
 from areal_kit.config.loader import load_config
 from areal_kit.config.schema import ConfigError, GenConfig, PPOConfig
+from areal_kit.curves import extra_panels, write_png
 from areal_kit.data.prompts import PromptLoader, mix_rows
 from areal_kit.errors import UserError
-from areal_kit.monitor import extra_panels, write_png
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo.batch import Shaped, informative_groups, overlong_penalty, shape_rewards, step_stats
 from areal_kit.rl.driver.job import RunState
@@ -161,7 +161,7 @@ def test_mix_entries_take_unset_keys_from_dataset():
 def test_step_stats_report_each_sources_task_reward():
     ss = [sample("a", 0, 1.0, 2, source="math"), sample("a", 0, 0.0, 2, source="math"),
           sample("b", 1, 1.0, 2, source="code")]
-    row = step_stats(ss, Shaped(ss, ss, perc_zero_adv=0.0, advantage=0.0, final_reward_mean=0.0), {})
+    row = step_stats(ss, Shaped(ss, ss, perc_zero_adv=0.0, final_reward_mean=0.0), {})
     assert row["task_reward/math"] == 0.5 and row["task_reward/code"] == 1.0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_kit import logs
+from areal_kit import runlog
 from areal_kit.config.loader import load_config
 from areal_kit.data.prompts import PromptLoader
 from areal_kit.errors import UserError
@@ -59,7 +59,7 @@ class Ctrl:
     def __init__(self, job, step, trainers=None):
         self.job, self.log = job, Log()
         self.state = RunState(global_step=step, version=step, batches=step)
-        self.timer = logs.StepTimer({"times": [1.0] * step, "total": float(step)})
+        self.timer = runlog.StepTimer({"times": [1.0] * step, "total": float(step)})
         self.trainers = trainers or FakeTrainers()
 
 
@@ -80,7 +80,7 @@ def make_job(tmp_path, *overrides, n_rows=64, total=10):
                                                    "num_hidden_layers": 2, "vocab_size": 20}))
     rows = [{"id": f"q{i}", "prompt_ids": [1, 2]} for i in range(n_rows)]
     loader = PromptLoader(rows, cfg.dataset.train_bs_n_seqs, seed=cfg.seed)
-    paths = logs.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name, "u")
+    paths = runlog.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name, "u")
     return Job(cfg, paths, str(model), loader, total, 0)
 
 
@@ -259,7 +259,7 @@ def test_due_schedule(tmp_path):
                    "exp_ctrl.save_freq_steps=0", "exp_ctrl.save_freq_epochs=0", "exp_ctrl.save_freq_secs=0", total=10)
     state, trainers = RunState(), FakeTrainers()
     ckpt = Checkpointer(job, Log())
-    ckpt.connect(state, logs.StepTimer({}), trainers)
+    ckpt.connect(state, runlog.StepTimer({}), trainers)
     for g in range(1, 11):
         state.global_step = state.version = g
         ckpt.after_step(0, g - 1)
@@ -282,7 +282,7 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     job = make_job(tmp_path, "wandb_project=areal-test", "tensorboard=false")
-    first = logs.RunLogger(job.paths, tensorboard=False, wandb_project="areal-test", run_name="tiny/run0",
+    first = runlog.RunLogger(job.paths, tensorboard=False, wandb_project="areal-test", run_name="tiny/run0",
                            console=False)
     state = RunState(global_step=2, version=2, batches=2, wandb_id=first.resume_at(0))
     for g in (1, 2, 3):  # step 3 is lost with the kill below
@@ -292,7 +292,7 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
 
     resumed = load(make_job(tmp_path, "wandb_project=areal-test", "tensorboard=false"))
     assert resumed.wandb_id == state.wandb_id != ""
-    again = logs.RunLogger(job.paths, tensorboard=False, wandb_project="areal-test", run_name="tiny/run0",
+    again = runlog.RunLogger(job.paths, tensorboard=False, wandb_project="areal-test", run_name="tiny/run0",
                            console=False)
     assert again.resume_at(resumed.global_step, resumed.wandb_id) == state.wandb_id
     again.step(3, {"task_reward": 0.3})

@@ -20,6 +20,7 @@ import torch
 
 from areal_kit import hardware
 from areal_kit.config.loader import load_config
+from areal_kit.rl.sample import TrainerRow
 from areal_kit.rl.weight_sync import transport
 from areal_kit.rl.workers.trainer import TrainerWorker
 
@@ -77,7 +78,7 @@ def _port() -> int:
 
 @pytest.fixture()
 def trainer(tmp_path, monkeypatch):
-    """A TrainerWorker of one rank without DeepSpeed: its sync group, outbox and _allreduce are real."""
+    """A TrainerWorker of one rank without DeepSpeed: its sync group, outbox and allreduce are real."""
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.setenv(key, "unset")  # the constructor sets them; restored afterwards
     worker = TrainerWorker(0, 1, load_config("tiny", [f"fileroot={tmp_path}"]), str(tmp_path), {})
@@ -89,7 +90,7 @@ def trainer(tmp_path, monkeypatch):
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_trainer_step_first_collective_waits_for_the_send_on_gpus(trainer, device):
     """The trainer's real send (send_weights over a gloo group to an engine that is slow to take
-    it) against the real first collective of a step (_allreduce, via _micro_batches)."""
+    it) against the real first collective of a step (allreduce, via micro_batches)."""
     trainer.outbox.exclusive = hardware.detect(device).exclusive_weight_send
     state = {"w": torch.randn(4 << 20)}  # 16 MB: more than the sockets buffer, so the send waits for the engine
     plan = transport.make_plan(list(state.items()))
@@ -111,8 +112,8 @@ def test_trainer_step_first_collective_waits_for_the_send_on_gpus(trainer, devic
     sender = threading.Thread(target=lambda: order.append(("sent", trainer.send_weights()["sync_bytes"])))
     sender.start()
     time.sleep(0.1)  # the send is under way, blocked on the engine
-    step = threading.Thread(target=lambda: order.append(("collective", trainer._micro_batches(
-        [{"prompt_ids": [1, 2], "output_ids": [3]}], 16))))
+    step = threading.Thread(target=lambda: order.append(("collective", trainer.micro_batches(
+        [TrainerRow([1, 2], [3])], 16))))
     step.start()
     time.sleep(HELD)
     go.set()

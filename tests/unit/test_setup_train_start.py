@@ -2,9 +2,8 @@
 (bad input exit 2 before connecting; a preset the nodes cannot run exit 1 right after preflight),
 and the started run's log read until a sign of life, its error, or --train-wait.
 
-The log lines come from the run's own writers (its logger's format, logs.epoch_line, the CLI's
-error line); the lines whose text lives in rl/ are checked against its source. The poll's shell
-runs here, against a fake driver process, as it runs on a host-runtime head."""
+The log lines come from the run's own writers (its logger's format, logs' line writers, the CLI's
+error line). The poll's shell runs here, against a fake driver process, as it runs on a host-runtime head."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 from cli_run import cli
 
-from areal_kit import logs
+from areal_kit import logs, runlog
 from areal_kit.cluster import steps, train_start
 from areal_kit.cluster.options import Cluster, SetupOptions
 from areal_kit.cluster.parallel import HostState, Outcome, Step, StepFailed, run_steps
@@ -28,17 +27,16 @@ from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.console import make_console
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("kit_home")]
-ROOT = Path(__file__).resolve().parents[2]
-RUN = "Run ppo-r1-distill/1.5B_n4: 3 steps, 3 per epoch, 24 prompts; logs in /storage/logs/root/ppo/1.5B_n4"
-READY = ("Workers ready in 41.2s: 16 trainer rank(s) (setup 30.1s, attention sdpa), 16 rollout engine(s) "
-         "(setup 38.9s), weight sync broadcast: nccl.")
+RUN = logs.run_line("ppo-r1-distill/1.5B_n4", 3, 3, 24, 0, "/storage/logs/root/ppo/1.5B_n4")
+READY = logs.ready_line(41.2, "16 trainer rank(s) (setup 30.1s, attention sdpa), 16 rollout engine(s) (setup 38.9s), "
+                              "weight sync broadcast: nccl")
 
 
-def run_lines(tmp_path, *messages: tuple[str, str]) -> list[str]:
-    """(level, message) pairs as the run's logger writes them (time, level, message)."""
-    log = logs.RunLogger(logs.run_paths(str(tmp_path / "runs"), "exp", "trial"), tensorboard=False, console=False)
-    for level, msg in messages:
-        getattr(log, level)(msg)
+def run_lines(tmp_path, *messages: tuple) -> list[str]:
+    """(level, message[, exception]) as the run's logger writes them (time, level, message[, traceback])."""
+    log = runlog.RunLogger(runlog.run_paths(str(tmp_path / "runs"), "exp", "trial"), tensorboard=False, console=False)
+    for level, *args in messages:
+        getattr(log, level)(*args)
     log.close()
     return Path(log.paths.log_file).read_text().splitlines()
 
@@ -51,14 +49,6 @@ def refused_line(capsys) -> str:
 
 
 # -- the log, classified ----------------------------------------------------------------------
-def test_the_lines_setup_looks_for_are_the_ones_the_run_writes():
-    launch = (ROOT / "areal_kit/rl/driver/launch.py").read_text()
-    controller = (ROOT / "areal_kit/rl/driver/controller.py").read_text()
-    assert 'f"Run {cfg.experiment_name}/{cfg.trial_name}: {job.total_steps} steps, "' in launch
-    assert 'log.info(f"Training finished: {end.global_step} steps, "' in launch
-    assert 'self.log.info(f"Workers ready in {time.time() - t0:.1f}s: ' in controller
-
-
 def test_a_new_launch_is_starting(tmp_path):
     assert classify(run_lines(tmp_path, ("info", RUN))) == Start("starting")
 
@@ -82,11 +72,14 @@ def test_a_refused_run_fails_with_the_clis_error_line(tmp_path, capsys):
     assert now == Start("failed", error.removeprefix("error: "))
 
 
-def test_the_runs_own_failure_lines_are_failures(tmp_path):
-    stop = "Run interrupted (SIGTERM); the same command resumes it from the last recover checkpoint."
-    lines = run_lines(tmp_path, ("info", RUN), ("info", READY), ("warning", stop))
-    assert classify(lines).state == "failed"
-    assert classify(lines).detail.startswith("Run interrupted (SIGTERM)")
+@pytest.mark.parametrize("level,line", [("warning", logs.stopped_line("SIGTERM")),
+                                        ("warning", logs.stopped_line("SIGTERM", 3, "/r/globalstep3")),
+                                        ("failure", logs.failed_line("Trainer.train_step: ValueError: (x)"))])
+def test_the_runs_own_failure_lines_are_failures(tmp_path, level, line):
+    said = (level, line, ValueError("(x)")) if level == "failure" else (level, line)  # failure: with its traceback
+    lines = run_lines(tmp_path, ("info", RUN), ("info", READY), said)
+    assert len(lines) > 3 if level == "failure" else len(lines) == 3
+    assert classify(lines) == Start("failed", line)
 
 
 def test_each_launch_starts_over(tmp_path, capsys):
@@ -102,7 +95,7 @@ def test_a_driver_gone_without_a_sign_failed_with_its_last_line(tmp_path):
 
 
 def test_a_run_that_finished_is_not_a_failure(tmp_path):
-    done = "Training finished: 3 steps, final task_reward 0.5000."
+    done = logs.finished_line(3, 0.5)
     lines = run_lines(tmp_path, ("info", RUN), ("info", READY), ("info", done))
     assert classify(lines, driver_running=False) == Start("started", "finished, 3 steps")
 

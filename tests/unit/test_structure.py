@@ -100,6 +100,30 @@ def test_packages_import_only_the_packages_below_them():
     assert not wrong, "imports against the packages' direction: " + "; ".join(wrong)
 
 
+# Inside rl/, the processes: the driver's code (rl/driver/) starts and calls the workers'
+# (rl/workers/, the Ray actors); the algorithm (rl/algo/) is pure math either side calls; the
+# weight sync's two ends serve both. None of them reaches up into the driver, and the algorithm
+# reaches into nothing that runs a process.
+RL_MAY_NOT_IMPORT = {
+    "areal_kit.rl.workers": ("areal_kit.rl.driver",),
+    "areal_kit.rl.weight_sync": ("areal_kit.rl.driver",),
+    "areal_kit.rl.checkpoint": ("areal_kit.rl.workers",),
+    "areal_kit.rl.algo": ("areal_kit.rl.driver", "areal_kit.rl.workers", "areal_kit.rl.weight_sync",
+                          "areal_kit.rl.memory", "areal_kit.rl.checkpoint"),
+}
+
+
+def test_rl_layers_follow_the_processes():
+    mods = _modules()
+    wrong = []
+    for name, tree in mods.items():
+        for layer, banned in RL_MAY_NOT_IMPORT.items():
+            if name == layer or name.startswith(layer + "."):
+                wrong += [f"{name} imports {dep}" for dep in sorted(_imports(name, tree, set(mods)))
+                          if any(dep == b or dep.startswith(b + ".") for b in banned)]
+    assert not wrong, "rl/ imports against the processes' direction: " + "; ".join(wrong)
+
+
 def _help_modules() -> set[str]:
     code = "import sys, areal_kit.cli; print(' '.join(sorted(m for m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from cli_run import assert_one_line_error, cli
 
-from areal_kit import logs
+from areal_kit import runlog
 from areal_kit.cluster import cmd as cluster_cmd
 from areal_kit.cluster.options import Cluster, SetupOptions, save_state
 from areal_kit.cluster.parallel import HostState
@@ -175,7 +175,7 @@ def head(tmp_path, monkeypatch):
 
 
 def run_lines(tmp_path, *messages: str) -> list[str]:
-    log = logs.RunLogger(logs.run_paths(str(tmp_path / "runs"), "e", "t"), tensorboard=False, console=False)
+    log = runlog.RunLogger(runlog.run_paths(str(tmp_path / "runs"), "e", "t"), tensorboard=False, console=False)
     for msg in messages:
         log.info(msg)
     log.close()
@@ -214,7 +214,7 @@ def test_a_driver_holding_the_runs_lock_refuses_the_start(head, capsys):
     """Another preset's driver, or one started by hand, of the same experiment and trial."""
     opts, remotes = head
     cfg = load_config(PRESET, [f"fileroot={opts.spec.fileroot}"])
-    log_dir = logs.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name).log_dir
+    log_dir = runlog.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name).log_dir
     fd = launch.hold_run_lock(log_dir, "x")
     try:
         Path(log_dir, "driver.json").write_text(json.dumps({"pid": 4242, "host": "head-box"}))

@@ -39,10 +39,10 @@ def test_bad_tiny_model_url(tmp_path, capsys, path, message):
 
 @pytest.mark.slow
 def test_row_without_answer_for_the_verifier(tmp_path, capsys, monkeypatch):
-    from areal_kit.rl.driver import job
+    from areal_kit.data import prompts
 
     rows = [{"id": "q1", "question": "1 + 1 =", "answer": "2"}, {"id": "q2", "question": "2 + 2 ="}]
-    monkeypatch.setattr(job, "load_rows", lambda cfg: rows)
+    monkeypatch.setattr(prompts, "load_rows", lambda cfg: rows)
     code, err = _run(["train", "tiny", f"fileroot={tmp_path}"], capsys)
     assert code == 2
     assert len(err) == 1

@@ -7,11 +7,13 @@ batch: a rank used to unpickle every sample and keep a 1/world of them.
 import random
 
 from areal_kit.rl.driver import groups
+from areal_kit.rl.sample import TrainerRow
 
 
-def _batch(n: int, seed: int = 0) -> list[dict]:
+def _batch(n: int, seed: int = 0) -> list[TrainerRow]:
+    """n rows, each named by its prompt ([i])."""
     rng = random.Random(seed)
-    return [{"id": i, "prompt_ids": [1, 2], "output_ids": [7] * rng.randint(1, 30)} for i in range(n)]
+    return [TrainerRow([i], [7] * rng.randint(1, 30)) for i in range(n)]
 
 
 def test_the_shards_split_the_batch_by_the_ranks_rule():
@@ -22,10 +24,10 @@ def test_the_shards_split_the_batch_by_the_ranks_rule():
     for world in (1, 2, 3, 8):
         shards = groups.shard_batch(samples, world)
         assert len(shards) == world
-        order = sorted(range(len(samples)), key=lambda i: -len(samples[i]["output_ids"]))
+        order = sorted(range(len(samples)), key=lambda i: -len(samples[i].output_ids))
         for rank, shard in enumerate(shards):
             assert shard == [samples[i] for i in order[rank::world]]
-        ids = sorted(s["id"] for shard in shards for s in shard)
+        ids = sorted(s.prompt_ids[0] for shard in shards for s in shard)
         assert ids == list(range(37))  # every sample once
 
 

@@ -154,7 +154,7 @@ class Engine(WeightReceiver):
         self.worker.model_runner = SimpleNamespace(model=FusedModel(), model_config=cfg, device=f"cuda:{gpu}")
         self.llm = SimpleNamespace(collective_rpc=lambda m, args=(): [getattr(self.worker, m)(*args)],
                                    reset_prefix_cache=lambda: None)
-        self.cfg = SimpleNamespace()
+        self.cfg = load_config("1.5B_1gpu", [])  # the layout the tests sync under: one GPU both roles share
 
     def served(self) -> dict:
         m = self.worker.model_runner.model

@@ -5,15 +5,16 @@ loss mask."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
 from areal_kit import api
+from areal_kit.config.schema import GenConfig
 from areal_kit.errors import UserError
 from areal_kit.rl.algo.packing import Answers
+from areal_kit.rl.algo.ppo import loss_masks
+from areal_kit.rl.sample import TrainerRow
 from areal_kit.rl.workers import workflow
-from areal_kit.rl.workers.trainer import loss_masks
 
 
 class FakeTok:
@@ -38,7 +39,7 @@ class FakeLLM:
 
 def _engine(group_size=2, max_len=64):
     llm = FakeLLM()
-    gen = SimpleNamespace(max_new_tokens=8, temperature=1.0)
+    gen = GenConfig(max_new_tokens=8, temperature=1.0)
     return llm, workflow.Engine(llm, FakeTok(), gen, group_size, max_len)
 
 
@@ -137,7 +138,7 @@ def test_prompt_too_long_for_the_engine():
 
 
 def test_trainer_loss_masks_are_flat_over_the_shard():
-    plain, masked = {"output_ids": [5, 6, 7]}, {"output_ids": [8, 9, 10], "loss_mask": [1, 0, 1]}
+    plain, masked = TrainerRow([1], [5, 6, 7]), TrainerRow([1], [8, 9, 10], loss_mask=[1, 0, 1])
     assert loss_masks([plain], Answers([3])).tolist() == [1.0, 1.0, 1.0]
     # A sample without a mask keeps all its tokens beside one with a mask.
     assert loss_masks([masked, plain], Answers([3, 3])).tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]

@@ -13,27 +13,15 @@ informative_groups.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
-from areal_kit.errors import UserError
-from areal_kit.rl.algo import functional as Fn
+from areal_kit.rl.algo import advantage as A
 from areal_kit.rl.sample import Sample
 
-# What each built-in reward reads from a dataset row.
-REWARD_FIELDS = {"toy": ("answer",), "math": ("answer", "solutions"), "gsm8k": ("answer",)}
-
-
-def check_rows(rows: list[dict], reward_fns: list[str]) -> None:
-    """Fail before any actor starts when a row lacks what its verifier needs."""
-    for name in reward_fns:
-        need = REWARD_FIELDS.get(name)
-        if not need:
-            continue
-        for row in rows:
-            if not any(row.get(f) not in (None, "", []) for f in need):
-                raise UserError(f"dataset row {row.get('id', '?')!r} has no {' or '.join(need)} field, which "
-                                f"reward {name!r} needs; expected every row to carry the reference answer")
+if TYPE_CHECKING:
+    from areal_kit.config.schema import PPOConfig
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:
@@ -53,7 +41,7 @@ def informative_groups(samples: list[Sample]) -> tuple[list[list[Sample]], int]:
     return keep, len(groups) - len(keep)
 
 
-def overlong_penalty(n_tokens: int, ppo) -> float:
+def overlong_penalty(n_tokens: int, ppo: PPOConfig) -> float:
     """DAPO's soft overlong punishment: 0 up to max_new_tokens - overlong_buffer tokens, then a
     linear ramp to -overlong_penalty_factor at max_new_tokens."""
     buf, limit = ppo.overlong_buffer, ppo.gen.max_new_tokens
@@ -69,21 +57,20 @@ class Shaped:
     samples: list[Sample]  # every sample given, with final_reward and seq_reward, each group contiguous
     train: list[Sample]  # the ones to train on: all, or those of groups with a signal under skip_zero_adv_groups
     perc_zero_adv: float  # the fraction of groups whose rewards are all equal
-    advantage: float  # the mean seq_reward
     final_reward_mean: float
     overlong_penalty: float | None = None  # the mean overlong penalty, under ppo.overlong_buffer
     overlong_masked: float | None = None  # the fraction of `train` whose loss is masked, under ppo.overlong_filter
 
 
-def shape_rewards(samples: list[Sample], ppo) -> Shaped:
+def shape_rewards(samples: list[Sample], ppo: PPOConfig) -> Shaped:
     """The step's samples with their shaped rewards, the ones to train on, and the stats."""
     g = ppo.group_size
     # Samples arrive per engine; regroup by (prompt id, group) so groups are contiguous.
     ordered = sorted(samples, key=lambda s: (s.id, s.group))
     task = torch.tensor([_raw_reward(s, ppo) for s in ordered], dtype=torch.float32)
     reward = task * ppo.reward_output_scaling + ppo.reward_output_bias
-    zero = Fn.zero_adv_groups(reward, g)
-    seq = Fn.group_normalize(reward, g) if ppo.group_adv_norm else reward
+    zero = A.zero_adv_groups(reward, g)
+    seq = A.group_normalize(reward, g) if ppo.group_adv_norm else reward
     shaped = [replace(s, seq_reward=r, final_reward=rr) for s, r, rr in zip(ordered, seq.tolist(), reward.tolist())]
     keep = shaped
     if ppo.skip_zero_adv_groups and not bool(zero.all()):
@@ -95,11 +82,11 @@ def shape_rewards(samples: list[Sample], ppo) -> Shaped:
     if ppo.overlong_filter:
         masked = sum(s.no_eos for s in keep) / max(len(keep), 1)
         keep = [replace(s, loss_mask=[0] * len(s.output_ids)) if s.no_eos else s for s in keep]
-    return Shaped(shaped, keep, perc_zero_adv=float(zero.float().mean()), advantage=float(seq.mean()),
+    return Shaped(shaped, keep, perc_zero_adv=float(zero.float().mean()),
                   final_reward_mean=float(reward.mean()), overlong_penalty=penalty, overlong_masked=masked)
 
 
-def _raw_reward(s: Sample, ppo) -> float:
+def _raw_reward(s: Sample, ppo: PPOConfig) -> float:
     if ppo.non_stop_penalty and s.no_eos:
         return ppo.non_stop_penalty_value
     shaped = s.task_reward + (0.0 if s.format_reward is None else s.format_reward)
@@ -119,7 +106,7 @@ def step_stats(samples: list[Sample], shaped: Shaped, train: dict) -> dict:
         "task_reward": sum(s.task_reward for s in samples) / n,
         "kl_reward": train.get("kl_reward", 0.0),
         "final_reward": shaped.final_reward_mean + train.get("kl_reward", 0.0),
-        "advantage": shaped.advantage,
+        "advantage": train.get("advantage", 0.0),
         "avg_seq_len": sum(out_lens) / n,
         "avg_prompt_len": sum(prompt_lens) / n,
         "n_tokens": sum(out_lens) + sum(prompt_lens),

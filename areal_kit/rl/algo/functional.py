@@ -1,4 +1,6 @@
-"""The math of PPO/GRPO on token sequences: advantages, KL estimators, the clipped loss, logprobs.
+"""The math of PPO/GRPO on token sequences: KL estimators, the clipped loss, its aggregation, logprobs.
+
+The advantages are in rl/algo/advantage.py.
 
 Pure torch functions over flat (packed) token tensors; no Ray, no DeepSpeed, so unit tests can
 check them against hand-computed values:
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from areal_kit.rl.memory import LOGITS_CHUNK
+from areal_kit.rl.algo.advantage import seq_of_token
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -28,60 +30,6 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
     if estimator == "k3":
         return torch.expm1(-log_ratio) + log_ratio
     raise ValueError(f"unknown KL estimator {estimator!r}; expected k1, k2 or k3")
-
-
-def group_normalize(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO: (r - group mean) / (group std + eps), groups being consecutive runs of group_size."""
-    g = rewards.view(-1, group_size)
-    mean = g.mean(dim=1, keepdim=True)
-    std = g.std(dim=1, unbiased=False, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
-    return ((g - mean) / (std + eps)).view(-1)
-
-
-def zero_adv_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Bool per group: all rewards equal, so the group gives no learning signal."""
-    g = rewards.view(-1, group_size)
-    return (g.max(dim=1).values - g.min(dim=1).values).abs() < 1e-8
-
-
-def token_returns(seq_rewards: torch.Tensor, token_rewards: torch.Tensor, seq_lens: list[int],
-                  discount: float) -> torch.Tensor:
-    """Discounted return of every generated token.
-
-    seq_rewards: one final reward per sequence (credited to its last token);
-    token_rewards: per-token rewards (e.g. -kl_ctl * kl) over the flat concatenation of the
-    sequences' generated tokens, lengths seq_lens. Without a critic this is also the advantage.
-    All sequences at once: each is a row of a [sequences, longest] grid, zero after its end, so
-    every row's sums run backwards in the same order as that sequence alone would.
-    """
-    lens = torch.as_tensor(seq_lens, dtype=torch.long)
-    n_seq, longest = len(seq_lens), max(seq_lens, default=0)
-    row = _seq_of_token(seq_lens)
-    col = torch.arange(token_rewards.numel()) - (torch.cumsum(lens, 0) - lens)[row]
-    grid = token_rewards.new_zeros(n_seq, longest)
-    grid[row, col] = token_rewards
-    grid[torch.arange(n_seq), lens - 1] += seq_rewards.to(grid.dtype)
-    if discount == 1.0:
-        grid = grid.flip(1).cumsum(1).flip(1)
-    else:
-        acc = grid.new_zeros(n_seq)
-        for t in range(longest - 1, -1, -1):
-            acc = grid[:, t] + discount * acc
-            grid[:, t] = acc
-    return grid[row, col]
-
-
-def _seq_of_token(seq_lens: list[int]) -> torch.Tensor:
-    """The sequence number of every token of the flat concatenation of sequences of seq_lens."""
-    return torch.repeat_interleave(torch.arange(len(seq_lens)), torch.as_tensor(seq_lens, dtype=torch.long))
-
-
-def masked_normalize(x: torch.Tensor, eps: float = 1e-5, stats: tuple[float, float, float] | None = None):
-    """(x - mean) / (std + eps); stats=(sum, sum_sq, count) lets ranks share global moments."""
-    s, sq, n = stats if stats is not None else (x.sum().item(), x.pow(2).sum().item(), x.numel())
-    mean = s / max(n, 1)
-    var = max(sq / max(n, 1) - mean * mean, 0.0)
-    return (x - mean) / (var ** 0.5 + eps)
 
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, eps_clip: float,
@@ -123,6 +71,9 @@ def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
     return logp, entropy
 
 
+# Tokens a chunk of chunked_logprobs turns into logits at once (rl/memory.py sizes the trainer's
+# logits memory from it).
+LOGITS_CHUNK = 1024
 # Logits elements of a whole micro-batch ([T, V]) up to which chunked_logprobs keeps them for
 # backward instead of recomputing them (16 MB fp32).
 KEEP_LOGITS = 4 << 20
@@ -132,6 +83,7 @@ def vocab_size(head: torch.nn.Module) -> int:
     """Rows of the output head's weight. Outside the head's forward, ZeRO-3 leaves a partitioned
     weight empty (its data is torch.empty(0)) and keeps the real shape as ds_shape."""
     weight = head.weight
+    assert isinstance(weight, torch.Tensor)  # a Parameter (a Module's attribute may also be a Module)
     return int(getattr(weight, "ds_shape", weight.shape)[0])
 
 
@@ -176,7 +128,7 @@ def agg_weights(mask: torch.Tensor, seq_lens: list[int], mode: str, max_new_toke
     if mode == "token-mean":
         return mask
     if mode == "seq-mean-token-mean":
-        seq = _seq_of_token(seq_lens)
+        seq = seq_of_token(seq_lens)
         per_seq = mask.new_zeros(len(seq_lens)).index_add_(0, seq, mask)
         return mask / per_seq.clamp(min=1.0)[seq]
     if mode == "seq-mean-token-sum-norm":
@@ -191,7 +143,7 @@ def agg_denominator(weights: torch.Tensor, seq_lens: list[int], mode: str) -> fl
     out entirely (ppo.overlong_filter's truncated answers) is not one of the sequences averaged."""
     if mode == "token-mean":
         return float(weights.sum())
-    seq = _seq_of_token(seq_lens)
+    seq = seq_of_token(seq_lens)
     weighted = weights.new_zeros(len(seq_lens)).index_add_(0, seq, (weights != 0).to(weights.dtype))
     return float((weighted > 0).sum())
 

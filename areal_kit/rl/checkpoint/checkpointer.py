@@ -19,23 +19,31 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from typing import TYPE_CHECKING
 
+from areal_kit import runlog
 from areal_kit.checkpoints import save_dir
 from areal_kit.rl.checkpoint import hf, recover, rng
 from areal_kit.rl.checkpoint.store import Checkpoint, list_checkpoints, remove_tmp
-from areal_kit.rl.driver.job import RunState
+from areal_kit.rl.driver.job import Job, RunState
 from areal_kit.rl.driver.schedule import Every
+
+if TYPE_CHECKING:  # the worker groups and the weight sync import Ray and torch
+    from areal_kit.rl.driver.groups import TrainerGroup
+    from areal_kit.rl.weight_sync.sync import WeightSync
 
 
 class Checkpointer:
-    def __init__(self, job, log):
+    def __init__(self, job: Job, log):
         self.job, self.log = job, log
         ec = job.cfg.exp_ctrl
         self.saves = Every(ec.save_freq_steps, ec.save_freq_epochs, ec.save_freq_secs)
         self.checkpoints = Every(ec.ckpt_freq_steps, ec.ckpt_freq_epochs, ec.ckpt_freq_secs)
         self.recover_enabled = job.cfg.recover_mode != "disabled"
-        self.state: RunState | None = None  # the loop's, from connect()
-        self.timer = self.trainers = None
+        # From connect(), once the workers run: the loop's run state, its step timer, the trainers.
+        self.state: RunState
+        self.timer: runlog.StepTimer
+        self.trainers: TrainerGroup
 
     # ------------------------------------------------------------ resume, before any worker starts
     def load(self, fresh: bool = False) -> RunState:
@@ -85,7 +93,7 @@ class Checkpointer:
         rng.load(os.path.join(ck.path, recover.DRIVER_RNG))
 
     # ------------------------------------------------------------ once the workers run
-    def connect(self, state: RunState, timer, trainers) -> None:
+    def connect(self, state: RunState, timer: runlog.StepTimer, trainers: TrainerGroup) -> None:
         """The state the loop advances and its step timer (what a checkpoint records), and the
         trainer group that writes and loads the trainers' part."""
         self.state, self.timer, self.trainers = state, timer, trainers
@@ -120,7 +128,7 @@ class Checkpointer:
         """The recover checkpoint of the current global step; its path."""
         return recover.write(self.job, self.state, self.timer.state_dict(), self.trainers, self.log)
 
-    def restore(self, weights) -> None:
+    def restore(self, weights: WeightSync) -> None:
         """Trainer state (model, optimizer, LR scheduler, RNG) from the checkpoint the run state was
         read from; the engines start from the base model, so they get its weights before sampling."""
         t0 = time.time()

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from ray.exceptions import RayTaskError
 
+from areal_kit import logs
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.durable import fsync_dir, fsync_tree, write_json
 from areal_kit.errors import UserError, describe
@@ -51,7 +52,7 @@ from areal_kit.rl.checkpoint.store import (
     remove_tmp,
     tree_bytes,
 )
-from areal_kit.rl.driver.job import RunState
+from areal_kit.rl.driver.job import Job, RunState
 
 DRIVER_RNG = "rng_driver.pt"
 
@@ -89,7 +90,7 @@ def model_fingerprint(model_path: str) -> str:
             f"vocab {c.get('vocab_size')}")
 
 
-def signature(job) -> dict:
+def signature(job: Job) -> dict:
     cfg = job.cfg
     return {
         "actor.path": cfg.actor.path, "model": model_fingerprint(job.model_path),
@@ -149,7 +150,7 @@ def batches_taken(ck: Checkpoint) -> int:
     return ck.state.get("batches", ck.global_step)
 
 
-def plan(job, attempt: int, fresh: bool, log) -> Plan:
+def plan(job: Job, attempt: int, fresh: bool, log) -> Plan:
     """Which checkpoint this launch continues, as recover_mode, --fresh and the attempt (0: the
     first launch, more: a relaunch after a worker failure) decide. It logs the decision and raises
     UserError for a checkpoint that does not match the run, but changes nothing on disk."""
@@ -179,7 +180,7 @@ def plan(job, attempt: int, fresh: bool, log) -> Plan:
     return Plan(ck)
 
 
-def _check(job, ck: Checkpoint, attempt: int) -> None:
+def _check(job: Job, ck: Checkpoint, attempt: int) -> None:
     """UserError unless the checkpoint continues this run: its format, signature and prompt order,
     and, on a first launch, steps left to train."""
     cfg = job.cfg
@@ -210,17 +211,16 @@ def run_state(ck: Checkpoint) -> RunState:
                     wandb_id=s.get("wandb_id", ""), pending=[list(p) for p in s.get("pending", [])])
 
 
-def say_resuming(job, ck: Checkpoint, attempt: int, log) -> None:
+def say_resuming(job: Job, ck: Checkpoint, attempt: int, log) -> None:
     """The resume's log line (users grep for it), and on a first launch a changed layout's."""
     g, loader = ck.global_step, ck.state["loader"]
-    log.info(f"Will recover from: {ck.path} (global step {g}, epoch {loader['epoch'] + 1} step "
-             f"{loader['position']}, written {_ago(ck.state.get('time'))}); resuming at global step "
-             f"{g + 1} of {job.total_steps}.")
+    log.info(logs.resume_line(ck.path, g, loader["epoch"] + 1, loader["position"], _ago(ck.state.get("time")),
+                              job.total_steps))
     if attempt == 0:
         _log_layout_change(ck, job, log)
 
 
-def _final_save(job, g: int) -> str | None:
+def _final_save(job: Job, g: int) -> str | None:
     actor = os.path.join(job.paths.ckpt_dir, "actor")
     if os.path.isdir(actor):
         for name in os.listdir(actor):
@@ -229,7 +229,7 @@ def _final_save(job, g: int) -> str | None:
     return None
 
 
-def write_driver_info(job, attempt: int) -> None:
+def write_driver_info(job: Job, attempt: int) -> None:
     """driver.json in the log folder: which process runs this run (`areal-kit logs` checks it)."""
     try:
         os.makedirs(job.paths.log_dir, exist_ok=True)
@@ -261,7 +261,7 @@ def restore(path: str, trainers) -> dict:
 
 
 # ------------------------------------------------------------------ after a step
-def write(job, state, timer_state: dict, trainers, log) -> str:
+def write(job: Job, state, timer_state: dict, trainers, log) -> str:
     """Write the recover checkpoint of state.global_step atomically; returns its path."""
     g = state.global_step
     rdir = job.paths.recover_dir
@@ -297,7 +297,7 @@ def write(job, state, timer_state: dict, trainers, log) -> str:
     return final
 
 
-def _log_layout_change(ck: Checkpoint, job, log) -> None:
+def _log_layout_change(ck: Checkpoint, job: Job, log) -> None:
     """One line when the run resumes on another layout than the one that wrote the checkpoint."""
     was, now = ck.state["signature"].get("allocation_mode"), job.cfg.allocation_mode
     if was is None or was == now:
@@ -312,7 +312,7 @@ def _log_layout_change(ck: Checkpoint, job, log) -> None:
              f"({was}): the batch and the optimizer state carry over.")
 
 
-def _state_record(job, state, timer_state: dict) -> dict:
+def _state_record(job: Job, state, timer_state: dict) -> dict:
     cfg, g, b = job.cfg, state.global_step, state.batches
     # The loader may be ahead of training (max_head_offpolicyness > 0 queues batches): record the
     # position after the batches the trained steps took; the order is a pure function of (seed, epoch).

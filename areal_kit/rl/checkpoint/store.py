@@ -34,7 +34,7 @@ def tree_bytes(root: str) -> int:
 
 def list_checkpoints(recover_dir: str) -> list[Checkpoint]:
     """Complete checkpoints, oldest first. Temporary folders and unreadable ones are skipped."""
-    out = []
+    out: list[Checkpoint] = []
     if not os.path.isdir(recover_dir):
         return out
     for name in os.listdir(recover_dir):

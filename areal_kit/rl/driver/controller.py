@@ -1,12 +1,9 @@
 """The master loop: rollout -> reward -> advantages -> train -> weight sync, step after step.
 
 One driver process owns the data order, the step counters and the logs; Ray actors do the work
-(workers/). With ppo.max_head_offpolicyness = k, generation of the next k batches is already
-queued on the engines while the trainer trains, and a batch is only trained on while its weights
-are at most k versions old (k = 0: strictly on-policy). Under ppo.dynamic_sampling a step takes
-further batches from the same queue until it holds a batch's worth of informative groups; a step
-taking more batches only makes the queued ones fresher, so the bound holds. Under
-rollout.mode=stream the engines take prompts one group at a time instead (rl/driver/stream.py).
+(workers/). Which prompts the engines generate when, and which answers a step trains on within
+the staleness bound (ppo.max_head_offpolicyness), is the rollout's: whole batches queued ahead of
+training, or under rollout.mode=stream one group at a time (rl/driver/rollout.py).
 
     from areal_kit.config.loader import load_config
     from areal_kit.rl.driver.job import prepare
@@ -26,24 +23,26 @@ import enum
 import math
 import os
 import time
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import ray
 
-from areal_kit import logs
-from areal_kit.config.rollout import streaming
-from areal_kit.rl.algo.batch import Shaped, informative_groups, sample_seed, shape_rewards, step_stats
+from areal_kit import logs, runlog
+from areal_kit.rl.algo.batch import Shaped, shape_rewards, step_stats
 from areal_kit.rl.checkpoint.checkpointer import Checkpointer
 from areal_kit.rl.driver import groups, raystart
 from areal_kit.rl.driver.job import Job, RunState
+from areal_kit.rl.driver.rollout import Rollout, make_rollout
 from areal_kit.rl.driver.schedule import Every
-from areal_kit.rl.driver.stream import Stream
 from areal_kit.rl.driver.turns import Turns
 from areal_kit.rl.driver.validation import Validator
-from areal_kit.rl.sample import Batch, Gathered, Generated, Sample, trainer_rows
+from areal_kit.rl.sample import Gathered, Generated, Sample, trainer_rows
 from areal_kit.rl.weight_sync.sync import WeightSync
 from areal_kit.rl.workers import heap
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 
 class CannotLearn(RuntimeError):
@@ -66,22 +65,23 @@ class Outcome:
 
 
 class Controller:
-    def __init__(self, job: Job, log: logs.RunLogger, state: RunState | None = None, progress=None,
+    def __init__(self, job: Job, log: runlog.RunLogger, state: RunState | None = None, progress=None,
                  should_stop=None, checkpoints: Checkpointer | None = None):
         self.job, self.cfg, self.log = job, job.cfg, log
         self.state = state or RunState()
-        self.timer = logs.StepTimer(self.state.timer)
+        self.timer = runlog.StepTimer(self.state.timer)
         self.progress = progress
         # Asked after each step: True stops the loop there, after a recover checkpoint (rl/driver/launch.py: SIGTERM).
         self.should_stop = should_stop or (lambda: False)
         # The one that loaded `state`, when it came from a recover checkpoint (rl/driver/launch.py).
         self.checkpoints = checkpoints or Checkpointer(job, log)
-        self.workers: groups.Workers | None = None
-        self.weights: WeightSync | None = None
-        self.turns: Turns | None = None
-        self.validator: Validator | None = None
+        self.workers: groups.Workers | None = None  # from start() to stop()
+        # Set by start(), the rollout by run() (it continues the run state); the loop runs in between.
+        self.weights: WeightSync
+        self.turns: Turns
+        self.validator: Validator
+        self.rollout: Rollout
         self.sample_dumps = Every(steps=job.cfg.exp_ctrl.dump_samples_every)
-        self._short_logged = False  # a dynamic-sampling step that could not fill its batch was logged
         self._failure_kinds: set[str] = set()  # reward failure kinds already logged
         self._failed_steps = 0  # steps in a row in which every sample's reward failed
         self._first_failure = ""  # the first reward error of that streak
@@ -102,10 +102,10 @@ class Controller:
         self.checkpoints.connect(self.state, self.timer, w.trainers)
         self.validator = Validator(self.cfg, self.job.eval_rows, w.engines, self.log, self.job.total_steps)
         heap.freeze()
-        self.log.info(f"Workers ready in {time.time() - t0:.1f}s: {len(w.trainers)} trainer rank(s) "
-                      f"(setup {setup['trainer_setup']:.1f}s, attention {w.trainers.attention()}), {len(w.engines)} "
-                      f"rollout engine(s) (setup {setup['rollout_setup']:.1f}s), weight sync {self.cfg.weight_sync}: "
-                      f"{how}.")
+        self.log.info(logs.ready_line(time.time() - t0, f"{len(w.trainers)} trainer rank(s) (setup "
+                                      f"{setup['trainer_setup']:.1f}s, attention {w.trainers.attention()}), "
+                                      f"{len(w.engines)} rollout engine(s) (setup {setup['rollout_setup']:.1f}s), "
+                                      f"weight sync {self.cfg.weight_sync}: {how}"))
 
     def restore(self) -> None:
         """Continue from the recover checkpoint the run state was loaded from."""
@@ -114,6 +114,13 @@ class Controller:
     def dead_workers(self, timeout_s: float = 10) -> int:
         """How many of this attempt's actors are dead (a busy one, still running a call, is alive)."""
         return self.workers.dead(timeout_s) if self.workers else 0
+
+    @property
+    def running(self) -> groups.Workers:
+        """The workers, between start() and stop()."""
+        if self.workers is None:
+            raise RuntimeError("the workers are not running: Controller.start() first")
+        return self.workers
 
     def stop(self) -> None:
         if self.workers:
@@ -125,12 +132,11 @@ class Controller:
         """Train to the last step, or until should_stop() asks after a step: that step's recover
         checkpoint is written first (unless recover is disabled), so a re-run loses nothing."""
         st, total = self.state, self.job.total_steps
-        self._dispatched = st.batches
-        queue: deque[Batch] = deque()
-        self.stream = Stream(self.cfg, self.job, self.workers, st) if streaming(self.cfg) else None
+        self.rollout = make_rollout(self.cfg, self.job, self.running, self.weights, st, self.log)
+
         last = {}
         while st.global_step < total:
-            last = self._step(queue)
+            last = self._step()
             if self.should_stop() and st.global_step < total:
                 checkpoint = self.checkpoints.dump() if self.checkpoints.recover_enabled else ""
                 return Outcome(Ending.STOPPED, st.global_step, checkpoint, last)
@@ -138,105 +144,35 @@ class Controller:
         self.checkpoints.final_save()
         return Outcome(Ending.FINISHED, st.global_step, last=last)
 
-    def _step(self, queue: deque) -> dict:
+    def _step(self) -> dict:
         """One global step: gather, shape, train, sync, log, checkpoint if due; its metrics row."""
         st = self.state
         t_step = time.time()
-        if self.stream:
-            got = self.stream.gather()
-            # Streaming engines take weights while they generate: the last push must be loaded
-            # everywhere before the next one pauses them (and a failed load stops the run here).
-            got.loads = self.weights.wait()
-            got.stream["stream/aborted"] = sum(x.get("aborted", 0) for x in got.loads)
-        else:
-            got = self._gather(queue)
+        got = self.rollout.gather()
         self._check_rewards(got.samples, got.outs)
         shaped = shape_rewards(got.train, self.cfg.ppo)
         rows = trainer_rows(shaped.train)
         self.turns.before_train()  # engines on the trainer's GPUs release them (shared GPUs)
         t_train = time.time()
-        stats = self.workers.trainers.train_step(rows)
+        stats = self.running.trainers.train_step(rows)
         train_time = time.time() - t_train
         self._check_loss(stats)  # before the engines get the new weights
         st.version += 1
         sync_time = self.turns.after_train(lambda: self.weights.push(st.version, wait_engines=self.turns.active))
         st.global_step += 1
-        if self.stream and st.global_step < self.job.total_steps:
-            self.stream.refill()
+        self.rollout.after_push()
         row = self._step_row(got, shaped, stats)
         row.update(train_time=train_time, sync_time=sync_time, e2e_time=time.time() - t_step)
         row.update(self.turns.seconds)
         self.timer.add(row["e2e_time"])
         if self.validator.due(st.global_step):
             row.update(self.validator.run(st.global_step))
-        self._log_step(got.batch.epoch, got.batch.epoch_step, row)
+        self._log_step(got.epoch, got.epoch_step, row)
         if self.sample_dumps.due(st.global_step):
             self.log.samples(st.global_step, self._readable(shaped.samples))
         if not self._failed_steps:  # a checkpoint in a failing streak would be resumed into it
-            self.checkpoints.after_step(got.batch.epoch, got.batch.epoch_step)
+            self.checkpoints.after_step(got.epoch, got.epoch_step)
         return row
-
-    def _gather(self, queue: deque) -> Gathered:
-        """The step's samples: one batch, or under ppo.dynamic_sampling as many batches as it takes
-        (up to dynamic_sampling_max_rounds more) to hold train_bs_n_seqs informative groups."""
-        p, need = self.cfg.ppo, self.cfg.dataset.train_bs_n_seqs
-        got, keep, first = None, [], []
-        while True:
-            self._fill(queue)
-            batch = queue.popleft()
-            self.state.batches += 1
-            outs, loads, stale, wait_time = self._collect(batch)
-            samples = [s for o in outs for s in o.samples]
-            gen_time = max(o.gen_time for o in outs)
-            if got is None:
-                got, first = Gathered(batch, outs, loads, samples, stale, wait_time, gen_time), samples
-            else:
-                got.outs, got.loads, got.samples = got.outs + outs, got.loads + loads, got.samples + samples
-                got.stale, got.rounds = max(got.stale, stale), got.rounds + 1
-                got.wait_time, got.gen_time = got.wait_time + wait_time, got.gen_time + gen_time
-            if not p.dynamic_sampling:
-                return got
-            informative, dropped = informative_groups(samples)
-            keep, got.dropped = keep + informative, got.dropped + dropped
-            if len(keep) >= need or got.rounds >= p.dynamic_sampling_max_rounds:
-                break
-        got.kept = min(len(keep), need)
-        if keep:
-            # Fresh group numbers: the same prompt may come twice (an epoch boundary between rounds).
-            got.picked = [replace(s, group=i) for i, g in enumerate(keep[:need]) for s in g]
-        elif got.rounds:  # not one informative group: the step trains on its first batch
-            got.picked = first
-        if len(keep) < need and not self._short_logged:
-            self._short_logged = True
-            self.log.warning(f"Dynamic sampling: global step {self.state.global_step + 1} has {len(keep)} of {need} "
-                             f"informative groups after {got.rounds} extra round(s) "
-                             "(ppo.dynamic_sampling_max_rounds); it trains on "
-                             f"{'them' if keep else 'its first batch'}. "
-                             "Further short steps are counted in dynamic/kept_groups, not logged.")
-        return got
-
-    def _fill(self, queue: deque) -> None:
-        """Queue generations up to k batches ahead of training (k = ppo.max_head_offpolicyness),
-        never more than the steps left to train can take (a step takes at least one)."""
-        k = self.cfg.ppo.max_head_offpolicyness
-        left = self.job.total_steps - self.state.global_step
-        while len(queue) <= k and len(queue) < left:
-            epoch, epoch_step, rows = self.job.loader.next_batch()
-            rows = [{**r, "seed": sample_seed(self.cfg.seed, self._dispatched, i)} for i, r in enumerate(rows)]
-            self._dispatched += 1
-            # Engines run calls in order, so the loads queued so far finish before this generation starts.
-            queue.append(Batch(epoch, epoch_step, self.workers.engines.submit(rows), self.weights.in_flight))
-
-    def _collect(self, batch: Batch) -> tuple[list[Generated], list[dict], int, float]:
-        """The batch's generations and the weight loads before them (a failed one surfaces at once)."""
-        t0 = time.time()
-        got = self.workers.watchdog.wait("generate", batch.loads + batch.handles)
-        loads, outs = got[:len(batch.loads)], got[len(batch.loads):]
-        stale = self.state.version - min(s.version for o in outs for s in o.samples)
-        k = self.cfg.ppo.max_head_offpolicyness
-        if stale > k:  # the queueing in _fill makes this impossible; guard the invariant anyway
-            raise RuntimeError(f"sample staleness {stale} exceeds max_head_offpolicyness {k}")
-        return outs, loads, stale, time.time() - t0
 
     def _check_rewards(self, samples: list[Sample], outs: list[Generated]) -> None:
         """Count the steps in a row whose every sample's reward failed; stop at the configured count."""
@@ -271,22 +207,23 @@ class Controller:
         row.update(gen_time=got.gen_time, reward_time=max(o.reward_time for o in outs),
                    load_time=max((x.get("load_time", 0.0) for x in got.loads), default=0.0),
                    send_wait_time=stats.get("send_wait_time", 0.0),
-                   epoch=got.batch.epoch + 1, epoch_step=got.batch.epoch_step + 1, version=st.version,
+                   epoch=got.epoch + 1, epoch_step=got.epoch_step + 1, version=st.version,
                    ref_logp_time=stats.get("ref_logp_time", 0.0), prox_logp_time=stats.get("prox_logp_time", 0.0),
                    staleness=got.stale, wait_time=got.wait_time)
         if self.cfg.ppo.dynamic_sampling:
             row.update({"dynamic/rounds": got.rounds, "dynamic/dropped_groups": got.dropped,
                         "dynamic/kept_groups": got.kept})
         row.update(self._plugin_stats(outs))
-        row.update(got.stream)
+        row.update(got.metrics)
         return row
 
     def _readable(self, samples: list[Sample]) -> list[dict]:
         """The first dump_samples_groups groups as text (special tokens shown: an answer's eos
-        matters), with what the trainer saw: reward and advantage (group-normalized reward)."""
+        matters), with what the trainer saw: task_reward and seq_reward (the shaped reward the
+        trainer credits to the last token; group-normalized for GRPO)."""
         tok, n = self.job.tokenizer, self.cfg.exp_ctrl.dump_samples_groups * self.cfg.ppo.group_size
         return [{"id": s.id, "prompt": tok.decode(s.prompt_ids), "answer": tok.decode(s.output_ids),
-                 "task_reward": s.task_reward, "advantage": s.seq_reward, "no_eos": s.no_eos,
+                 "task_reward": s.task_reward, "seq_reward": s.seq_reward, "no_eos": s.no_eos,
                  "n_tokens": len(s.output_ids), "version": s.version} for s in samples[:n]]
 
     def _plugin_stats(self, outs: list[Generated]) -> dict:
@@ -322,7 +259,7 @@ class Controller:
             self.progress(st.global_step, job.total_steps, row)
 
 
-def start_ray(cfg) -> None:
+def start_ray(cfg: TrainConfig) -> None:
     """Join (or start) the Ray cluster the run's workers go on; before Controller.start."""
     raystart.start_ray(cfg)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ray
 
@@ -20,11 +21,15 @@ from areal_kit.config.rollout import streaming
 from areal_kit.errors import UserError
 from areal_kit.rl.driver import placement
 from areal_kit.rl.driver.watchdog import Watchdog
+from areal_kit.rl.sample import TrainerRow
 from areal_kit.rl.workers.rollout import RolloutWorker
 from areal_kit.rl.workers.trainer import TrainerWorker
 
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
-def worker_env(cfg, cache_root: str) -> dict[str, str]:
+
+def worker_env(cfg: TrainConfig, cache_root: str) -> dict[str, str]:
     env = hardware.worker_env(cache_root)
     env.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
     env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
@@ -32,10 +37,10 @@ def worker_env(cfg, cache_root: str) -> dict[str, str]:
     return env
 
 
-def shard_batch(samples: list[dict], world: int) -> list[list[dict]]:
+def shard_batch(samples: list[TrainerRow], world: int) -> list[list[TrainerRow]]:
     """Each trainer rank's samples: round-robin over the samples sorted by answer length, longest
     first, so every rank gets a similar token count."""
-    order = sorted(range(len(samples)), key=lambda i: -len(samples[i]["output_ids"]))
+    order = sorted(range(len(samples)), key=lambda i: -len(samples[i].output_ids))
     return [[samples[i] for i in order[rank::world]] for rank in range(world)]
 
 
@@ -58,7 +63,7 @@ class TrainerGroup:
     def attention(self) -> str:
         return ray.get(self.actors[0].attention.remote())
 
-    def train_step(self, samples: list[dict]) -> dict:
+    def train_step(self, samples: list[TrainerRow]) -> dict:
         """One step on the batch: each rank gets its own shard, one object in the store each, so
         no rank unpickles the samples of the others."""
         refs = [a.train_step.remote(ray.put(shard)) for a, shard in zip(self.actors, shard_batch(samples, len(self)))]
@@ -161,7 +166,7 @@ class Workers:
             ray.kill(a)
 
 
-def reserve(cfg, plat) -> placement.Reservation:
+def reserve(cfg: TrainConfig, plat: hardware.Platform) -> placement.Reservation:
     """Every worker's place on the joined Ray cluster, reserved: trainer ranks packed node by node,
     each engine's GPUs on one node; spread_roles keeps trainers and engines on different nodes."""
     placement.check_gpu_sharing(cfg, plat)
@@ -169,22 +174,23 @@ def reserve(cfg, plat) -> placement.Reservation:
     return placement.reserve(placement.on_cluster(alloc, plat, cfg.spread_roles))
 
 
-def create(cfg, model_path: str, cache_root: str, total_steps: int, stacks_dir: str) -> Workers:
+def create(cfg: TrainConfig, model_path: str, cache_root: str, total_steps: int, stacks_dir: str) -> Workers:
     plat = hardware.detect()
     alloc = parse_allocation(cfg.allocation_mode)
     places = reserve(cfg, plat)
     env = worker_env(cfg, cache_root)
     n_train = alloc.train_gpus
     cores = core_sets(cfg, n_train, alloc.gen.dp, alloc.gen.tp) if plat.is_cpu else None
-    # Weight sends run on their own thread (TrainerWorker.send_weights), beside training.
-    Trainer = ray.remote(concurrency_groups={"weights": 1})(TrainerWorker)
+    # Weight sends run on their own thread (TrainerWorker.send_weights), beside training. (The
+    # ignores: ray.remote's typed overloads leave out the actor options it takes.)
+    Trainer = ray.remote(concurrency_groups={"weights": 1})(TrainerWorker)  # type: ignore[call-overload]
     trainers = [Trainer.options(**places.trainer_options(r)).remote(
         r, n_train, cfg, model_path, _pinned(env, cores, [r]), total_steps) for r in range(n_train)]
     # A streaming engine serves one call per prompt group, as many at once as the controller keeps
     # in flight ((1 + max_head_offpolicyness) x train_bs_n_seqs at most), beside a weight load,
     # an eval and the watchdog's calls.
     threads = (1 + cfg.ppo.max_head_offpolicyness) * cfg.dataset.train_bs_n_seqs + 8 if streaming(cfg) else 1
-    Rollout = ray.remote(max_concurrency=threads)(RolloutWorker)
+    Rollout = ray.remote(max_concurrency=threads)(RolloutWorker)  # type: ignore[call-overload]
     tp = alloc.gen.tp
     # On shared GPUs each engine runs on its trainer ranks' GPUs, which Ray tells those ranks.
     gpus = placement.trainer_gpus(trainers) if places.layout.shared else None
@@ -209,7 +215,7 @@ def _on_gpus(env: dict[str, str], gpus: list[str] | None, index: int, tp: int) -
     return {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[index * tp:(index + 1) * tp])}
 
 
-def core_sets(cfg, n_train: int, n_engines: int, tp: int) -> list[list[int]] | None:
+def core_sets(cfg: TrainConfig, n_train: int, n_engines: int, tp: int) -> list[list[int]] | None:
     """The cores of each worker slot (trainer ranks, then each engine's tp ranks), or None when
     every worker shares every core (see cpu_cores in config/schema.py)."""
     mode = cfg.cpu_cores

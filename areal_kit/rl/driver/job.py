@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
-from areal_kit import logs
-from areal_kit.data.prompts import PromptLoader, load_rows, mix_rows, tokenize_rows
-from areal_kit.data.sources import split_eval
+from areal_kit import runlog
+from areal_kit.config.schema import TrainConfig
+from areal_kit.data.prompts import PromptLoader, run_prompts
 from areal_kit.data.tiny_model import TinySpec, build
-from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.errors import UserError
 from areal_kit.reward.plugins import reward_specs
 from areal_kit.rl import lora
-from areal_kit.rl.algo.batch import check_rows
 from areal_kit.rl.workers.workflow import load as load_workflow
 
 
@@ -49,22 +48,22 @@ class RunState:
 class Job:
     """What a run needs before any actor starts (all input validated here)."""
 
-    cfg: object
-    paths: logs.RunPaths
+    cfg: TrainConfig
+    paths: runlog.RunPaths
     model_path: str
-    loader: object  # data.prompts.PromptLoader
+    loader: PromptLoader
     total_steps: int
     n_dropped: int
     recover_attempts: int = 0  # launch attempts so far (Checkpointer.count_attempt: fault mode, relaunch messages)
     eval_rows: list = field(default_factory=list)  # the in-training eval split, tokenized (validation.py)
-    tokenizer: object = None  # the model's, to show samples as text
+    tokenizer: Any = None  # the model's (a transformers tokenizer), to show samples as text
 
     @property
     def n_epochs(self) -> int:
         return self.cfg.exp_ctrl.total_train_epochs
 
 
-def resolve_model(cfg) -> str:
+def resolve_model(cfg: TrainConfig) -> str:
     path = cfg.actor.path
     if path.startswith("tiny://"):
         try:
@@ -78,24 +77,16 @@ def resolve_model(cfg) -> str:
     return path
 
 
-def prepare(cfg) -> Job:
-    paths = logs.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)
+def prepare(cfg: TrainConfig) -> Job:
+    paths = runlog.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)
     model_path = resolve_model(cfg)
     lora.check_run(cfg, model_path)  # actor.lora: its target modules against the model, in one line
-    rows = load_rows(cfg)
     # Plug-ins import here, so a bad path is a one-line error before any worker starts.
     reward_specs(cfg.ppo)
     load_workflow(cfg.ppo.workflow)
-    rows, eval_rows = split_eval(rows, cfg.dataset, cfg.seed)
-    rows = mix_rows(rows, cfg.dataset.mix, cfg.seed)
-    check_rows(rows + eval_rows, cfg.ppo.reward_fns)
-    tok = load_tokenizer(model_path)  # refuses, in one line, a tokenizer that cannot read itself
-    d = cfg.dataset
-    rows, dropped = tokenize_rows(rows, tok, d.max_prompt_len, d.apply_chat_template, d.question_field)
-    if eval_rows:
-        eval_rows, _ = tokenize_rows(eval_rows, tok, d.max_prompt_len, d.apply_chat_template, d.question_field)
-    loader = PromptLoader(rows, d.train_bs_n_seqs, seed=cfg.seed, shuffle=d.shuffle)
-    total = cfg.exp_ctrl.total_train_epochs * loader.steps_per_epoch
+    prompts = run_prompts(cfg, model_path)
+    total = cfg.exp_ctrl.total_train_epochs * prompts.loader.steps_per_epoch
     if cfg.exp_ctrl.total_train_steps:
         total = min(total, cfg.exp_ctrl.total_train_steps)
-    return Job(cfg, paths, model_path, loader, total, dropped, eval_rows=eval_rows, tokenizer=tok)
+    return Job(cfg, paths, model_path, prompts.loader, total, prompts.n_dropped, eval_rows=prompts.eval_rows,
+               tokenizer=prompts.tokenizer)

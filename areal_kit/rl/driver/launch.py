@@ -23,7 +23,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from areal_kit import hardware, logs
+from areal_kit import hardware, logs, runlog
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import ExitCode, RunFailed, UserError, describe
 from areal_kit.interrupts import Interrupted, interruption, raise_on_sigterm, sigterm_interrupts
@@ -31,7 +31,9 @@ from areal_kit.rl.driver import raystart
 from areal_kit.rl.driver.retry import WorkerDied, relaunching, worker_died
 
 if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
     from areal_kit.rl.driver.controller import Outcome
+    from areal_kit.rl.driver.job import Job
 
 # Ray starts first, on a thread (start_ray_early); torch, the controller and the workers' modules
 # import meanwhile: this module's own imports stay light for that.
@@ -60,7 +62,7 @@ class _Progress:
             self.bar.stop()
 
 
-def start_ray_early(cfg) -> raystart.InBackground:
+def start_ray_early(cfg: TrainConfig) -> raystart.InBackground:
     """Ray's start (controller.start_ray's), begun on a thread: its processes come up while this
     one imports the rest and prepares the run; the first attempt waits for it."""
     return raystart.InBackground(raystart.start_ray, cfg)
@@ -79,7 +81,7 @@ def stop_ray_early(ray_up: raystart.InBackground) -> None:
         ray.shutdown()
 
 
-def _prepare(cfg, ray_up: raystart.InBackground):
+def _prepare(cfg: TrainConfig, ray_up: raystart.InBackground):
     """The run's Job and its lock (see hold_run_lock), while Ray starts; Ray stopped if either fails."""
     try:
         import torch
@@ -96,14 +98,12 @@ def _prepare(cfg, ray_up: raystart.InBackground):
         raise
 
 
-def launch(cfg, fresh: bool = False) -> int:
+def launch(cfg: TrainConfig, fresh: bool = False) -> int:
     ray_up = start_ray_early(cfg)
     job, lock = _prepare(cfg, ray_up)
-    log = logs.RunLogger(job.paths, cfg.tensorboard, cfg.wandb_project, f"{cfg.experiment_name}/{cfg.trial_name}")
-    log.info(f"Run {cfg.experiment_name}/{cfg.trial_name}: {job.total_steps} steps, "
-             f"{job.loader.steps_per_epoch} per epoch, {len(job.loader.rows)} prompts"
-             + (f" ({job.n_dropped} dropped: longer than max_prompt_len)" if job.n_dropped else "")
-             + f"; logs in {job.paths.log_dir}")
+    log = runlog.RunLogger(job.paths, cfg.tensorboard, cfg.wandb_project, f"{cfg.experiment_name}/{cfg.trial_name}")
+    log.info(logs.run_line(f"{cfg.experiment_name}/{cfg.trial_name}", job.total_steps, job.loader.steps_per_epoch,
+                           len(job.loader.rows), job.n_dropped, job.paths.log_dir))
     actor = cfg.actor
     for note in parse_allocation(cfg.allocation_mode).training_notes(actor.zero_stage, actor.gradient_checkpointing):
         log.info(note)
@@ -124,19 +124,15 @@ def launch(cfg, fresh: bool = False) -> int:
         return ExitCode.OK
     except (KeyboardInterrupt, Interrupted) as e:
         stop = interruption(e)
-        if stop.checkpoint:
-            log.warning(f"Run interrupted ({stop.signame}) after global step {stop.global_step}, with its recover "
-                        f"checkpoint {stop.checkpoint}; the same command resumes it from there.")
-        else:
-            log.warning(f"Run interrupted ({stop.signame}); the same command resumes it from the last recover "
-                        "checkpoint.")
+        assert stop is not None  # e is a KeyboardInterrupt or an Interrupted: the chain's first link
+        log.warning(logs.stopped_line(stop.signame, stop.global_step, stop.checkpoint))
         if stop is e:
             raise
         raise stop from None  # Ctrl-C, or SIGTERM as the KeyboardInterrupt it raises (interrupts.raise_on_sigterm)
     except UserError:
         raise
     except Exception as e:
-        log.failure(f"Run failed: {describe(e)}", e)
+        log.failure(logs.failed_line(describe(e)), e)
         raise RunFailed(f"run {cfg.experiment_name}/{cfg.trial_name} failed: {describe(e)} "
                         f"(traceback in {job.paths.log_file})") from e
     finally:
@@ -217,7 +213,7 @@ class _FailedAt:
     step: int | None = None
 
 
-def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: raystart.InBackground,
+def _attempt(job: Job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: raystart.InBackground,
              failed: _FailedAt | None = None) -> Outcome:
     """One launch: the run state, Ray (up, or the error its start raised), the workers (given the
     recover checkpoint's trainer state when the run state came from one), then training to the end
@@ -242,8 +238,7 @@ def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: rays
         finally:
             sigterm.armed = False
         if end.ending is Ending.FINISHED:
-            log.info(f"Training finished: {end.global_step} steps, "
-                     f"final task_reward {end.last.get('task_reward', float('nan')):.4f}.")
+            log.info(logs.finished_line(end.global_step, end.last.get("task_reward", float("nan"))))
         return end
     except Exception as e:
         if (stop := interruption(e)) is not None:  # a signal that came back as another error
@@ -251,7 +246,7 @@ def _attempt(job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: rays
         if failed is not None:
             failed.step = ctrl.state.global_step + 1 if training else None
         if sigterm.asked():  # the stop was asked for: no relaunch, no failure report
-            log.warning(f"After SIGTERM the step did not finish ({describe(e)}); no recover checkpoint of it.")
+            log.warning(logs.after_sigterm_line(describe(e)))
             raise sigterm.interrupted() from e
         # A peer's death often reaches us first as a live worker's error: the trainer's gloo
         # broadcast fails when the engine at the other end was killed. Name the death.

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -38,6 +39,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from areal_kit.errors import UserError
 from areal_kit.rl import sharing
+
+if TYPE_CHECKING:
+    from areal_kit.config.alloc import Allocation
+    from areal_kit.config.schema import TrainConfig
+    from areal_kit.hardware import Platform
 
 # How long a run waits for resources that are busy (a relaunch's killed workers hand theirs back
 # within seconds), and then for its placement groups to be ready.
@@ -49,7 +55,7 @@ NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 NODE_ID_LABEL = "ray.io/node-id"
 STRATEGY = "STRICT_PACK"
 # A trainer rank's bundle on shared GPUs: its GPU, its CPU and the CPU of the engine beside it.
-SHARED_BUNDLE = {"GPU": 1, "CPU": 2}
+SHARED_BUNDLE: dict[str, float] = {"GPU": 1, "CPU": 2}
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,7 @@ def bundles(unit: str, tp: int) -> tuple[dict[str, float], dict[str, float]]:
     return {"CPU": 1}, {"CPU": tp}
 
 
-def unit_of(plat) -> str:
+def unit_of(plat: Platform) -> str:
     return "CPU" if plat.is_cpu else "GPU"
 
 
@@ -213,9 +219,10 @@ def pack(nodes: list[Node], n_train: int, n_engines: int, tp: int, unit: str, sp
     return Layout(unit, list(nodes), trainers + engines, tp)
 
 
-def on_nodes(alloc, plat, n_nodes: int, per_node: int, spread_roles: bool = False) -> Layout:
+def on_nodes(alloc: Allocation, plat: Platform, n_nodes: int, per_node: int, spread_roles: bool = False) -> Layout:
     """The layout on a configured cluster of n_nodes x per_node free GPUs (CPU slots on CPU): the dry run's."""
     unit = unit_of(plat)
+    free: dict[str, float]
     if unit == "CPU":
         # Roles that share GPUs (colocated, per-role) take a slot each on CPU (see start_ray).
         free = {unit: per_node * (alloc.gen_gpus + alloc.train_gpus) // alloc.total_gpus}
@@ -244,7 +251,7 @@ def cluster_nodes(unit: str) -> tuple[list[Node], list[Node]]:
     return now, total
 
 
-def on_cluster(alloc, plat, spread_roles: bool = False, timeout_s: float | None = None) -> Layout:
+def on_cluster(alloc: Allocation, plat: Platform, spread_roles: bool = False, timeout_s: float | None = None) -> Layout:
     """The layout on the joined Ray cluster's free resources. A layout that its total resources
     cannot hold fails at once; one that only needs busy resources waits up to timeout_s for them."""
     timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
@@ -371,7 +378,7 @@ def _spans(values) -> str:
     return ", ".join(map(str, values))
 
 
-def check_gpu_sharing(cfg, plat) -> None:
+def check_gpu_sharing(cfg: TrainConfig, plat: Platform) -> None:
     """Generation and training on the same GPUs (colocated or per-role allocations): on CPU nodes
     they share cores; on GPUs they take turns (rl/driver/turns.py), which refuses the settings
     that cannot (generation overlapping training, an NCCL broadcast within one GPU)."""

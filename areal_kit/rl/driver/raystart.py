@@ -12,14 +12,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import ray
 
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
+from areal_kit.config.schema import TrainConfig
 
 
-def start_ray(cfg) -> bool:
+def start_ray(cfg: TrainConfig) -> bool:
     """Join cfg.ray_address or start a cluster on this machine; False when Ray was up already."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit: a Ray without it wants a token the workers do not have
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -28,12 +31,12 @@ def start_ray(cfg) -> bool:
         return False
     verbose = bool(os.environ.get("AREAL_VERBOSE"))
     if cfg.ray_address:
-        ray.init(address=cfg.ray_address, log_to_driver=verbose, logging_level="WARNING")
+        ray.init(address=cfg.ray_address, log_to_driver=verbose, logging_level=logging.WARNING)
         return True
     # One Ray slot per trainer rank and per engine GPU: colocated roles share GPUs, not slots.
     a = parse_allocation(cfg.allocation_mode)
     ncpu = max(a.gen_gpus + a.train_gpus, os.cpu_count() or 1) if hardware.detect().is_cpu else None
-    ray.init(num_cpus=ncpu, include_dashboard=False, log_to_driver=verbose, logging_level="WARNING")
+    ray.init(num_cpus=ncpu, include_dashboard=False, log_to_driver=verbose, logging_level=logging.WARNING)
     return True
 
 
@@ -57,10 +60,10 @@ class InBackground:
     that ends early (bad input found while Ray starts) ends the thread and those processes too.
     """
 
-    def __init__(self, fn, *args):
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
         self._done = threading.Event()
         self._error: BaseException | None = None
-        self._result = None
+        self._result: Any = None
         self._thread = threading.Thread(target=self._run, args=(fn, args), name=f"background {fn.__name__}",
                                         daemon=True)
         self._thread.start()

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import re
 import time
+from typing import TYPE_CHECKING
 
 import ray.exceptions as rex
 
+from areal_kit import logs
 from areal_kit.errors import describe
 from areal_kit.rl.driver.watchdog import WorkerHang
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 DEATH, OOM, ENGINE, COLLECTIVE = "worker death", "out of memory", "dead vLLM engine core", "NCCL/collective error"
 # Qualified names of the exception types of each kind (any class in an error's MRO).
@@ -99,7 +104,7 @@ def engine_side(e: BaseException) -> bool:
                for x in _chain(e)) or failure_kind(e) == ENGINE
 
 
-def advice(kind: str, e: BaseException, cfg=None) -> str:
+def advice(kind: str, e: BaseException, cfg: TrainConfig | None = None) -> str:
     """What to change when `kind` keeps coming back: the memory plan's levers for an OOM (those
     of the side that ran out, with the run's values when cfg is given)."""
     if kind == OOM:
@@ -123,7 +128,8 @@ def advice(kind: str, e: BaseException, cfg=None) -> str:
     return "see the worker's error in train.log"
 
 
-def gave_up(kind: str, e: BaseException, step: int | None, same: bool, retries: int, cfg=None) -> StillFailing:
+def gave_up(kind: str, e: BaseException, step: int | None, same: bool, retries: int,
+            cfg: TrainConfig | None = None) -> StillFailing:
     """The one line for a failure that a relaunch did not fix."""
     at = f" at global step {step}" if step else ""
     again = " again" if same else ""
@@ -131,7 +137,7 @@ def gave_up(kind: str, e: BaseException, step: int | None, same: bool, retries: 
                   f"relaunch does not fix it: {advice(kind, e, cfg)} ({describe(e)})")
 
 
-def relaunching(run_once, retries: int, log, pause: float = 1.0, where=lambda: None, cfg=None):
+def relaunching(run_once, retries: int, log, pause: float = 1.0, where=lambda: None, cfg: TrainConfig | None = None):
     """run_once(attempt) again after a failure a relaunch can fix, up to `retries` times; anything
     else raises at once. where(): the global step the last attempt failed in (None: unknown).
     Past the bound, a worker death raises as it is; another kind raises StillFailing, naming the fix."""
@@ -151,6 +157,5 @@ def relaunching(run_once, retries: int, log, pause: float = 1.0, where=lambda: N
             attempt, last = attempt + 1, (kind, step)
             at = f" in global step {step}" if step else ""
             cause = "" if kind == DEATH else f"{kind}{at}: "
-            log.warning(f"Worker failure ({cause}{describe(e)}); relaunching "
-                        f"from the last recover checkpoint (retry {attempt}/{retries}).")
+            log.warning(logs.relaunch_line(f"{cause}{describe(e)}", attempt, retries))
             time.sleep(pause)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Every:
     """A schedule: every `steps` global steps, every `epochs` epochs (at an epoch's last step),
-    every `secs` seconds; 0 turns each off."""
+    every `secs` seconds; 0 (or None: a config's null before its check) turns each off."""
 
-    steps: int = 0
-    epochs: int = 0
-    secs: float = 0.0
+    steps: int | None = 0
+    epochs: int | None = 0
+    secs: float | None = 0.0
 
     def due(self, global_step: int, epoch: int = 0, end_of_epoch: bool = False, seconds_since: float = 0.0) -> bool:
         return bool((self.steps and global_step % self.steps == 0)

@@ -24,17 +24,22 @@ of the calls is rl/workers/sleeper.py.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from areal_kit import hardware
 from areal_kit.rl.sharing import shares_gpus, sleep_level
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
+    from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
 
 
 class Turns:
     """The switch between the engines and the trainer on shared GPUs. engines: the EngineGroup
     (actors with RolloutWorker's sleep / wake_up, see sleeper.py, and its watchdog)."""
 
-    def __init__(self, cfg, engines, plat: hardware.Platform | None = None, active: bool | None = None,
-                 trainers=None):
+    def __init__(self, cfg: TrainConfig, engines: EngineGroup, plat: hardware.Platform | None = None,
+                 active: bool | None = None, trainers: TrainerGroup | None = None) -> None:
         self.engines = engines
         self.trainers = trainers  # the TrainerGroup (actors with release.TrainerTurn's release_memory)
         self.active = shares_gpus(cfg, plat) if active is None else active

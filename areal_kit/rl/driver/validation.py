@@ -18,19 +18,21 @@ One log line a evaluation, and metrics keys eval/* in that step's row:
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from areal_kit.eval.passk import mean_pass_at_k
 from areal_kit.rl.algo.batch import sample_seed
 from areal_kit.rl.driver.schedule import Every
 
-EVAL_KEYS = ("eval/pass@1", "eval/n_prompts", "eval/avg_len", "eval/no_eos_ratio", "eval/time")
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 
 class Validator:
     """Greedy pass@1 (and avg@k, pass@k) on the held-out rows, on the rollout engines, when
     exp_ctrl.eval_every says."""
 
-    def __init__(self, cfg, rows: list[dict], engines, log, total_steps: int):
+    def __init__(self, cfg: TrainConfig, rows: list[dict], engines, log, total_steps: int):
         self.rows, self.engines, self.log, self.total_steps = rows, engines, log, total_steps
         self.every = Every(steps=cfg.exp_ctrl.eval_every)
         self.max_tokens = cfg.exp_ctrl.eval_max_new_tokens or cfg.ppo.gen.max_new_tokens

@@ -22,10 +22,12 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from areal_kit.config.schema import ExpCtrl
 from areal_kit.rl.workers.stacks import STACK_SIGNAL
 
 HISTORY = 50  # the median of the last calls of a kind: a run whose steps slow down keeps a fair bound
@@ -41,7 +43,7 @@ def _signal(pid: int) -> None:
 
 
 class Watchdog:
-    def __init__(self, exp_ctrl, stacks_dir: str):
+    def __init__(self, exp_ctrl: ExpCtrl, stacks_dir: str):
         self.factor = float(exp_ctrl.hang_factor)
         self.floor_s = float(exp_ctrl.hang_floor_s)
         self.first_s = float(exp_ctrl.hang_first_s)
@@ -77,7 +79,8 @@ class Watchdog:
         a list can sit on a call stuck behind one that already failed), or WorkerHang."""
         t0 = time.monotonic()
         bound = self.bound(call)
-        left, got = list(refs), {}
+        left = list(refs)
+        got: dict[ray.ObjectRef, Any] = {}
         try:
             while left:
                 # Whatever is in already is read in one go (each read is a round trip for the driver);
@@ -87,6 +90,7 @@ class Watchdog:
                     timeout = None if bound is None else max(0.0, t0 + bound - time.monotonic())
                     done, left = ray.wait(left, num_returns=1, timeout=timeout)
                     if not done:
+                        assert bound is not None, "a wait without a bound returns a call"
                         self.hang(call, left, time.monotonic() - t0, bound)
                 got.update(zip(done, ray.get(done)))  # each reply read once: a generation's samples are big
             self.record(call, time.monotonic() - t0)
@@ -110,7 +114,7 @@ class Watchdog:
                          f"Python stacks of every worker in {where}")
 
     # -- stacks ------------------------------------------------------------------------------
-    def arm(self, actors: dict[str, object]) -> None:
+    def arm(self, actors: dict[str, Any]) -> None:
         """Have each worker dump its stacks on our signal; remember where it runs."""
         names = list(actors)
         where = ray.get([a.arm_stacks.remote(self.stacks_dir, n) for n, a in actors.items()], timeout=120)

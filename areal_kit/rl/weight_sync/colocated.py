@@ -21,6 +21,8 @@ their KV cache asleep, so it never sits beside the generation turn the memory pl
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,12 +30,16 @@ from areal_kit import hardware
 from areal_kit.rl import lora, sharing
 from areal_kit.rl.weight_sync import cuda_ipc
 
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
+    from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
+
 # The buffer's size, unless one tensor is larger (the 1.5B model's embedding is 0.47 GB): vLLM's
 # own packed IPC default. Fewer chunks mean fewer round trips; the buffer is freed after the sync.
 IPC_BUFFER_BYTES = 1 << 30
 
 
-def sync_mode(cfg, plat: hardware.Platform | None = None) -> str:
+def sync_mode(cfg: TrainConfig, plat: hardware.Platform | None = None) -> str:
     """How the run's weights travel: cuda_ipc, disk, auto (broadcast, or shared memory on one CPU
     node) or broadcast. weight_sync=auto on shared GPUs is cuda_ipc: the broadcast's NCCL group
     would need two ranks on one GPU, which NCCL refuses. A LoRA run that sends its adapter alone
@@ -48,7 +54,7 @@ def capacity(largest: int) -> int:
     return max(IPC_BUFFER_BYTES, cuda_ipc.aligned(largest))
 
 
-def probe(trainers, engines) -> str:
+def probe(trainers: TrainerGroup, engines: EngineGroup) -> str:
     """'' when every engine worker can map its GPU's trainer buffer; else why not (the fallback's
     log line). Each side reports its GPU's UUID; an engine worker also says why it cannot load a
     chunk at a time."""
@@ -60,7 +66,7 @@ def probe(trainers, engines) -> str:
     return why[0] if why else cuda_ipc.unreachable([w["uuid"] for w in workers], trainer_gpus)
 
 
-def push(trainers, engines, version: int) -> list:
+def push(trainers: TrainerGroup, engines: EngineGroup, version: int) -> list:
     """The chunk loop: every rank fills chunk i of its buffer, every engine loads it, until done;
     then the ranks free the buffer. Returns the engines' last calls (their load reports)."""
     dog = trainers.watchdog
@@ -82,7 +88,10 @@ class IpcSender:
     """The trainer rank's end (a mixin of TrainerWorker). Needs from its host class: device,
     _sync_state() (the weights the engines get, staged on every rank) and release_memory()."""
 
-    _ipc = None  # (buffer, state, chunks) through one sync
+    device: torch.device
+    _sync_state: Callable[[], dict[str, torch.Tensor]]
+    release_memory: Callable[[], dict]
+    _ipc: tuple[torch.Tensor, dict[str, torch.Tensor], list[list[cuda_ipc.Slot]]] | None = None  # through one sync
 
     def gpu_uuid(self) -> str:
         return str(torch.cuda.get_device_properties(self.device).uuid)
@@ -99,6 +108,7 @@ class IpcSender:
 
     def ipc_fill(self, i: int) -> list[tuple]:
         """Copy chunk i in and wait for the copies; the chunk's slots as plain tuples."""
+        assert self._ipc is not None, "ipc_start staged the weights"
         buffer, state, chunks = self._ipc
         cuda_ipc.fill(buffer, state, chunks[i])
         hardware.synchronize(self.device)  # the engine reads from another process: written means done

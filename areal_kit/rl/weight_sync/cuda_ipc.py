@@ -125,7 +125,7 @@ class Importer:
             raise ValueError(f"no IPC buffer for GPU {uuid}; buffers came for {sorted(handles)}")
         args = localize(handles[uuid], device_index)
         key = tuple(args)
-        if key != self._key:
+        if key != self._key or self._buffer is None:
             self._buffer = None  # the previous export's mapping goes first
             self._buffer, self._key = rebuild_cuda_tensor(*args), key
         return self._buffer

@@ -11,16 +11,23 @@ weights are loaded.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from areal_kit.rl import lora
+from areal_kit.rl.staleness import Staleness
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 
 class WeightReceiver:
     """Needs from its host class: llm (vllm.LLM with WeightSyncExtension, or a StreamingLLM when
     streaming), cfg, version, streaming."""
 
+    llm: Any
+    cfg: TrainConfig
     version = 0
     streaming = False  # the host sets it at setup (rollout.mode=stream)
 
@@ -84,9 +91,9 @@ class WeightReceiver:
             self.llm.loaded(version)
         extra = {}
         if self.streaming:
-            # A request that began before version - k can no longer be trained: abort it now. Under
+            # A request that began before the oldest version a step may train on: abort it now. Under
             # LoRA a request begun at version 0 names no adapter and would go on with the base.
-            before = version - self.cfg.ppo.max_head_offpolicyness
+            before = Staleness.of(self.cfg).oldest(version)
             extra["aborted"] = self.llm.resume(version, stale_before=max(before, 1) if lora.sends_adapter(self.cfg)
                                                else before)
         return {"load_time": time.time() - t0, **_slowest(parts), **extra}

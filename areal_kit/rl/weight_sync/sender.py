@@ -9,8 +9,12 @@ adapter merged (actor.lora.sync, see rl/lora.py). WeightSync (sync.py) drives bo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
+from areal_kit.config.schema import TrainConfig
 from areal_kit.rl import lora
 from areal_kit.rl.weight_sync import transport
 
@@ -19,6 +23,12 @@ class WeightSender:
     """Needs from its host class: rank, cfg, device, outbox (transport.Outbox), engine (DeepSpeed),
     and full_state() (the unsharded weights)."""
 
+    rank: int
+    cfg: TrainConfig
+    device: torch.device
+    outbox: transport.Outbox
+    engine: Any  # deepspeed's engine
+    full_state: Callable[..., dict[str, torch.Tensor]]
     sync_group = None
 
     def _sync_state(self) -> dict[str, torch.Tensor]:

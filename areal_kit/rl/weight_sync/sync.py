@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 import ray
 
@@ -27,9 +28,13 @@ from areal_kit.config.rollout import streaming
 from areal_kit.rl import lora
 from areal_kit.rl.weight_sync import colocated
 
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
+    from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
+
 
 class WeightSync:
-    def __init__(self, cfg, trainers, engines):
+    def __init__(self, cfg: TrainConfig, trainers: TrainerGroup, engines: EngineGroup) -> None:
         self.cfg, self.trainers, self.engines = cfg, trainers, engines
         self.mode = colocated.sync_mode(cfg)  # the one place that chooses
         self.shared = False  # engines on the trainer's node take weights through shared memory
@@ -101,12 +106,12 @@ class WeightSync:
         return self.trainers.watchdog.wait("weight sync", self.in_flight)
 
 
-def weight_sync_dir(cfg) -> str:
+def weight_sync_dir(cfg: TrainConfig) -> str:
     """Where weight_sync=disk saves the weights each step (the engines reload them from there)."""
     return os.path.join(cfg.fileroot, "cache", "weight_sync", cfg.experiment_name, cfg.trial_name)
 
 
-def _connect(trainers, engines, shared: bool = False) -> tuple[bool, str]:
+def _connect(trainers: TrainerGroup, engines: EngineGroup, shared: bool = False) -> tuple[bool, str]:
     """Join trainer rank 0 and every rollout worker into the standalone sync group; with shared,
     try shared memory for CPU engines on the trainer's node (`share_memory`). Returns whether
     that worked and how the weights will travel, for the log."""
@@ -130,7 +135,7 @@ def _connect(trainers, engines, shared: bool = False) -> tuple[bool, str]:
     return True, f"shared memory for {n} of {total} tensors" + (f", the rest {how}" if n < total else "")
 
 
-def _share_memory(trainers, engines) -> tuple[int, str]:
+def _share_memory(trainers: TrainerGroup, engines: EngineGroup) -> tuple[int, str]:
     """Engines on the trainer's node put their parameters in memory the trainer maps, and it
     writes new weights straight into them: no socket, no receive copy. Only when every engine
     can (a mixed sync would still have to broadcast those bytes). Returns (tensors shared, why

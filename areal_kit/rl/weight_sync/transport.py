@@ -116,7 +116,7 @@ def init_group(host: str, port: int, rank: int, world: int, backend: str, timeou
         nccl_opts = dist.ProcessGroupNCCL.Options()
         nccl_opts._timeout = timeout
         return store, dist.ProcessGroupNCCL(store, rank, world, nccl_opts)
-    opts = dist.ProcessGroupGloo._Options()
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # real, private, not in torch's stubs
     opts._timeout = timeout
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip) if local_ip
                      else dist.ProcessGroupGloo.create_default_device()]
@@ -163,7 +163,8 @@ def send(group, plan, tensors: dict[str, torch.Tensor], device, shared: dict | N
     it is written: the caller must know they are done loading the last sync (the controller starts
     a send only once every engine is free). Returns bytes."""
     shared = shared or {}
-    sent, in_flight = 0, []
+    sent = 0
+    in_flight: list[tuple[dist.Work, torch.Tensor]] = []  # each tensor must outlive its broadcast
     for bucket in plan:
         metas = [as_meta(m) for m in bucket]
         ts = [tensors[m.name].detach().to(device).contiguous() for m in metas]
@@ -227,6 +228,7 @@ def receive(group, plan, device, stats: dict | None = None, into: dict[str, torc
 
     nxt = post(plan[0]) if plan else None
     for i in range(len(plan)):
+        assert nxt is not None, "each round posts the next bucket"
         bucket, views, works = nxt
         nxt = post(plan[i + 1]) if i + 1 < len(plan) else None
         t0 = time.perf_counter()

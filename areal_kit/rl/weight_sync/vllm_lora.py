@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -23,6 +24,12 @@ from areal_kit.rl.weight_sync import transport
 
 
 class LoRAExtension:
+    # From vLLM's worker, which the extension extends (worker_extension_cls), and from
+    # WeightSyncExtension.init_weight_sync: the sync group and the plan of its buckets.
+    model_runner: Any
+    _areal_group: Any
+    _areal_plan: list
+
     def receive_adapter(self, lora_id: int, peft_config: dict) -> dict:
         """Receive the next broadcast (adapter tensors) and serve it as adapter `lora_id`; returns
         the seconds on the wire ("wait") and building the adapter ("copy")."""
@@ -44,10 +51,6 @@ class LoRAExtension:
         tensors = load_file(os.path.join(path, "adapter_model.safetensors"))
         self._areal_add_adapter(lora_id, tensors, peft_config)
         return {"wait": 0.0, "copy": time.perf_counter() - t0, "repack": 0.0, "placed": 0}
-
-    def served_adapters(self) -> list[int]:
-        """Ids of the adapters this worker holds (tests)."""
-        return sorted(self.model_runner.lora_manager.list_adapters())
 
     def _areal_add_adapter(self, lora_id: int, tensors: dict[str, torch.Tensor], peft_config: dict) -> None:
         from vllm.lora.lora_model import LoRAModel

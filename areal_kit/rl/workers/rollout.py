@@ -21,6 +21,8 @@ import queue
 import re
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from areal_kit import hardware
 from areal_kit.config.rollout import streaming
@@ -34,10 +36,13 @@ from areal_kit.rl.workers import heap, workflow
 from areal_kit.rl.workers.sleeper import Sleeper
 from areal_kit.rl.workers.stacks import StackDumps
 
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
+
 EXTENSION = "areal_kit.rl.weight_sync.vllm_ext.WeightSyncExtension"
 
 
-def engine_kwargs(cfg, plat: hardware.Platform, model_path: str, index: int, tp: int) -> dict:
+def engine_kwargs(cfg: TrainConfig, plat: hardware.Platform, model_path: str, index: int, tp: int) -> dict:
     """vllm.LLM's arguments for rollout engine `index`: the device's settings, actor.vllm, and
     what training needs of the engine (weights received in place, logprobs after temperature)."""
     max_len = cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens
@@ -52,7 +57,7 @@ def engine_kwargs(cfg, plat: hardware.Platform, model_path: str, index: int, tp:
 
 
 class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
-    def __init__(self, index: int, model_path: str, cfg, env: dict[str, str], tp: int = 1):
+    def __init__(self, index: int, model_path: str, cfg: TrainConfig, env: dict[str, str], tp: int = 1):
         os.environ.update(env)
         self.index, self.cfg, self.model_path, self.tp = index, cfg, model_path, tp
         self.version = 0
@@ -64,12 +69,15 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         os.environ.update(hardware.vllm_env(plat, self.tp))  # before vLLM reads its settings
         kw = engine_kwargs(self.cfg, plat, self.model_path, self.index, self.tp)
         self.streaming = streaming(self.cfg)
+        engine: Callable[..., Any]
         if self.streaming:
-            from areal_kit.rl.workers.streaming_llm import StreamingLLM as LLM
+            from areal_kit.rl.workers.streaming_llm import StreamingLLM
+            engine = StreamingLLM
         else:
             from vllm import LLM
+            engine = LLM
         heap.freeze_imports()
-        self.llm = LLM(**kw)
+        self.llm = engine(**kw)
         surface_engine_death(self.llm)
         self.llm = lora.serving(self.llm, self.cfg)  # under LoRA, generations name the adapter loaded last
         self.tokenizer = load_tokenizer(self.model_path, check=False)  # the driver checked it
@@ -142,18 +150,20 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
     def _task_rewards(self, rows: list[dict], answers: list[tuple]) -> tuple[list[float], dict]:
         """Each answer's task_reward: the workflow's own, else the reward_fns' sum on its text; and
         the means of the rewards' extra numbers. answers: (row index, Trajectory, text)."""
-        rewards = [None if t.reward is None else float(t.reward) for _, t, _ in answers]
-        todo = [i for i, r in enumerate(rewards) if r is None]
+        given = [None if t.reward is None else float(t.reward) for _, t, _ in answers]
+        todo = [i for i, r in enumerate(given) if r is None]
         items = []
         for i in todo:
             gi, t, text = answers[i]
             fields = {k: v for k, v in rows[gi].items() if k not in ("prompt_ids", "seed")}
             items.append((rows[gi]["prompt_text"], text, {**fields, "no_eos": bool(t.no_eos)}))
         sums: dict[str, float] = {}
+        scored = dict.fromkeys(todo, 0.0)
         for i, (reward, extra) in zip(todo, self.rewards.score(items)):
-            rewards[i] = reward
+            scored[i] = reward
             for k, v in extra.items():
                 sums[k] = sums.get(k, 0.0) + v
+        rewards = [scored[i] if r is None else r for i, r in enumerate(given)]
         return rewards, {f"reward/{k}": v / len(todo) for k, v in sums.items()}
 
     def _format_reward(self, text: str) -> float | None:
@@ -193,6 +203,7 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sp, use_tqdm=False)
         res = []
         for seq, o in zip(sequences, outs):
+            assert o.prompt_logprobs is not None, "asked for with prompt_logprobs=0"
             res.append([d[t].logprob for d, t in zip(o.prompt_logprobs[1:], seq[1:])])
         return res
 

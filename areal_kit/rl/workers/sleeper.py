@@ -10,10 +10,13 @@ returns what the engine holds afterwards and its seconds, for the driver's log.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 
 class Sleeper:
     """Needs from its host class: llm (vllm.LLM started with enable_sleep_mode)."""
+
+    llm: Any
 
     def sleep(self, level: int) -> dict:
         """Release the engine's GPU memory: level 1 keeps the weights in host memory, level 2

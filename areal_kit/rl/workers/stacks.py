@@ -6,19 +6,22 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+from typing import IO
 
 import ray
 
 STACK_SIGNAL = signal.SIGUSR1
+_stack_file: IO[str] | None = None  # faulthandler keeps the fd, not the object: keep it from being closed
 
 
 def arm(stacks_dir: str, name: str) -> tuple[str, int]:
     """In a worker: dump every thread's Python stack to stacks_dir/<name>.txt on STACK_SIGNAL.
     Returns (Ray node id, pid), where the driver sends the signal."""
+    global _stack_file
     os.makedirs(stacks_dir, exist_ok=True)
-    f = open(os.path.join(stacks_dir, name.replace(" ", "_") + ".txt"), "a")  # noqa: SIM115 - open for the process's life
-    faulthandler.register(STACK_SIGNAL, file=f, all_threads=True)
-    arm.file = f  # faulthandler keeps the fd, not the object: keep it from being closed
+    path = os.path.join(stacks_dir, name.replace(" ", "_") + ".txt")
+    _stack_file = open(path, "a")  # noqa: SIM115 - open for the process's life
+    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True)
     return ray.get_runtime_context().get_node_id(), os.getpid()
 
 

@@ -114,6 +114,8 @@ class StreamingLLM:
                 last = out
         finally:
             self._count(-params.n)
+        if last is None:  # a request aborted inside vLLM ends its stream without a final output
+            raise RuntimeError("vLLM ended the generation without an output")
         answers = [Answer(list(o.token_ids), list(o.logprobs or []), o.finish_reason,
                           token_versions(o.weight_versions, len(o.token_ids), self.version))
                    for o in sorted(last.outputs, key=lambda o: o.index)]

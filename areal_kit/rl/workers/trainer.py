@@ -1,9 +1,10 @@
 """Trainer worker: one DeepSpeed rank of the actor (and the frozen reference model), in a Ray actor.
 
 Ranks form a torch.distributed world (gloo on CPU, NCCL on GPU, from areal_kit.hardware). Each
-step every rank gets its shard of the batch's sequences (one Ray object per rank), packs it into
-micro-batches of at most max_tokens_per_mb tokens, and accumulates gradients so that the loss is
-the mean over every answer token of the global batch, not a mean of micro-batch means.
+step every rank gets its shard of the batch's sequences (one Ray object per rank) and hands it to
+rl/algo/ppo.py's PPOActor, which holds the PPO/GRPO math; this worker is its engine (TrainEngine):
+the packed forward passes in micro-batches of at most max_tokens_per_mb tokens, DeepSpeed's
+backward and optimizer step, the collectives.
 Rank 0 also owns the trainer's end of the weight sync (rl/weight_sync/sender.py).
 DeepSpeed's config, ZeRO-3's gathered state and the universal checkpoint format are in
 rl/workers/deepspeed_zero.py.
@@ -17,6 +18,7 @@ import os
 import shutil
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -28,13 +30,18 @@ from areal_kit.durable import fsync_tree
 from areal_kit.rl import lora
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo.packing import Answers, Packed, min_bins, pack, partition
+from areal_kit.rl.algo.ppo import PPOActor
 from areal_kit.rl.checkpoint import rng
+from areal_kit.rl.sample import TrainerRow
 from areal_kit.rl.weight_sync import transport
 from areal_kit.rl.weight_sync.colocated import IpcSender
 from areal_kit.rl.weight_sync.sender import WeightSender
 from areal_kit.rl.workers import heap, release, testhooks
 from areal_kit.rl.workers.deepspeed_zero import deepspeed_config, gathered_state, ranks_written, universal_tag
 from areal_kit.rl.workers.stacks import StackDumps
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import TrainConfig
 
 
 def _pin_to_cores(cores: str) -> None:
@@ -48,7 +55,7 @@ def _pin_to_cores(cores: str) -> None:
 
 
 class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
-    def __init__(self, rank: int, world: int, cfg, model_path: str, env: dict[str, str],
+    def __init__(self, rank: int, world: int, cfg: TrainConfig, model_path: str, env: dict[str, str],
                  total_steps: int = 1):
         os.environ.update(env)
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
@@ -97,17 +104,20 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
         # On a GPU its fused kernel: the default there (foreach) allocates temporaries as large as
         # the fp32 states it updates for the step's duration, which the memory plan would have to
         # hold free. On CPU the default updates one tensor at a time, as the presets were tuned.
-        opt = torch.optim.AdamW(lora.trainable(model), lr=a.lr, betas=tuple(a.adam_betas),
+        opt = torch.optim.AdamW(lora.trainable(model), lr=a.lr, betas=(a.adam_betas[0], a.adam_betas[1]),
                                 weight_decay=a.weight_decay, fused=True if plat.device == "cuda" else None)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, self._lr_lambda())
         self.engine, _, _, self.scheduler = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched,
                                                                  config=deepspeed_config(a, dtype))
         self.ref = None
-        # Under LoRA the reference is the base: the policy with its adapter disabled (_ref_logprobs).
+        # Under LoRA the reference is the base: the policy with its adapter disabled (logprob_pass).
         if self.cfg.ppo.kl_ctl > 0 and not lora.enabled(self.cfg):
             ref_path = self.cfg.ref.path or self.model_path
             self.ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype, attn_implementation=attn)
-            self.ref.to(self.device).eval().requires_grad_(False)
+            # transformers types .to through a wrapper whose first parameter is the model itself.
+            self.ref.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
+        mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
+        self.actor = PPOActor(self.cfg.ppo, self, train_tokens=mb, ref_tokens=self.cfg.ref_inf.mb_spec.max_tokens_per_mb)
         heap.freeze()
         return time.time() - t0
 
@@ -144,8 +154,8 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
         os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port)})
 
     # ---------------------------------------------------------------- forward
-    def _pack(self, shard: list[dict], idx: list[int]) -> Packed:
-        return pack([shard[i]["prompt_ids"] for i in idx], [shard[i]["output_ids"] for i in idx], self.share_prompts)
+    def _pack(self, shard: list[TrainerRow], idx: list[int]) -> Packed:
+        return pack([shard[i].prompt_ids for i in idx], [shard[i].output_ids for i in idx], self.share_prompts)
 
     def _logprobs(self, model, pk: Packed, grad: bool):
         """(logprob, entropy) of each answer token of pk, in its order (Packed.targets)."""
@@ -162,9 +172,9 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
                                           pk.targets.to(self.device), self.cfg.ppo.gen.temperature)
         return lp, ent
 
-    def _allreduce(self, values: list[float], op: str = "sum") -> list[float]:
+    # ---------------------------------------------------------------- TrainEngine (rl/algo/ppo.py)
+    def allreduce(self, values: list[float], op: str = "sum") -> list[float]:
         """Sum (or max) of values over the ranks, in float64 (token counts stay exact)."""
-
         self.outbox.before_collectives()  # a step's first collective: on GPUs, after the weight send
         # On the trainer's device: NCCL, DeepSpeed's group on GPUs, refuses host tensors.
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -172,162 +182,67 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
             dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return t.tolist()
 
-    def _micro_batches(self, shard: list[dict], max_tokens: int) -> list[list[int]]:
-        lengths = [len(s["prompt_ids"]) + len(s["output_ids"]) for s in shard]
-        n = int(self._allreduce([min_bins(lengths, max_tokens) if lengths else 0], "max")[0])
+    def micro_batches(self, shard: list[TrainerRow], max_tokens: int) -> list[list[int]]:
+        lengths = [len(s.prompt_ids) + len(s.output_ids) for s in shard]
+        n = int(self.allreduce([min_bins(lengths, max_tokens) if lengths else 0], "max")[0])
         return partition(lengths, max_tokens, n)
 
-    def _pass(self, model, shard, ans: Answers, bins, grad=False) -> torch.Tensor:
-        """Answer logprobs of shard, flat (ans), micro-batch by micro-batch (no grad)."""
-        out = torch.empty(ans.n_tokens)
-        for idx in bins:
-            if not idx:  # keep in step with ranks that have more micro-batches (ZeRO-3 gathers)
-                self._logprobs(model, _dummy_pack(), grad)
-                continue
-            lp, _ = self._logprobs(model, self._pack(shard, idx), grad)
-            out[ans.index(idx)] = lp.detach().cpu()
-        return out
-
-    # ---------------------------------------------------------------- train
-    def train_step(self, shard: list[dict]) -> dict:
-        """One PPO step on this rank's shard of the batch (groups.shard_batch)."""
-        t0 = time.time()
-        testhooks.before_train_step(self.rank, self.version + 1)
-        p = self.cfg.ppo
-        # Every per-token quantity below is one flat tensor over the shard's answer tokens (ans).
-        ans = Answers([len(s["output_ids"]) for s in shard])
-        bins = self._micro_batches(shard, self.cfg.actor_train.mb_spec.max_tokens_per_mb)
-        t_start_ref = time.time()
-        ref_lp = self._ref_logprobs(shard, ans)
-        t_ref = time.time()
-        behav = torch.tensor([x for s in shard for x in s["logprobs"]], dtype=torch.float32)
-        if p.use_decoupled_loss or p.ppo_n_minibatches > 1:
-            self.engine.eval()
-            prox = self._pass(self.engine.module, shard, ans, bins)
-        elif p.max_head_offpolicyness > 0:
-            prox = behav  # plain PPO off-policy: the behaviour policy is the old policy
-        else:
-            prox = None  # on-policy, one minibatch: the old policy is the current one
-        t_prox = time.time()
-        pol = prox if prox is not None else behav
-        kls = Fn.kl_estimate(pol, ref_lp, p.kl_estimator) if ref_lp is not None else None
-        mask = loss_masks(shard, ans)
-        adv = self._advantages(shard, ans, mask, kls)
-        stats = self._optimize(shard, ans, mask, adv, prox, behav, ref_lp)
-        self.version += 1
-        if kls is not None and kls.numel():
-            stats["kl_reward"] = -p.kl_ctl * float(kls.mean())
-        stats["train_time"] = time.time() - t0
-        # Parts of train_time, for metrics.jsonl's per-step breakdown: the reference
-        # model's logprobs and the recomputed proximal logprobs; the rest is the PPO update.
-        stats["ref_logp_time"] = t_ref - t_start_ref
-        stats["prox_logp_time"] = t_prox - t_ref
-        return stats
-
-    def _ref_logprobs(self, shard, ans: Answers):
-        """The KL reference's answer logprobs, in ref_inf.mb_spec's micro-batches (None without KL)."""
-        if self.cfg.ppo.kl_ctl <= 0:
-            return None
-        bins = self._micro_batches(shard, self.cfg.ref_inf.mb_spec.max_tokens_per_mb)
-        if self.ref is not None:
+    def logprob_pass(self, shard, ans: Answers, bins, reference: bool = False) -> torch.Tensor:
+        """Under LoRA the KL reference is the base: the policy with its adapter disabled."""
+        if reference and self.ref is not None:
             return self._pass(self.ref, shard, ans, bins)
-        self.engine.eval()  # LoRA (setup loaded no reference): the base, the policy without its adapter
+        self.engine.eval()
+        if not reference:
+            return self._pass(self.engine.module, shard, ans, bins)
         with self.engine.module.disable_adapter():
             return self._pass(self.engine.module, shard, ans, bins)
 
-    def _advantages(self, shard, ans: Answers, w: torch.Tensor, kls) -> torch.Tensor:
-        """Every answer token's advantage (flat); w is the loss mask: tokens a workflow inserted
-        are not the policy's."""
-        p = self.cfg.ppo
-        lens = ans.lens.tolist()
-        seq_r = torch.tensor([s["seq_reward"] for s in shard], dtype=torch.float32)
-        if kls is not None and p.kl_mode == "reward":
-            tok_r = -p.kl_ctl * kls * w
-        else:
-            tok_r = torch.zeros(ans.n_tokens)
-        ret = Fn.token_returns(seq_r, tok_r, lens, p.discount)
-        if p.adv_norm:
-            ret = Fn.masked_normalize(ret, stats=tuple(self._allreduce(
-                [(ret * w).sum().item(), (ret.pow(2) * w).sum().item(), w.sum().item()])))
-        return ret
-
-    def _optimize(self, shard, ans: Answers, mask, adv, prox, behav, ref_lp) -> dict:
-        """The PPO update: ppo.ppo_n_minibatches optimizer steps over the shard; the step's stats
-        summed over the ranks, the per-token ones as means over every answer token."""
-        n_mini = self.cfg.ppo.ppo_n_minibatches
-        minis = [list(range(len(shard)))[i::n_mini] for i in range(n_mini)]
-        self.engine.train()
-        acc = {"actor_loss": 0.0, "ppo_approx_kl": 0.0, "actor_clip_ratio": 0.0,
-               "importance_weight": 0.0, "entropy": 0.0, "n_valid_tokens": 0.0, "grad_norm": 0.0}
-        send_wait = 0.0  # seconds the optimizer steps waited for a weight send
-        for mini in minis:
-            send_wait += self._minibatch(shard, ans, mini, mask, adv, prox, behav, ref_lp, acc)
-        total = self._allreduce([acc[k] for k in acc])
-        out = dict(zip(acc, total))
-        n = max(out["n_valid_tokens"], 1.0)
-        for k in ("actor_loss", "ppo_approx_kl", "actor_clip_ratio", "importance_weight", "entropy"):
-            out[k] /= n
-        out["grad_norm"] = acc["grad_norm"]
-        out["lr"] = self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.actor.lr
-        out["send_wait_time"] = send_wait
+    def _pass(self, model, shard, ans: Answers, bins) -> torch.Tensor:
+        out = torch.empty(ans.n_tokens)
+        for idx in bins:
+            if not idx:  # keep in step with ranks that have more micro-batches (ZeRO-3 gathers)
+                self._logprobs(model, _dummy_pack(), grad=False)
+                continue
+            lp, _ = self._logprobs(model, self._pack(shard, idx), grad=False)
+            out[ans.index(idx)] = lp.detach().cpu()
         return out
 
-    def _minibatch(self, shard, ans: Answers, mini: list[int], mask, adv, prox, behav, ref_lp, acc: dict) -> float:
-        """One optimizer step on the shard's sequences `mini`, micro-batch by micro-batch; adds its
-        sums to acc and returns the seconds the step waited for a weight send."""
-        p = self.cfg.ppo
-        mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
-        sub = [shard[i] for i in mini]
-        # Per-token weights of the loss (ppo.loss_agg) and their global denominator.
-        toks, lens = ans.index(mini), ans.lens[mini].tolist()
-        agg_w = torch.zeros(ans.n_tokens)
-        agg_w[toks] = Fn.agg_weights(mask[toks], lens, p.loss_agg, p.gen.max_new_tokens)
-        denom = self._allreduce([Fn.agg_denominator(agg_w[toks], lens, p.loss_agg)])[0]
-        bins = self._micro_batches(sub, mb)
-        for j, idx in enumerate(bins):
-            self.engine.set_gradient_accumulation_boundary(j == len(bins) - 1)
-            if not idx:  # a zero-weight pass: this rank has fewer sequences than micro-batches
-                lp, _ = self._logprobs(self.engine.module, _dummy_pack(), grad=True)
-                self.engine.backward(lp.sum() * 0.0)
-                continue
-            rows = [mini[i] for i in idx]
-            logp, ent = self._logprobs(self.engine.module, self._pack(shard, rows), grad=True)
-            t = ans.index(rows)  # this micro-batch's tokens, in the packed order
+    def train_forward(self, shard: list[TrainerRow], rows: list[int], last: bool):
+        self.engine.train()
+        self.engine.set_gradient_accumulation_boundary(last)
+        return self._logprobs(self.engine.module, self._pack(shard, rows) if rows else _dummy_pack(), grad=True)
 
-            def cat(flat, t=t):
-                return flat[t].to(self.device)
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
 
-            w = cat(mask)
-            old = logp.detach() if prox is None else cat(prox)
-            loss_tok, st = Fn.ppo_loss(logp, old, cat(adv), p.eps_clip,
-                                       behav_logp=cat(behav) if p.use_decoupled_loss else None,
-                                       behav_cap=p.behav_imp_weight_cap, eps_clip_high=p.eps_clip_high or None)
-            agg = cat(agg_w)
-            loss = (loss_tok * agg).sum()
-            if ref_lp is not None and p.kl_mode == "loss":
-                loss = loss + p.kl_ctl * (Fn.kl_estimate(logp, cat(ref_lp), p.kl_estimator) * agg).sum()
-            # Weighted sum / the global batch's denominator, times world because DeepSpeed
-            # averages gradients over ranks: the loss of the whole batch, as Fn.aggregate has it.
-            self.engine.backward(loss * self.world / max(denom, 1e-12))
-            acc["actor_loss"] += (loss_tok * w).sum().item()
-            acc["ppo_approx_kl"] += (st["approx_kl"] * w).sum().item()
-            acc["actor_clip_ratio"] += (st["clip"] * w).sum().item()
-            acc["importance_weight"] += (st["importance_weight"] * w).sum().item()
-            acc["entropy"] += (ent * w).sum().item()
-            acc["n_valid_tokens"] += float(w.sum().item())
-        send_wait = self.outbox.wait_sent()  # the step changes the weights being sent
+    def optimizer_step(self) -> float | None:
+        self.send_wait += self.outbox.wait_sent()  # the step changes the weights being sent
         own = self._grad_norm() if self.cfg.actor.zero_stage == 0 else None
         self.engine.step()
         gn = self.engine.get_global_grad_norm()
         gn = own if gn is None else gn
-        acc["grad_norm"] += float(gn) / p.ppo_n_minibatches if gn is not None else 0.0
-        return send_wait
+        return None if gn is None else float(gn)
 
     def _grad_norm(self):
         """2-norm of the gradients on the parameters, before clipping. DeepSpeed reports none at
         ZeRO-0 (its clipping discards it); there the gradients are already averaged over ranks."""
         grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
         return torch.nn.utils.get_total_norm(grads) if grads else None
+
+    def last_lr(self) -> float:
+        return self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.actor.lr
+
+    # ---------------------------------------------------------------- train
+    def train_step(self, shard: list[TrainerRow]) -> dict:
+        """One PPO step on this rank's shard of the batch (groups.shard_batch): rl/algo/ppo.py's PPOActor."""
+        t0 = time.time()
+        testhooks.before_train_step(self.rank, self.version + 1)
+        self.send_wait = 0.0  # seconds the optimizer steps waited for a weight send
+        stats = self.actor.train_step(shard)
+        self.version += 1
+        stats["train_time"] = time.time() - t0
+        stats["send_wait_time"] = self.send_wait
+        return stats
 
     # ---------------------------------------------------------------- weights
     def full_state(self, adapter_only: bool = False) -> dict[str, torch.Tensor]:
@@ -411,12 +326,11 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
     def logprobs(self, prompts: list[list[int]], answers: list[list[int]]) -> list[list[float]]:
         """Answer logprobs under the current weights (tests compare them with vLLM's)."""
         self.outbox.before_collectives()  # ZeRO-3 gathers every layer for the forward
-        self.engine.eval()
-        shard = [{"prompt_ids": p, "output_ids": a} for p, a in zip(prompts, answers)]
+        shard = [TrainerRow(p, a) for p, a in zip(prompts, answers)]
         bins = partition([len(p) + len(a) for p, a in zip(prompts, answers)],
                          self.cfg.actor_train.mb_spec.max_tokens_per_mb)
         ans = Answers([len(a) for a in answers])
-        return [t.tolist() for t in ans.split(self._pass(self.engine.module, shard, ans, bins))]
+        return [t.tolist() for t in ans.split(self.logprob_pass(shard, ans, bins))]
 
     def local_checksum(self) -> float:
         """Sum of this rank's parameters: full replicas under ZeRO 0-2, its shards under ZeRO-3
@@ -428,11 +342,3 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
 def _dummy_pack() -> Packed:
     return pack([[0]], [[0]])  # a 2-token sequence for the zero-weight passes of ranks with fewer sequences
 
-
-def loss_masks(shard: list[dict], ans: Answers) -> torch.Tensor:
-    """1.0 on the answer tokens the loss covers (flat): all, unless a workflow gave a sample a
-    loss_mask (0 for tokens it inserted, e.g. a tool's output between two model turns)."""
-    if not any("loss_mask" in s for s in shard):
-        return torch.ones(ans.n_tokens)
-    return torch.tensor([float(bool(x)) for s in shard
-                         for x in s.get("loss_mask", [1] * len(s["output_ids"]))], dtype=torch.float32)

@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from areal_kit.api import Completion, Trajectory
 from areal_kit.errors import UserError
 from areal_kit.reward.plugins import load_object
+
+if TYPE_CHECKING:
+    from areal_kit.config.schema import GenConfig
 
 
 @dataclass
@@ -33,7 +37,7 @@ class Engine:
     requests pile up while workflows await them and are flushed together by run_episodes.
     """
 
-    def __init__(self, generate_batch, tokenizer, gen, group_size: int, max_model_len: int):
+    def __init__(self, generate_batch, tokenizer, gen: GenConfig, group_size: int, max_model_len: int):
         self._generate_batch = generate_batch
         self.tokenizer, self.gen, self.group_size = tokenizer, gen, group_size
         self.max_model_len = max_model_len

@@ -5,7 +5,8 @@ A field made with `flag(default, "--name", help=...)` (or `many` for a repeatabl
 gives a typer command the parameters of such fields, `build` makes the dataclass from the values
 typer passed: a default or a help text lives in one place, and `--help` cannot say something the
 code does not do. An option only one command has, and that fills no dataclass, is declared in that
-command's own signature, as typer does.
+command's own signature, as typer does. The setup commands (cluster/options.py, cluster/target.py)
+and eval and filter (eval/options.py) are made so.
 
     @dataclass
     class Limits:
@@ -30,8 +31,9 @@ _KEY = "cli"  # the field metadata that makes a dataclass field a command-line o
 
 def flag(default, *names: str, help: str, **typer_kw):
     """A dataclass field that is also the command-line option `names` (typer.Option's keywords:
-    min, envvar, show_default, ...)."""
-    return dataclasses.field(default=default, metadata={_KEY: ("option", names, help, typer_kw)})
+    min, envvar, show_default, ...); default `...`: a required option, a field without a default."""
+    meta = {_KEY: ("option", names, help, typer_kw)}
+    return dataclasses.field(metadata=meta) if default is ... else dataclasses.field(default=default, metadata=meta)
 
 
 def many(*names: str, help: str, **typer_kw):
@@ -62,7 +64,10 @@ def params(cls, names: str | None = None) -> list[inspect.Parameter]:
     for name in names.split() if names is not None else fields:
         f = fields[name]  # a KeyError here is a typo in the command's declaration
         kind, decls, help_, kw = f.metadata[_KEY]
-        default = None if f.default is dataclasses.MISSING else f.default
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        else:  # a list not given is None, which build() turns into the field's default; no default: required
+            default = None if f.default_factory is not dataclasses.MISSING else ...
         info = typer.Argument(default, help=help_, show_default=False, **kw) if kind == "argument" else \
             typer.Option(default, *decls, help=help_, **kw)
         out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
@@ -70,15 +75,16 @@ def params(cls, names: str | None = None) -> list[inspect.Parameter]:
     return out
 
 
-def command(*groups: list[inspect.Parameter]):
+def command(*groups: list[inspect.Parameter], own_first: bool = False):
     """Decorate `fn(own options..., **given)`: typer sees the groups' parameters, in order, then
-    fn's own; fn is called with all of them by name."""
+    fn's own (own_first: fn's own, then the groups'); fn is called with all of them by name."""
     def wrap(fn):
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
                for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
         hints = typing.get_type_hints(fn)
         own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own]
-        every = [p for group in groups for p in group] + own
+        theirs = [p for group in groups for p in group]
+        every = own + theirs if own_first else theirs + own
         names = [p.name for p in every]
         if len(names) != len(set(names)):
             raise TypeError(f"{fn.__name__}: an option is declared twice: {sorted(n for n in names if names.count(n) > 1)}")

@@ -1,0 +1,184 @@
+"""A run's folders and the files it writes: train.log (the lines of logs.py, with the console),
+metrics.jsonl (one JSON object a step, for `areal-kit plot` and tools), the sample dumps,
+tensorboard and, optionally, wandb; and the step timer behind the ETA.
+
+    paths = run_paths("./areal_runs", "tiny", "run0")
+    log = RunLogger(paths); log.info(logs.epoch_line(...)); log.step(1, {"task_reward": 0.1}); log.close()
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from areal_kit import durable
+from areal_kit.logs import TIME_FORMAT
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    log_dir: str  # train.log, metrics.jsonl, tensorboard/
+    recover_dir: str  # recover checkpoints
+    ckpt_dir: str  # persistent HF saves: actor/epoch{e}epochstep{s}globalstep{g}/
+
+    @property
+    def log_file(self) -> str:
+        return os.path.join(self.log_dir, "train.log")
+
+    @property
+    def metrics_file(self) -> str:
+        return os.path.join(self.log_dir, "metrics.jsonl")
+
+    @property
+    def samples_file(self) -> str:
+        """A few groups' prompts, answers, rewards and advantages, every exp_ctrl.dump_samples_every steps."""
+        return os.path.join(self.log_dir, "samples.jsonl")
+
+
+def run_paths(fileroot: str, experiment: str, trial: str, user: str | None = None) -> RunPaths:
+    user = user or os.environ.get("AREAL_USER") or getpass.getuser()
+    tail = os.path.join(user, experiment, trial)
+    return RunPaths(os.path.join(fileroot, "logs", tail), os.path.join(fileroot, "recover", tail),
+                    os.path.join(fileroot, "checkpoints", tail))
+
+
+class StepTimer:
+    """End-to-end step times; the ETA averages steps after the first two (they include warm-up)."""
+
+    def __init__(self, state: dict | None = None):
+        s = state or {}
+        self.times: list[float] = list(s.get("times", []))
+        self.total: float = s.get("total", 0.0)
+
+    def add(self, seconds: float) -> None:
+        self.times.append(seconds)
+        self.total += seconds
+
+    def eta(self, remaining_steps: int) -> float | None:
+        if len(self.times) < 3:
+            return None
+        steady = self.times[2:]
+        return sum(steady) / len(steady) * remaining_steps
+
+    def state_dict(self) -> dict:
+        return {"times": self.times[-1000:], "total": self.total}
+
+
+class RunLogger:
+    """train.log + console lines, metrics.jsonl rows, tensorboard scalars, optional wandb."""
+
+    def __init__(self, paths: RunPaths, tensorboard: bool = True, wandb_project: str = "",
+                 run_name: str = "", console: bool = True):
+        os.makedirs(paths.log_dir, exist_ok=True)
+        self.paths = paths
+        self.log = logging.getLogger(f"areal_kit.run.{id(self)}")
+        self.log.setLevel(logging.INFO)
+        self.log.propagate = False
+        fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", TIME_FORMAT)
+        fh = logging.FileHandler(paths.log_file)
+        fh.setFormatter(fmt)
+        self.log.addHandler(fh)
+        # Tracebacks go to train.log only: the terminal gets the CLI's one error line.
+        self.file_log = logging.getLogger(f"{self.log.name}.file")
+        self.file_log.propagate = False
+        self.file_log.addHandler(fh)
+        if console:
+            ch = logging.StreamHandler(sys.stdout)
+            ch.setFormatter(fmt)
+            self.log.addHandler(ch)
+        self.metrics = open(paths.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run; close() shuts it)
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(os.path.join(paths.log_dir, "tensorboard"))
+            except ImportError:  # tensorboard is optional at run time
+                self.tb = None
+        self.wandb: Any = None  # the wandb Run, once started
+        self.wandb_project, self.run_name = wandb_project, run_name
+
+    def resume_at(self, global_step: int, wandb_id: str = "") -> str:
+        """The run goes on after global_step (0: from the start): steps after it will be logged
+        again, so their metrics.jsonl rows go (rewritten atomically) and tensorboard drops their
+        events, leaving every step once however often the run resumed. wandb continues the run
+        wandb_id (a recover checkpoint keeps it) or starts one; returns its id ("" without wandb)."""
+        self.metrics.close()
+        keep_steps_through(self.paths.metrics_file, global_step)
+        keep_steps_through(self.paths.samples_file, global_step)
+        self.metrics = open(self.paths.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run)
+        if self.tb is not None:
+            log_dir = self.tb.log_dir
+            self.tb.close()
+            self.tb = type(self.tb)(log_dir, purge_step=global_step + 1)
+        if self.wandb_project and self.wandb is None:
+            import wandb  # the key comes from WANDB_API_KEY; never logged
+
+            # resume="allow": the same run goes on after a resume (wandb itself skips steps it
+            # already has, so a step redone after a kill is not logged twice).
+            self.wandb = wandb.init(project=self.wandb_project, name=self.run_name, dir=self.paths.log_dir,
+                                    id=wandb_id or None, resume="allow")
+        return self.wandb.id if self.wandb is not None else ""
+
+    def info(self, msg: str) -> None:
+        self.log.info(msg)
+
+    def warning(self, msg: str) -> None:
+        self.log.warning(msg)
+
+    def failure(self, msg: str, exc: BaseException) -> None:
+        """msg and the full traceback of exc, into train.log only."""
+        self.file_log.error(msg, exc_info=exc)
+
+    def step(self, global_step: int, row: dict) -> None:
+        row = {"global_step": global_step, "time": time.time(), **row}
+        self.metrics.write(json.dumps(row) + "\n")
+        for k, v in row.items():
+            if self.tb is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.tb.add_scalar(k, v, global_step)
+        if self.wandb is not None:
+            self.wandb.log(row, step=global_step)
+
+    def samples(self, global_step: int, rows: list[dict]) -> None:
+        """Rollout samples for people to read (`areal-kit logs RUN --samples`)."""
+        with open(self.paths.samples_file, "a") as f:
+            f.writelines(json.dumps({"global_step": global_step, **r}) + "\n" for r in rows)
+
+    def close(self) -> None:
+        self.metrics.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        for lg in (self.log, self.file_log):
+            for h in list(lg.handlers):
+                h.close()
+                lg.removeHandler(h)
+
+
+def keep_steps_through(path: str, global_step: int) -> None:
+    """metrics.jsonl without the rows after global_step (and without a torn last line)."""
+    if not os.path.exists(path):
+        return
+    rows = [r for r in read_metrics(path) if r.get("global_step", 0) <= global_step]
+    durable.replace_lines(path, [json.dumps(r) + "\n" for r in rows])
+
+
+def read_metrics(path: str) -> list[dict]:
+    """metrics.jsonl rows; a torn last line (a crash mid-write) is skipped."""
+    rows: list[dict] = []
+    if not os.path.exists(path):
+        return rows
+    with open(path) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
