@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_weight_places import FusedModel  # the same stand-in for a vLLM model with a fused qkv
 
 from areal_kit import hardware
 from areal_kit.config.loader import load_config
@@ -123,26 +124,6 @@ class Rank(colocated.IpcSender):
     def release_memory(self):
         self.released += 1
         return {}
-
-
-class FusedModel(torch.nn.Module):
-    """A vLLM model at its load_weights: q and kv rows copied into one fused qkv parameter, o whole."""
-
-    def __init__(self):
-        super().__init__()
-        self.qkv = torch.nn.Parameter(torch.zeros(6, 4), requires_grad=False)
-        self.o = torch.nn.Parameter(torch.zeros(4, 4), requires_grad=False)
-
-    def load_weights(self, weights) -> set:
-        done = set()
-        for name, w in weights:
-            if name == "o.weight":
-                self.o.data.copy_(w)
-                done.add("o")
-            else:
-                self.qkv.data.narrow(0, *((0, 2) if name == "q.weight" else (2, 4))).copy_(w)
-                done.add("qkv")
-        return done
 
 
 class Engine(WeightReceiver):
