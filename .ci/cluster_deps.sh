@@ -2,10 +2,12 @@
 # Debian packages the cluster tests (tests/cluster) need on the CI machine: sshd for the fake
 # nodes, docker.io (dockerd per node), debootstrap (the locally built base image: no registry
 # is reachable), iproute2 (bridge, veths, netns), util-linux (nsenter/unshare), git-lfs (so the
-# setup's install step finds it present and never runs apt on the shared test machine).
+# setup's install step finds it present and never runs apt on the shared test machine),
+# slurm-wlm and munge (a real Slurm across the fake nodes: tests/cluster/slurm.py).
 # Idempotent and non-interactive; needs root. Usage: bash .ci/cluster_deps.sh
 set -euo pipefail
-PKGS=(openssh-server openssh-client docker.io debootstrap iproute2 util-linux procps git-lfs ca-certificates)
+PKGS=(openssh-server openssh-client docker.io debootstrap iproute2 util-linux procps git-lfs ca-certificates
+      slurm-wlm munge)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -43,16 +43,28 @@ app = typer.Typer(
 
 def _train():
     """`areal-kit train`: rl/cmd.py's command (here), with cluster/cmd.py's options for a run on a
-    cluster's head (train_on, given --cluster): rl and cluster never import each other."""
+    cluster's head (train_on, given --cluster) and slurm/'s for a job (given --slurm): rl, cluster
+    and slurm never import each other."""
     from areal_kit.cluster import cmd as cluster_cmd
-    from areal_kit.flags import build, command
+    from areal_kit.flags import build, command, params
     from areal_kit.rl import cmd as rl_cmd
+    from areal_kit.slurm.options import SlurmOptions
 
     here = inspect.signature(rl_cmd.train, eval_str=True).parameters
 
-    @command(list(here.values()), *cluster_cmd.TRAIN_ON)
+    @command(list(here.values()), *cluster_cmd.TRAIN_ON, params(SlurmOptions))
     def train(**given):
         where = build(cluster_cmd.OnCluster, given)
+        slurm = build(SlurmOptions, given)
+        if slurm.slurm and not given["show_args"]:
+            if where.cluster is not None:
+                raise UserError("--slurm and --cluster: pick one (Slurm submits from a login node, --cluster runs on "
+                                "the head of a cluster setup made)")
+            from areal_kit.slurm import cmd as slurm_cmd
+
+            return slurm_cmd.submit(given["preset"], given["overrides"] or [], slurm, dry_run=given["dry_run"],
+                                    fresh=given["fresh"])
+        slurm.check()  # a Slurm option without --slurm
         if where.cluster is None or given["show_args"]:
             if where.train_wait is not None:
                 raise UserError("--train-wait goes with --cluster (areal-kit train PRESET --cluster NAME --train-wait S)")
@@ -66,6 +78,49 @@ def _train():
     return train
 
 
+def _status():
+    """`areal-kit status`: cluster/cmd.py's, or with --slurm slurm/cmd.py's list of jobs."""
+    from areal_kit.cluster import cmd as cluster_cmd
+    from areal_kit.flags import command
+
+    @command(list(inspect.signature(cluster_cmd.status).parameters.values()))
+    def status(slurm: bool = typer.Option(False, "--slurm", help="This user's areal-kit jobs in Slurm's queue "
+                                          "instead: state, nodes, each run's last step and ETA."), **given) -> int:
+        if slurm:
+            from areal_kit.slurm import cmd as slurm_cmd
+
+            return slurm_cmd.status()
+        return cluster_cmd.status(**given)
+
+    status.__doc__ = f"{cluster_cmd.status.__doc__} With --slurm: areal-kit's Slurm jobs."
+    return status
+
+
+def _doctor():
+    """`areal-kit doctor`: cluster/cmd.py's, or with --slurm slurm/cmd.py's checks of a partition."""
+    from areal_kit.cluster import cmd as cluster_cmd
+    from areal_kit.flags import command, params
+    from areal_kit.slurm.options import SlurmOptions
+
+    @command(list(inspect.signature(cluster_cmd.doctor).parameters.values()), params(SlurmOptions, "partition"))
+    def doctor(slurm: bool = typer.Option(False, "--slurm", help="Check a Slurm partition instead (--partition): its "
+                                          "nodes' state, their GPUs against --preset, and through srun on each node "
+                                          "the shared storage (--storage) and areal-kit's Python (--python; default: "
+                                          "this one)."),
+               storage: str = typer.Option(".", "--storage", help="With --slurm: a folder on the storage every node "
+                                           "must share (runs write logs and checkpoints there)."), **given) -> int:
+        if slurm:
+            from areal_kit.slurm import cmd as slurm_cmd
+
+            return slurm_cmd.doctor(given["partition"], storage, given["python"], given["preset"], given["as_json"])
+        if given["partition"] or storage != ".":
+            raise UserError("--partition and --storage go with --slurm (areal-kit doctor --slurm --partition P)")
+        return cluster_cmd.doctor(**{k: v for k, v in given.items() if k != "partition"})
+
+    doctor.__doc__ = cluster_cmd.doctor.__doc__
+    return doctor
+
+
 def _register() -> None:
     from areal_kit import monitor
     from areal_kit.cluster import cmd as cluster_cmd
@@ -76,9 +131,9 @@ def _register() -> None:
     app.command("eval")(eval_cmd.eval_)
     app.command("filter")(eval_cmd.filter_)
     app.command("grade")(eval_cmd.grade)
-    app.command("status")(cluster_cmd.status)
+    app.command("status")(_status())
     app.command("down")(cluster_cmd.down)
-    app.command("doctor")(cluster_cmd.doctor)
+    app.command("doctor")(_doctor())
     app.command("logs")(monitor.logs)
     app.command("plot")(monitor.plot)
 

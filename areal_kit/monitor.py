@@ -272,6 +272,10 @@ def logs(
     console = make_console(highlight=False)
     for line in summary_lines(st):
         console.out(line)
+    from areal_kit.slurm.cmd import run_job_lines  # here: the Slurm side is not for `--help`
+
+    for line in run_job_lines(files.log_dir):
+        console.out(line)
     if plot_:
         # Colours only where the console writes them (a terminal without NO_COLOR).
         color = console.is_terminal and not console.no_color

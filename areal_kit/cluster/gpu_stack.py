@@ -15,7 +15,7 @@ skipped and the facts say why: a CPU cluster's doctor reports what it did before
 from __future__ import annotations
 
 from areal_kit import stack
-from areal_kit.cluster.options import Finding
+from areal_kit.findings import Finding
 
 # What the runtime's nvidia-smi is asked: a GPU a line, "name, MiB, driver".
 GPU_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]

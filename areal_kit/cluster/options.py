@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.errors import UserError
+from areal_kit.findings import Finding
 from areal_kit.flags import flag, many
 from areal_kit.home import state_dir
 
@@ -273,20 +274,6 @@ class Limits:
     rl_step: bool = flag(False, "--rl-step", help="Also one tiny RL step across the cluster (2 trainer ranks and an "
                          "engine apart, a weight sync, engine logprobs against the trainers').")
     quick_network: bool = False  # setup's fast checks: the network step's all-reduce only, no link matrix
-
-
-@dataclass
-class Finding:
-    """One failed check of doctor's: where, what, measured vs expected, and how to fix it."""
-
-    host: str
-    check: str
-    measured: str
-    expected: str
-    fix: str
-
-    def line(self) -> str:
-        return f"{self.host} {self.check}: {self.measured}, expected {self.expected}; fix: {self.fix}"
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Fixtures for the cluster tests: the 3-node testbed (testbed.py), the CPU image (image.py),
-and a helper that runs `areal-kit` as a user would, as a subprocess.
+and a helper that runs `areal-kit` as a user would, as a subprocess. The Slurm tests bring up
+their own Slurm on the testbed (slurm.py).
 
 Needs root and .ci/cluster_deps.sh's packages. Without them the tests skip, except when
 CI or AREAL_REQUIRE_CLUSTER_TESTS is set: then a missing prerequisite is an error, so a CI

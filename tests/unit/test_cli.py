@@ -122,6 +122,16 @@ BAD_INPUTS = [
     (["train", "tiny", "--train-wait", "5"], "--train-wait goes with --cluster"),
     (["train", "tiny", "--cluster", "lab", "--train-wait", "-1"], "Invalid value for '--train-wait'"),
     (["train", "tiny", "--cluster", "lab", "--json"], "--json goes with --show-args"),
+    # a job for Slurm (tests/unit/test_slurm.py, tests/cluster/test_slurm_cluster.py have the rest)
+    (["train", "tiny", "--partition", "gpu"], "--partition goes with --slurm"),
+    (["train", "tiny", "--sbatch-arg", "--qos=high"], "--sbatch-arg goes with --slurm"),
+    (["train", "tiny", "--slurm", "--cluster", "lab"], "--slurm and --cluster: pick one"),
+    (["train", "tiny", "--slurm", "--time", "soon", "--dry-run"], "--time 'soon': expected sbatch's form"),
+    (["train", "tiny", "--slurm", "--container", "x.sif", "--container-runtime", "docker", "--dry-run"],
+     "--container-runtime 'docker': expected one of apptainer, pyxis"),
+    (["train", "tiny", "--slurm", "--sbatch-arg", "qos=high", "--dry-run"], "expected one sbatch option"),
+    (["train", "tiny", "--slurm", "--signal-grace", "5"], "Invalid value for '--signal-grace'"),
+    (["doctor", "--partition", "gpu"], "--partition and --storage go with --slurm"),
 ]
 
 

@@ -72,10 +72,12 @@ def _imports(name: str, tree: ast.Module, known: set[str]) -> set[str]:
 # function-level imports included). Everything else in areal_kit (config, data, reward, and the
 # modules at the top: checkpoints, netfigures, logs, ...) is below them and imports none of them.
 MAY_IMPORT = {
-    "cli": {"cluster", "rl", "eval", "monitor"},
+    "cli": {"cluster", "rl", "eval", "monitor", "slurm"},
     "rl": {"eval"},  # in-training validation runs the evaluator's pass@k
     "cluster": {"eval"},  # setup --data fetches the eval datasets onto the cluster's storage
-    "monitor": {"rl"},  # `areal-kit logs` reads the recover checkpoints' state (rl/checkpoint/store.py)
+    # `areal-kit logs` reads the recover checkpoints' state (rl/checkpoint/store.py), and a Slurm job's
+    "monitor": {"rl", "slurm"},
+    "slurm": set(),  # a job runs `areal-kit train` on its node: the submission needs none of the training
     "eval": set(),  # eval reads checkpoints, never the trainer
 }
 
@@ -88,7 +90,8 @@ def _package(module: str) -> str:
 
 def test_packages_import_only_the_packages_below_them():
     """cluster and rl never import each other (doctor runs the training through a command, the dry
-    run reads doctor's figures from netfigures.py), nor eval rl; the shared modules import no command."""
+    run reads doctor's figures from netfigures.py), nor eval rl, nor slurm either of them; the shared
+    modules import no command."""
     mods = _modules()
     wrong = []
     for name, tree in mods.items():

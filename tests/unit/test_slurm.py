@@ -1,0 +1,102 @@
+"""The Slurm side without a Slurm: the sbatch script as written for each kind of partition and
+container runtime (and that bash parses it), a partition's GPUs from sinfo's gres field, and the
+refusals of a preset a partition cannot hold. tests/cluster/test_slurm_cluster.py runs the scripts
+on a real Slurm."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from cli_run import assert_one_line_error, dry_run, run_cli
+
+from areal_kit.slurm.cluster import Node, Partition, gpus_of, refusal
+from areal_kit.slurm.options import SlurmOptions
+from areal_kit.slurm.script import Job, sbatch_script
+
+
+def job(**kw) -> Job:
+    base = {"preset": "1.5B_n4", "overrides": ["actor.lr=1e-6", "fileroot=/storage/runs"], "name": "areal-x-t",
+                "n_nodes": 4, "gpus_per_node": 8, "log": "/storage/runs/logs/u/x/t/slurm.log", "log_dir": "/storage/runs/logs/u/x/t",
+                "script": "/storage/runs/logs/u/x/t/slurm.sbatch", "binds": ["/storage"]}
+    return Job(**{**base, **kw})
+
+
+def sbatch_lines(text: str) -> list[str]:
+    return [ln.removeprefix("#SBATCH ") for ln in text.splitlines() if ln.startswith("#SBATCH ")]
+
+
+def test_a_gpu_job_asks_for_whole_nodes_a_signal_and_requeue():
+    text = sbatch_script(job(), SlurmOptions(slurm=True, partition="gpu", account="lab", time="12:00:00",
+                                             python="/storage/venv/bin/python", sbatch_args=["--qos=high"]))
+    assert sbatch_lines(text) == [
+        "--job-name=areal-x-t", "--nodes=4", "--ntasks-per-node=1", "--exclusive", "--gres=gpu:8",
+        "--partition=gpu", "--account=lab", "--time=12:00:00", "--output=/storage/runs/logs/u/x/t/slurm.log",
+        "--open-mode=append", "--requeue", "--signal=B:USR1@300", "--comment=areal-kit:/storage/runs/logs/u/x/t",
+        "--qos=high"]
+    driver = next(ln for ln in text.splitlines() if "areal_kit.cli train" in ln)
+    assert driver.strip().startswith("/storage/venv/bin/python -m areal_kit.cli train 1.5B_n4 actor.lr=1e-6 "
+                                     'fileroot=/storage/runs ray_address="$head_ip:$port"')
+    assert "-m areal_kit.slurm.node worker" in text and "fresh=()" in text and "--fresh" not in text
+
+
+def test_a_cpu_job_on_one_node_has_no_gres_and_no_workers():
+    text = sbatch_script(job(n_nodes=1, gpus_per_node=0, fresh=True), SlurmOptions(slurm=True))
+    assert not [a for a in sbatch_lines(text) if a.startswith(("--gres", "--partition", "--time"))]
+    assert "slurm.node worker" not in text
+    # --fresh on the first start only: a requeued start resumes from its checkpoint
+    assert 'fresh=(); [ "${SLURM_RESTART_COUNT:-0}" = 0 ] && fresh=(--fresh)' in text
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
+def test_containers_wrap_every_ray_process_and_the_driver(runtime):
+    text = sbatch_script(job(), SlurmOptions(slurm=True, container="/img/areal.sif", container_runtime=runtime))
+    steps = [ln for ln in text.splitlines() if "python3 -m" in ln]
+    assert len(steps) == 5  # the head, two waits, the workers, the driver
+    for ln in steps:
+        if runtime == "apptainer":
+            assert "apptainer exec --nv --bind /storage /img/areal.sif python3 -m" in ln
+        else:  # pyxis: only through srun, the driver included
+            assert ln.strip().startswith("srun ") and "--container-image=/img/areal.sif --container-mounts=/storage:/storage" in ln
+
+
+@pytest.mark.parametrize("opts", [SlurmOptions(slurm=True), SlurmOptions(slurm=True, container="x.sif"),
+                                  SlurmOptions(slurm=True, container="nvcr.io#x", container_runtime="pyxis")])
+def test_bash_parses_the_script(opts, tmp_path):
+    path = tmp_path / "job.sbatch"
+    path.write_text(sbatch_script(job(preset="/home/me/my preset.yaml"), opts))
+    r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "'/home/me/my preset.yaml'" in path.read_text()  # quoted where a path has a space
+
+
+@pytest.mark.parametrize(("gres", "gpus"), [("gpu:4", 4), ("gpu:a100:8(S:0-1)", 8), ("gpu:2,shard:8", 2),
+                                            ("gpu:h100:4,gpu:a100:2", 6), ("(null)", 0), ("shard:4", 0)])
+def test_gpus_from_sinfo_gres(gres, gpus):
+    assert gpus_of(gres) == gpus
+
+
+def part(*nodes: tuple[str, str, int]) -> Partition:
+    return Partition("p", [Node(n, st, 64, g) for n, st, g in nodes])
+
+
+def test_refusals_name_what_is_short():
+    assert refusal(part(("a", "idle", 8), ("b", "mixed", 8)), "x", 2, 8) is None
+    assert refusal(part(("a", "idle", 0)), "x", 2, 0).startswith("partition p has 1 node(s), x needs 2 (n_nodes)")
+    assert "has 1 node(s) with 8 GPUs, x needs 2 (its nodes have at most 8)" in \
+        refusal(part(("a", "idle", 8), ("b", "idle", 4)), "x", 2, 8)
+    assert "has 1 node(s) up, x needs 2 (b down)" in refusal(part(("a", "idle", 8), ("b", "down", 8)), "x", 2, 8)
+    assert refusal(part(("a", "idle", 0), ("b", "idle", 0)), "x", 2, 0) is None  # a CPU run counts nodes only
+
+
+def test_without_slurm_commands_the_submission_says_so(capsys, monkeypatch, tmp_path):
+    """A workstation without sinfo/sbatch: a submission is refused in one line, a dry run shows the
+    script the preset sizes, unchecked, and writes nothing."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no Slurm command on it
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["train", "tiny", "--slurm"], capsys)
+    assert_one_line_error(code, err, "sinfo not found: --slurm needs Slurm's client commands")
+    out = dry_run(["train", "tiny", "--slurm", "--dry-run", "n_nodes=2", "allocation_mode=vllm.d2p1m1+d2p1m1"],
+                  capsys)
+    assert "#SBATCH --nodes=2" in out and "not checked against a partition" in out
+    assert not list(tmp_path.iterdir())
