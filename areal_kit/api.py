@@ -4,20 +4,17 @@ The default is single-turn: sample ppo.group_size answers, then the configured r
 them. A multi-turn or tool-using workflow is an async function (or a class with an
 `arun_episode` method) named in config, ppo.workflow=my_pkg.flows:two_turn:
 
-    from areal_kit.api import Trajectory
+    from areal_kit.api import Trajectory, Turn
 
     async def two_turn(engine, row):
         first = await engine.generate(row["prompt_ids"], n=engine.group_size, seed=row["seed"])
         out = []
         for c in first:
-            hint = engine.encode(" check again:")           # inserted, not generated
+            hint = engine.encode(" check again:")           # the environment's: context, not trained on
             prompt2 = row["prompt_ids"] + c.token_ids + hint
             [second] = await engine.generate(prompt2, n=1, seed=row["seed"])
-            out.append(Trajectory(
-                output_ids=c.token_ids + hint + second.token_ids,
-                logprobs=c.logprobs + [0.0] * len(hint) + second.logprobs,
-                loss_mask=[1] * len(c.token_ids) + [0] * len(hint) + [1] * len(second.token_ids),
-                no_eos=second.no_eos))                       # reward=None: reward_fns score it
+            out.append(Trajectory.from_turns([Turn.model(c), Turn.env(hint), Turn.model(second)],
+                                             no_eos=second.no_eos))  # reward_fns score it
         return out
 
 The interface:
@@ -28,11 +25,16 @@ The interface:
   engine.group_size, engine.gen (ppo.gen settings), engine.encode(text), engine.decode(ids).
   row: the dataset row: id, prompt_ids, prompt_text, seed (the per-prompt sampling seed),
       answer / solutions and the row's other fields.
-  Return exactly group_size Trajectory objects: output_ids (every token after the prompt),
-      logprobs (the sampling logprob of each, 0.0 for inserted tokens), loss_mask (1 = trained
-      on; None = all), reward (None = scored by ppo.reward_fns on `text`, or on the decoded
-      output when text is None), no_eos, versions (optional: each output token's weight version,
-      from the Completions; an inserted token takes the version of the token before it).
+  Return exactly group_size Trajectory objects. Trajectory.from_turns(turns) makes one of an
+      episode's turns (Turn.model(completion), Turn.env(token_ids): a tool's result, a user's
+      message): the environment's tokens are in the context, out of the loss, the KL term, the
+      length metrics and the overlong penalty; rewards grade the model's turns' text and get
+      every turn (sample["turns"]: role and text) and the environment's text (sample["env_text"]).
+      Or set the fields by hand: output_ids (every token after the prompt), logprobs (the
+      sampling logprob of each, 0.0 for inserted tokens), loss_mask (1 = trained on; None = all),
+      reward (None = scored by ppo.reward_fns on `text`, or on the decoded output when text is
+      None), no_eos, versions (optional: each output token's weight version, from the
+      Completions; an inserted token takes the version of the token before it).
 
 A reward function, named in ppo.reward_fns (or ppo.reward_plugins), is a RewardFn:
   (prompt: str, completion: str, sample: dict) -> float | dict (a dict: "reward" plus extra
@@ -64,10 +66,35 @@ class Completion:
         return self.finish_reason == "length"
 
 
+MODEL, ENV = "model", "env"
+
+
+@dataclass
+class Turn:
+    """One turn of an episode: the model's tokens (role "model": sampled, trained on) or the
+    environment's (role "env": a tool's result, a user's message; context only, never trained on)."""
+
+    role: str
+    token_ids: list[int]
+    logprobs: list[float] | None = None  # model turns: the sampling logprob of each token
+    versions: list[int] | None = None  # model turns, streaming: the weight version of each token
+    text: str | None = None  # the turn's text, where the workflow has it (else it is decoded)
+
+    @classmethod
+    def model(cls, c: Completion) -> Turn:
+        return cls(MODEL, list(c.token_ids), list(c.logprobs), None if c.versions is None else list(c.versions))
+
+    @classmethod
+    def env(cls, token_ids: list[int], text: str | None = None) -> Turn:
+        return cls(ENV, list(token_ids), text=text)
+
+
 @dataclass
 class Trajectory:
     """One answer of a group, as a workflow returns it; the rollout worker scores it and makes it a
-    Sample (rl/sample.py), which carries it to the trainer."""
+    Sample (rl/sample.py), which carries it to the trainer. A multi-turn episode is best built with
+    Trajectory.from_turns, which sets the tokens, logprobs, loss mask and versions from its turns
+    and keeps the turns, so rewards see the model's text apart from the environment's."""
 
     output_ids: list[int]
     logprobs: list[float]
@@ -77,6 +104,42 @@ class Trajectory:
     no_eos: bool = False
     versions: list[int] | None = None  # the weight version of each output token (a Completion's); None = unknown
     info: dict = field(default_factory=dict)  # free-form; not sent to the trainer
+    turns: list[Turn] | None = None  # the episode's turns (from_turns); None: one model turn
+
+    @classmethod
+    def from_turns(cls, turns: list[Turn], *, no_eos: bool = False, reward: float | None = None,
+                   info: dict | None = None) -> Trajectory:
+        """The trajectory of an episode's turns after the prompt, the first the model's: the
+        environment's tokens are in the context with logprob 0.0 and loss mask 0, and take the
+        weight version of the model token before them."""
+        if not turns or turns[0].role != MODEL:
+            raise ValueError("an episode's first turn after the prompt is the model's (Turn.model)")
+        ids: list[int] = []
+        logprobs: list[float] = []
+        mask: list[int] = []
+        versions: list[int] | None = [] if any(t.versions is not None for t in turns if t.role == MODEL) else None
+        for t in turns:
+            if t.role not in (MODEL, ENV):
+                raise ValueError(f"a turn's role is {t.role!r}; expected {MODEL!r} or {ENV!r}")
+            n = len(t.token_ids)
+            model = t.role == MODEL
+            if model and (t.logprobs is None or len(t.logprobs) != n):
+                raise ValueError(f"a model turn of {n} tokens has {len(t.logprobs or [])} logprobs")
+            ids += t.token_ids
+            logprobs += list(t.logprobs) if model and t.logprobs is not None else [0.0] * n
+            mask += [int(model)] * n
+            if versions is not None:
+                last = versions[-1] if versions else 0
+                versions += list(t.versions) if model and t.versions is not None else [last] * n
+        return cls(ids, logprobs, loss_mask=mask, reward=reward, no_eos=no_eos, versions=versions,
+                   info=dict(info or {}), turns=list(turns))
+
+    @property
+    def n_model_tokens(self) -> int:
+        """The tokens the model sampled: its turns', else those the loss mask keeps, else all."""
+        if self.turns is not None:
+            return sum(len(t.token_ids) for t in self.turns if t.role == MODEL)
+        return len(self.output_ids) if self.loss_mask is None else sum(1 for x in self.loss_mask if x)
 
     def check(self) -> None:
         n = len(self.output_ids)

@@ -33,6 +33,12 @@ class Sample:
     final_reward: float | None = None  # the shaped reward (scaled, biased), before group normalization
     seq_reward: float | None = None  # the reward the trainer credits to the last token (group-normalized for GRPO)
     versions: list[int] | None = None  # streaming: the weight version of each output token (None: all `version`)
+    n_model_tokens: int | None = None  # the tokens the model sampled (None: all output_ids; a workflow's
+    # inserted ones, a tool's result, are not: length metrics and the overlong penalty count these)
+
+    @property
+    def model_len(self) -> int:
+        return len(self.output_ids) if self.n_model_tokens is None else self.n_model_tokens
 
     @property
     def interrupted(self) -> bool:

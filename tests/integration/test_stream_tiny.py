@@ -52,7 +52,7 @@ def test_a_streaming_run_trains_every_step_once_within_the_bound(run):
     k = run.job.cfg.ppo.max_head_offpolicyness
     for r in rows:
         assert 0 <= r["stream/staleness_min"] <= r["stream/staleness_max"] <= k
-        assert r["stream/token_staleness_max"] <= k  # two-turn answers carry no versions: each token is its first one's
+        assert r["stream/token_staleness_max"] <= k  # counted per model token: the turns carry their versions
         assert 0.0 <= r["stream/occupancy"] <= 1.0
     # A step whose groups were all done before it began saw an idle engine (0); the first never does.
     assert rows[0]["stream/occupancy"] > 0.0

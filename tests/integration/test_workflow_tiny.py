@@ -74,7 +74,7 @@ def test_reward_plugin_failures_counted_and_logged_once(run):
 def test_trainer_counts_only_loss_mask_tokens(run):
     _, rows, _ = run
     for r in rows:
-        assert r["avg_seq_len"] == pytest.approx(3.0)  # digit, inserted "=", digit
+        assert r["avg_seq_len"] == pytest.approx(2.0)  # two digits: the inserted "=" is context, not answer
         assert r["n_valid_tokens"] == 2 * r["n_seqs"]  # the inserted token is not trained on
 
 

@@ -1,8 +1,9 @@
 """Plug-ins for the integration tests, named in config by file path.
 
-two_turn: the toy task in two model turns with an inserted token between them, as a tool call
-or a user reply would be: the first digit, then "=" (inserted, loss_mask 0), then a second
-digit. The toy reward reads the first word, so the task and its signal are unchanged.
+two_turn: the toy task in two model turns with the environment's token between them, as a tool's
+result or a user reply would be: the first digit, then "=" (Turn.env: loss mask 0), then a
+second digit. The toy reward reads the first word of the model's text, so the task and its
+signal are unchanged.
 flaky: a reward plug-in that raises for some answers (counted failures, reward 0) and returns
 a dict with an extra number otherwise.
 broken: a reward plug-in that always raises, so a run cannot learn.
@@ -15,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from areal_kit.api import Trajectory
+from areal_kit.api import Trajectory, Turn
 from areal_kit.rl.workers.workflow import single_turn
 
 INSERTED = "="
@@ -28,10 +29,7 @@ async def two_turn(engine, row):
     for i, c in enumerate(first):
         [second] = await engine.generate(row["prompt_ids"] + c.token_ids + hint, n=1, max_tokens=1,
                                          seed=row["seed"] + i)
-        out.append(Trajectory(output_ids=c.token_ids + hint + second.token_ids,
-                              logprobs=c.logprobs + [0.0] * len(hint) + second.logprobs,
-                              loss_mask=[1] * len(c.token_ids) + [0] * len(hint) + [1] * len(second.token_ids),
-                              no_eos=second.no_eos))
+        out.append(Trajectory.from_turns([Turn.model(c), Turn.env(hint), Turn.model(second)], no_eos=second.no_eos))
     return out
 
 

@@ -10,10 +10,12 @@ import dataclasses
 import pytest
 import torch
 
+from areal_kit.api import Completion, Trajectory, Turn
 from areal_kit.config.schema import PPOConfig
 from areal_kit.rl.algo.packing import Answers, min_bins, partition
 from areal_kit.rl.algo.ppo import PPOActor
-from areal_kit.rl.sample import TrainerRow
+from areal_kit.rl.sample import TrainerRow, trainer_rows
+from areal_kit.rl.workers.rollout import _sample
 
 pytestmark = pytest.mark.unit
 
@@ -174,3 +176,33 @@ def test_minibatches_take_one_optimizer_step_each_from_the_proximal_policy():
     assert stats["grad_norm"] == pytest.approx(sum(float(g.norm()) for g in engine.grads) / 2)
     ans = Answers([len(s.output_ids) for s in rows])
     assert stats["n_valid_tokens"] == ans.n_tokens - 1
+
+
+def test_a_tool_using_episode_trains_on_the_models_turns_alone():
+    """An episode built from its turns (model, tool result, model) goes the way a rollout sends it
+    (Trajectory -> Sample -> TrainerRow): the gradient is the hand-written loss over the model's
+    tokens alone, and what the tool's tokens carry as logprobs changes nothing."""
+    ppo = PPOConfig(**OFF_POLICY)
+
+    def rows(tool_logprob: float) -> list[TrainerRow]:
+        eps = []
+        for i, reward in enumerate((1.0, -1.0)):
+            t = Trajectory.from_turns([Turn.model(Completion([1 + i, 2], [-1.7, -1.9], "stop")), Turn.env([3, 4, 5]),
+                                       Turn.model(Completion([0], [-1.6], "stop"))])
+            eps.append(_sample({"id": "e", "prompt_ids": [5, 1]}, 0, t, 0, reward, None))
+        out = trainer_rows([dataclasses.replace(s, seq_reward=s.task_reward) for s in eps])
+        # the tool's tokens' behaviour logprobs, as a workflow might have filled them: never read
+        return [dataclasses.replace(r, logprobs=[x if m else tool_logprob for x, m in zip(r.logprobs, r.loss_mask)])
+                for r in out]
+
+    got = []
+    for tool_logprob in (0.0, -30.0):
+        engine, shard_ = BigramEngine(), rows(tool_logprob)
+        assert [r.loss_mask for r in shard_] == [[1, 1, 0, 0, 0, 1]] * 2
+        want_loss, want = hand_loss(engine.policy, engine.ref, shard_, ppo)
+        (want_grad,) = torch.autograd.grad(want_loss, engine.policy.table)
+        stats = PPOActor(ppo, engine, train_tokens=100, ref_tokens=100).train_step(shard_)
+        torch.testing.assert_close(engine.grads[0], want_grad, atol=1e-6, rtol=1e-5)
+        assert stats["n_valid_tokens"] == want["n"] == 6  # 3 model tokens an episode, 2 episodes
+        got.append(engine.grads[0])
+    torch.testing.assert_close(got[0], got[1])

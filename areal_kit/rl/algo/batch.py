@@ -78,7 +78,7 @@ def shape_rewards(samples: list[Sample], ppo: PPOConfig) -> Shaped:
         keep = [s for i, s in enumerate(shaped) if i // g not in drop]
     penalty = masked = None
     if ppo.overlong_buffer:
-        penalty = sum(overlong_penalty(len(s.output_ids), ppo) for s in ordered) / len(ordered)
+        penalty = sum(overlong_penalty(s.model_len, ppo) for s in ordered) / len(ordered)
     if ppo.overlong_filter:
         masked = sum(s.no_eos for s in keep) / max(len(keep), 1)
         keep = [replace(s, loss_mask=[0] * len(s.output_ids)) if s.no_eos else s for s in keep]
@@ -90,13 +90,14 @@ def _raw_reward(s: Sample, ppo: PPOConfig) -> float:
     if ppo.non_stop_penalty and s.no_eos:
         return ppo.non_stop_penalty_value
     shaped = s.task_reward + (0.0 if s.format_reward is None else s.format_reward)
-    return shaped + overlong_penalty(len(s.output_ids), ppo) if ppo.overlong_buffer else shaped
+    return shaped + overlong_penalty(s.model_len, ppo) if ppo.overlong_buffer else shaped
 
 
 def step_stats(samples: list[Sample], shaped: Shaped, train: dict) -> dict:
     """A step's metrics row: of the samples it generated, of their shaping, and of the trainer's stats (train)."""
     n = len(samples)
     out_lens = [len(s.output_ids) for s in samples]
+    model_lens = [s.model_len for s in samples]  # a tool's inserted tokens are context, not answer length
     prompt_lens = [len(s.prompt_ids) for s in samples]
     row = {
         "ppo_approx_kl": train.get("ppo_approx_kl", 0.0),
@@ -107,7 +108,7 @@ def step_stats(samples: list[Sample], shaped: Shaped, train: dict) -> dict:
         "kl_reward": train.get("kl_reward", 0.0),
         "final_reward": shaped.final_reward_mean + train.get("kl_reward", 0.0),
         "advantage": train.get("advantage", 0.0),
-        "avg_seq_len": sum(out_lens) / n,
+        "avg_seq_len": sum(model_lens) / n,
         "avg_prompt_len": sum(prompt_lens) / n,
         "n_tokens": sum(out_lens) + sum(prompt_lens),
         "n_valid_tokens": int(train.get("n_valid_tokens", sum(out_lens))),

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from areal_kit import hardware
+from areal_kit.api import MODEL, Trajectory, Turn
 from areal_kit.config.rollout import streaming
 from areal_kit.data.tokenizer import load_tokenizer
 from areal_kit.reward.grading import grade_row
@@ -139,8 +140,7 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         groups = workflow.run_episodes(self.episode, self._workflow_engine(priority), rows)
         gen_time = time.time() - t0
         t1 = time.time()
-        answers = [(gi, t, self._text(t.output_ids) if t.text is None else t.text)
-                   for gi, group in enumerate(groups) for t in group]
+        answers = [(gi, t, answer_text(t, self._text)) for gi, group in enumerate(groups) for t in group]
         rewards, extras = self._task_rewards(rows, answers)
         samples = [_sample(rows[gi], gi, t, version, reward, self._format_reward(text))
                    for (gi, t, text), reward in zip(answers, rewards)]
@@ -156,6 +156,7 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         for i in todo:
             gi, t, text = answers[i]
             fields = {k: v for k, v in rows[gi].items() if k not in ("prompt_ids", "seed")}
+            fields.update(turn_fields(t, self._text))
             items.append((rows[gi]["prompt_text"], text, {**fields, "no_eos": bool(t.no_eos)}))
         sums: dict[str, float] = {}
         scored = dict.fromkeys(todo, 0.0)
@@ -241,7 +242,32 @@ def call_seed(seeds: list[int | None]) -> int:
     return int.from_bytes(digest, "little") % (2**63 - 1)
 
 
-def _sample(row: dict, group: int, t: workflow.Trajectory, version: int, task_reward: float,
+def _turn_text(turn: Turn, decode: Callable[[list[int]], str]) -> str:
+    return decode(turn.token_ids) if turn.text is None else turn.text
+
+
+def answer_text(t: Trajectory, decode: Callable[[list[int]], str]) -> str:
+    """What rewards grade: the workflow's text, else the model's turns alone, else the whole output."""
+    if t.text is not None:
+        return t.text
+    if t.turns is not None:
+        model = [u for u in t.turns if u.role == MODEL]
+        if all(u.text is None for u in model):  # decoded as one: how a tokenizer spaces its words stays
+            return decode([i for u in model for i in u.token_ids])
+        return "".join(_turn_text(u, decode) for u in model)
+    return decode(t.output_ids)
+
+
+def turn_fields(t: Trajectory, decode: Callable[[list[int]], str]) -> dict:
+    """A multi-turn episode's fields for its reward: every turn's role and text, and the
+    environment's text (a tool's results) on its own; none for a single-turn answer."""
+    if t.turns is None:
+        return {}
+    turns = [{"role": u.role, "text": _turn_text(u, decode)} for u in t.turns]
+    return {"turns": turns, "env_text": "".join(x["text"] for x in turns if x["role"] != MODEL)}
+
+
+def _sample(row: dict, group: int, t: Trajectory, version: int, task_reward: float,
             format_reward: float | None) -> Sample:
     """The Sample of one of a workflow's trajectories for `row`, scored."""
     versions = None if t.versions is None else [int(v) for v in t.versions]
@@ -250,4 +276,5 @@ def _sample(row: dict, group: int, t: workflow.Trajectory, version: int, task_re
                   version=version if not versions else min(versions), versions=versions,
                   task_reward=task_reward, format_reward=format_reward,
                   source=row.get("source"),  # dataset.mix: the step's task reward per source
-                  loss_mask=None if t.loss_mask is None else [int(bool(x)) for x in t.loss_mask])
+                  loss_mask=None if t.loss_mask is None else [int(bool(x)) for x in t.loss_mask],
+                  n_model_tokens=None if t.loss_mask is None else t.n_model_tokens)
