@@ -3,7 +3,9 @@
 A benchmark is a function returning a `Result`; `run_all` runs the chosen ones in order and is
 what `python bench/run.py` calls. latest.json keeps every benchmark's newest figures, so running
 one benchmark updates its entry and leaves the others; PERFORMANCE.md (the README's
-"Performance" section) is regenerated from it after each benchmark.
+"Performance" section) is regenerated from it after each benchmark. Every record carries the
+machine it ran on (bench/machine.py) under "machine", and PERFORMANCE.md lists the runs of every
+bench/results/*.json per machine.
 
     from bench.report import Result, run_all
     run_all({"demo": lambda: Result("demo", "Demo", {"a_s": 1.0}, ratio=2.0, target=1.5)},
@@ -13,9 +15,9 @@ one benchmark updates its entry and leaves the others; PERFORMANCE.md (the READM
 from __future__ import annotations
 
 import datetime as _dt
+import glob
 import json
 import os
-import platform as _pf
 import sys
 import traceback
 from collections.abc import Callable
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.table import Table
+
+from bench.machine import describe, kind, label
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(ROOT, "bench", "results")
@@ -48,21 +52,13 @@ class Result:
             return None if not self.checks else all(self.checks.values())
         return self.ratio >= self.target and all(self.checks.values())
 
-    def record(self) -> dict:
-        """The latest.json entry: figures, ratio, target, whether met, and when/where."""
+    def record(self, machine: dict | None = None) -> dict:
+        """The latest.json entry: figures, ratio, target, whether met, and when and where (figures
+        mean little without their machine; `machine` is describe() as taken before the run)."""
         return {**self.figures, "ratio": _round(self.ratio), "target": self.target, "met": self.met,
                 "checks": self.checks, "title": self.title, "columns": self.columns, "rows": _round(self.rows),
                 "notes": self.notes, "measured_at": _dt.datetime.now().isoformat(timespec="seconds"),
-                "machine": machine()}
-
-
-def machine() -> str:
-    """Where the figures come from (they mean little without it)."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = float("nan")
-    return f"{_pf.machine()} {os.cpu_count()} CPUs, load {load:.1f} at start, Python {_pf.python_version()}"
+                "machine": machine or describe()}
 
 
 def _round(v):
@@ -135,6 +131,8 @@ def run_all(registry: dict[str, Callable[[], Result]], names: list[str], out_dir
         raise SystemExit(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(registry)}")
     done: dict[str, dict] = {}
     for name in names:
+        # Described before the benchmark starts: its load average is the machine's, not the benchmark's own.
+        where = describe()
         try:
             res = registry[name]()
         except Exception as e:  # noqa: BLE001 (report and go on: one broken benchmark must not hide the rest)
@@ -144,10 +142,11 @@ def run_all(registry: dict[str, Callable[[], Result]], names: list[str], out_dir
             console.print(traceback.format_exc(), markup=False, highlight=False)
             done[name] = {"error": err}
             continue
-        rec = res.record()
+        rec = res.record(where)
         print(json.dumps({"name": name, **{k: v for k, v in rec.items() if k not in ("columns", "rows")}}),
               flush=True)
         console.print(f"[bold]{name}[/]: {res.title}", highlight=False)
+        console.print(f"machine: {label(where)}", highlight=False, markup=False)
         console.print(table(res))
         console.print(verdict(res), highlight=False)
         for n in res.notes:
@@ -156,26 +155,24 @@ def run_all(registry: dict[str, Callable[[], Result]], names: list[str], out_dir
         latest[name] = rec
         save_latest(latest, out_dir)
         if markdown_path:
-            write_markdown(latest, markdown_path, about or {}, intro)
+            write_markdown(latest, markdown_path, about or {}, intro, results_dir=out_dir)
         done[name] = rec
     return done
 
 
-def write_markdown(latest: dict, path: str, about: dict[str, str], intro: str = "") -> str:
-    """The README "Performance" section from latest.json: a summary and one part per benchmark."""
+def write_markdown(latest: dict, path: str, about: dict[str, str], intro: str = "",
+                   results_dir: str = RESULTS_DIR) -> str:
+    """The README "Performance" section from latest.json: a summary, one part per benchmark, and the
+    runs of every results_dir/*.json per machine."""
     lines = ["## Performance", ""] + ([intro.strip(), ""] if intro else [])
-    lines += ["| benchmark | ours vs baseline | ratio | target |", "|---|---|---|---|"]
+    lines += ["| benchmark | ours vs baseline | ratio | target | machine |", "|---|---|---|---|---|"]
     order = list(about) + [n for n in latest if n not in about]
     for name in order:
         rec = latest.get(name)
         if not rec:
             continue
-        tgt = "reported" if rec.get("target") is None else f">= {rec['target']}x"
-        tgt += "".join(f", {k}" for k in rec.get("checks") or {})
-        if rec.get("met") is not None:
-            tgt += " (met)" if rec["met"] else " (**not met**)"
-        ratio = "-" if rec.get("ratio") is None else f"{rec['ratio']:.2f}x"
-        lines.append(f"| [{name}](#{name.replace('_', '-')}) | {rec.get('title', '')} | {ratio} | {tgt} |")
+        lines.append(f"| [{name}](#{name.replace('_', '-')}) | {rec.get('title', '')} | {_ratio(rec)} | "
+                     f"{_target(rec)} | [{_machine_key(rec)}](#runs-per-machine) |")
     for name in order:
         rec = latest.get(name)
         if not rec:
@@ -183,20 +180,94 @@ def write_markdown(latest: dict, path: str, about: dict[str, str], intro: str = 
         lines += ["", f"### {name.replace('_', '-')}", ""]
         if about.get(name):
             lines += [about[name].strip(), ""]
-        lines += [(f"Command: `python bench/run.py {name}` — measured {rec.get('measured_at', '?')} "
-                   f"on {rec.get('machine', '?')}."), ""]
-        cols = rec.get("columns") or []
-        if cols:
-            lines.append("| " + " | ".join(str(c) for c in cols) + " |")
-            lines.append("|" + "---|" * len(cols))
-            for r in rec.get("rows") or []:
-                lines.append("| " + " | ".join(_fmt(x) for x in r) + " |")
-            lines.append("")
+        lines += [f"Command: `python bench/run.py {name}` — measured {rec.get('measured_at', '?')}.", "",
+                  f"machine: {label(rec.get('machine'))}", ""]
+        if rec.get("columns"):
+            lines += [*_md_table(rec["columns"], rec.get("rows") or []), ""]
         for n in rec.get("notes") or []:
             lines.append(f"- {n}")
+    lines += ["", *_runs_per_machine(results_dir)]
     with open(path, "w") as f:
         f.write("\n".join(lines).rstrip() + "\n")
     return path
+
+
+def _ratio(rec: dict) -> str:
+    return "-" if rec.get("ratio") is None else f"{rec['ratio']:.2f}x"
+
+
+def _target(rec: dict) -> str:
+    tgt = "reported" if rec.get("target") is None else f">= {rec['target']}x"
+    tgt += "".join(f", {k}" for k in rec.get("checks") or {})
+    if rec.get("met") is not None:
+        tgt += " (met)" if rec["met"] else " (**not met**)"
+    return tgt
+
+
+# Records from before the machine description kept a line ("x86_64 2 CPUs, load ..."), or nothing.
+OLDER = "older record"
+
+
+def _machine_key(rec: dict) -> str:
+    m = rec.get("machine")
+    return m.get("id", "?") if isinstance(m, dict) else OLDER
+
+
+def recorded_runs(results_dir: str = RESULTS_DIR) -> list[tuple[str, str, dict]]:
+    """(file, benchmark, record) for every record in results_dir/*.json ({name: record}, as latest.json),
+    oldest first; a run found in two files (a copy kept aside) is listed once."""
+    runs, seen = [], set()
+    for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        for name, rec in data.items() if isinstance(data, dict) else ():
+            if not isinstance(rec, dict) or "measured_at" not in rec:
+                continue
+            key = (name, rec["measured_at"], json.dumps(rec.get("machine"), sort_keys=True))
+            if key not in seen:
+                seen.add(key)
+                runs.append((os.path.basename(path), name, rec))
+    return sorted(runs, key=lambda r: r[2]["measured_at"])
+
+
+def _runs_per_machine(results_dir: str) -> list[str]:
+    runs = recorded_runs(results_dir)
+    lines = ["### Runs per machine", "",
+             ("Every result records the machine it ran on (bench/machine.py): CPU model, the CPU flags torch's "
+              "kernels pick from, the cores the run could use, memory, kernel, Python and torch, and the load "
+              "average when it started. Runs with the same CPU model, flags and cores share an id. Listed from "
+              f"bench/results/*.json (latest.json keeps each benchmark's newest run). An \"{OLDER}\" predates "
+              "the machine field: it kept only a line naming the architecture, CPU count, load and Python, so "
+              "its CPU model and flags are unknown (and its \"load at start\" was read as the benchmark ended)."), ""]
+    machines: dict[str, list] = {}
+    for run in runs:
+        machines.setdefault(_machine_key(run[2]), []).append(run)
+    for key, group in sorted(machines.items(), key=lambda kv: kv[0] == OLDER):  # the described ones first
+        if key == OLDER:
+            lines += [f"**{OLDER}s**, before the machine field:", ""]
+            lines += _md_table(["benchmark", "ratio", "target", "measured", "recorded as", "file"],
+                               [[name, _ratio(rec), _target(rec), rec["measured_at"], rec.get("machine") or "?", file]
+                                for file, name, rec in group])
+        else:
+            m = group[-1][2]["machine"]
+            lines += [f"**{key}**: {kind(m)} ({m.get('arch', '?')})", ""]
+            lines += _md_table(["benchmark", "ratio", "target", "measured", "load at start", "memory GB", "kernel",
+                                "Python", "torch", "file"],
+                               [[name, _ratio(rec), _target(rec), rec["measured_at"]]
+                                + [_cell(rec["machine"].get(k)) for k in ("load", "memory_gb", "kernel", "python",
+                                                                          "torch")]
+                                + [file] for file, name, rec in group])
+        lines.append("")
+    return lines if runs else lines + ["No results recorded yet."]
+
+
+def _cell(v) -> str:
+    return "-" if v is None else str(v)  # as recorded: _fmt would print a load of 1.9 as 1.900
+
+
+def _md_table(columns: list, rows: list[list]) -> list[str]:
+    return (["| " + " | ".join(str(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+            + ["| " + " | ".join(_fmt(x) for x in r) + " |" for r in rows])
 
 
 def main_args(argv: list[str] | None, registry: dict) -> list[str]:
