@@ -51,5 +51,14 @@ def replace_lines(path, lines) -> None:
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
+def read_json(path: str) -> dict | None:
+    """What write_json wrote there; None where the file is missing or not whole JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def write_json(path: str, obj: dict) -> None:
     _write(path, "w", [json.dumps(obj, indent=1, sort_keys=True)])

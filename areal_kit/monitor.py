@@ -12,7 +12,6 @@ the persistent saves; it never talks to Ray.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -27,6 +26,7 @@ from rich.text import Text
 from areal_kit import curves
 from areal_kit.checkpoints import step_of
 from areal_kit.console import make_console
+from areal_kit.durable import read_json
 from areal_kit.errors import UserError
 from areal_kit.logs import (
     line_time,
@@ -57,7 +57,7 @@ def resolve_run(target: str, fileroot: str = "", user: str = "") -> RunFiles:
     """A run's log folder (the one with train.log), or EXP/TRIAL under fileroot."""
     path = os.path.abspath(os.path.expanduser(target))
     if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("train.log", "metrics.jsonl")):
-        info = _read_json(os.path.join(path, "driver.json")) or {}
+        info = read_json(os.path.join(path, "driver.json")) or {}
         parts = path.rstrip("/").split(os.sep)
         if len(parts) >= 5 and parts[-4] == "logs":  # {fileroot}/logs/{user}/{exp}/{trial}
             root, tail = os.sep.join(parts[:-4]) or os.sep, parts[-3:]
@@ -146,7 +146,7 @@ def read_status(files: RunFiles, now: float | None = None, tail: int = 5) -> Sta
 def _liveness(files: RunFiles, st: Status, finished: bool, now: float) -> tuple[str, str]:
     if finished:
         return "finished", ""
-    info = _read_json(os.path.join(files.log_dir, "driver.json")) or {}
+    info = read_json(os.path.join(files.log_dir, "driver.json")) or {}
     pid, host = info.get("pid"), info.get("host")
     if pid and host == socket.gethostname():
         if _pid_alive(int(pid)):
@@ -186,14 +186,6 @@ def _read_lines(path: str) -> list[str]:
             return f.read().splitlines()
     except OSError:
         return []
-
-
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def _dur(s: float) -> str:

@@ -170,6 +170,17 @@ def keep_steps_through(path: str, global_step: int) -> None:
     durable.replace_lines(path, [json.dumps(r) + "\n" for r in rows])
 
 
+def tail_lines(path: str, nbytes: int) -> list[str] | None:
+    """The lines of a log's or metrics file's last nbytes (the first may be partial); None if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - nbytes))
+            return f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+
+
 def read_metrics(path: str) -> list[dict]:
     """metrics.jsonl rows; a torn last line (a crash mid-write) is skipped."""
     rows: list[dict] = []

@@ -1,4 +1,4 @@
-"""What Slurm says, through its client commands (sinfo, squeue, scontrol, sbatch) on this machine:
+"""What Slurm says, through its client commands (sinfo, scontrol, sbatch) on this machine:
 a partition's nodes, whether a preset fits them, a job's state, areal-kit's jobs.
 
     python -m areal_kit.slurm.cluster [PARTITION]     # the partition's nodes as areal-kit reads them
@@ -6,6 +6,7 @@ a partition's nodes, whether a preset fits them, a job's state, areal-kit's jobs
 
 from __future__ import annotations
 
+import getpass
 import re
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from areal_kit.errors import RunFailed, UserError
 
 # A node Slurm can give a job now or soon; others (down, drained, failing) cannot run one.
 USABLE = ("idle", "mixed", "allocated", "completing", "planned", "reserved")
-COMMENT = "areal-kit:"  # squeue's comment of areal-kit's jobs: the run's log folder follows
+COMMENT = "areal-kit:"  # the comment of areal-kit's jobs: the run's log folder follows
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Partition:
 def run(args: list[str], timeout: float = 60) -> str:
     """A Slurm command's stdout; its own error as RunFailed (one line), or UserError where it is absent."""
     if shutil.which(args[0]) is None:
-        raise UserError(f"{args[0]} not found: --slurm needs Slurm's client commands (sbatch, sinfo, squeue) "
+        raise UserError(f"{args[0]} not found: --slurm needs Slurm's client commands (sbatch, sinfo, scontrol, srun) "
                         "on this machine, as a login node has them")
     try:
         r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
@@ -126,32 +127,29 @@ class JobState:
         return f"slurm job {self.job_id}: {state}" + "".join(f", {m}" for m in more if m)
 
 
-_SQUEUE = "%i|%T|%M|%l|%R|%k"
-
-
-def _from_squeue(line: str) -> JobState:
-    job, state, elapsed, limit, where, comment = line.split("|", 5)
-    return JobState(job, state, elapsed, limit, where, comment=comment)
+def _from_scontrol(line: str) -> tuple[JobState, str]:
+    """A job of `scontrol show job -o` (one line a job), and the user it belongs to."""
+    f = dict(re.findall(r"(\w+)=(\S*)", line))
+    waits = f.get("Reason", "None")
+    st = JobState(f.get("JobId", ""), f.get("JobState", ""), f.get("RunTime", ""), f.get("TimeLimit", ""),
+                  f.get("NodeList", "") if f.get("JobState") != "PENDING" or waits == "None" else f"({waits})",
+                  int(f.get("Restarts", "0") or 0), f.get("Comment", ""))
+    return st, f.get("UserId", "").split("(")[0]
 
 
 def job_state(job_id: str) -> JobState:
     """scontrol's view of a job (it keeps finished ones for MinJobAge); state "" once it is purged."""
     try:
-        show = run(["scontrol", "show", "job", "-o", job_id])
+        return _from_scontrol(run(["scontrol", "show", "job", "-o", job_id]))[0]
     except RunFailed:
         return JobState(job_id, "")
-    f = dict(re.findall(r"(\w+)=(\S*)", show))
-    waits = f.get("Reason", "None")
-    return JobState(job_id, f.get("JobState", ""), f.get("RunTime", ""), f.get("TimeLimit", ""),
-                    f.get("NodeList", "") if f.get("JobState") != "PENDING" or waits == "None" else f"({waits})",
-                    int(f.get("Restarts", "0") or 0), f.get("Comment", ""))
 
 
 def jobs() -> list[JobState]:
-    """areal-kit's jobs of this user that Slurm lists (pending, running, requeued)."""
-    out = run(["squeue", "-h", "--me", "-o", _SQUEUE])
-    return [s for s in (_from_squeue(ln) for ln in out.splitlines() if ln.count("|") >= 5)
-            if s.comment.startswith(COMMENT)]
+    """areal-kit's jobs of this user that Slurm holds (pending, running, requeued): one scontrol call."""
+    me = getpass.getuser()
+    found = [_from_scontrol(ln) for ln in run(["scontrol", "show", "job", "-o"]).splitlines() if "JobId=" in ln]
+    return [st for st, user in found if user == me and st.active and st.comment.startswith(COMMENT)]
 
 
 def sbatch(script: str) -> str:

@@ -10,7 +10,6 @@ the run's log folder, beside train.log: `areal-kit logs RUN` finds the job there
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ from areal_kit import durable, hardware, logs
 from areal_kit.config.loader import load_config
 from areal_kit.console import make_console
 from areal_kit.errors import ExitCode, RunFailed, UserError
-from areal_kit.runlog import run_paths
+from areal_kit.runlog import run_paths, tail_lines
 from areal_kit.slurm import cluster
 from areal_kit.slurm import doctor as doc
 from areal_kit.slurm.options import SlurmOptions
@@ -34,9 +33,8 @@ def submit(preset: str, overrides: list[str], o: SlurmOptions, *, dry_run: bool,
     o.check()
     if Path(preset).suffix in (".yaml", ".yml"):
         preset = os.path.abspath(preset)  # the job reads it from the node: shared storage, by its full path
-    cfg = load_config(preset, overrides)
-    fileroot = os.path.abspath(cfg.fileroot)
-    cfg = load_config(preset, [*overrides, f"fileroot={fileroot}"])  # bad input here, before Slurm is asked
+    cfg = load_config(preset, overrides)  # bad input here, before Slurm is asked
+    fileroot = os.path.abspath(cfg.fileroot)  # the job's nodes are given it whole (the cwd differs there)
     paths = run_paths(fileroot, cfg.experiment_name, cfg.trial_name)
     console = make_console(highlight=False)
     what = f"{Path(preset).stem} ({cfg.n_nodes} node(s))"
@@ -54,7 +52,7 @@ def submit(preset: str, overrides: list[str], o: SlurmOptions, *, dry_run: bool,
         if why:
             raise UserError(why)
     record = os.path.join(paths.log_dir, RECORD)
-    earlier = _read(record)
+    earlier = durable.read_json(record)
     if earlier and part is not None:
         st = cluster.job_state(earlier["job_id"])
         if st.active:
@@ -84,22 +82,9 @@ def submit(preset: str, overrides: list[str], o: SlurmOptions, *, dry_run: bool,
     return ExitCode.OK
 
 
-def _read(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def last_epoch(log: str) -> logs.Epoch | None:
     """The last Epoch line of a log (its last 256 KB are read)."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(0, os.path.getsize(log) - (256 << 10)))
-            tail = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
+    tail = tail_lines(log, 256 << 10) or []
     return next((e for ln in reversed(tail) if (e := logs.parse_epoch(ln)) is not None), None)
 
 
@@ -117,7 +102,7 @@ def job_lines(st: cluster.JobState, log_dir: str) -> list[str]:
 
 def run_job_lines(log_dir: str) -> list[str]:
     """`areal-kit logs`'s lines for a run submitted to Slurm (its record in the log folder): none otherwise."""
-    rec = _read(os.path.join(log_dir, RECORD))
+    rec = durable.read_json(os.path.join(log_dir, RECORD))
     if not rec:
         return []
     try:
@@ -131,7 +116,7 @@ def status() -> int:
     console = make_console(highlight=False)
     jobs = cluster.jobs()
     for j in jobs:
-        for line in job_lines(cluster.job_state(j.job_id), j.comment[len(cluster.COMMENT):]):
+        for line in job_lines(j, j.comment[len(cluster.COMMENT):]):
             console.out(line)
     if not jobs:
         console.out("no areal-kit job in Slurm's queue (squeue --me)")

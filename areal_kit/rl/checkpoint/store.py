@@ -12,6 +12,8 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from areal_kit.runlog import tail_lines
+
 PREFIX = "globalstep"
 TMP_PREFIX = ".tmp-"
 STATE_FILE = "state.json"
@@ -64,14 +66,8 @@ def remove_tmp(recover_dir: str) -> None:
 
 def last_metrics_row(path: str, global_step: int | None = None) -> dict | None:
     """The last row of metrics.jsonl (of global_step, if given), reading only the file's tail."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 65536))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
+    lines = tail_lines(path, 65536)
+    for line in reversed(lines or []):
         try:
             row = json.loads(line)
         except ValueError:
