@@ -1,4 +1,5 @@
-"""What a user writes against: the rollout workflow (what happens to one prompt) and the reward function.
+"""What a user writes against: the rollout workflow (what happens to one prompt), the agent (an
+episode written against an OpenAI-style client) and the reward function.
 
 The default is single-turn: sample ppo.group_size answers, then the configured rewards score
 them. A multi-turn or tool-using workflow is an async function (or a class with an
@@ -36,11 +37,33 @@ The interface:
       None), no_eos, versions (optional: each output token's weight version, from the
       Completions; an inserted token takes the version of the token before it).
 
+An agent, named in agent.fn (instead of ppo.workflow), is an Agent: a function, async or not,
+(base_url, api_key, row) -> reward or None, run ppo.group_size times per prompt:
+
+    async def agent(base_url, api_key, row):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key)
+        messages = [{"role": "user", "content": row["question"]}]
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        ...                                   # run the tools it calls, ask again, ...
+        return None                           # ppo.reward_fns grade the episode (or a float)
+
+  base_url is the rollout engine's chat endpoint (vLLM's OpenAI server, /v1/chat/completions:
+  messages, tools, tool_choice, n, max_tokens, stop, stream; any model name), api_key the
+  episode's own. Every call made with it is recorded as the engine sampled it (token ids and
+  logprobs, never re-tokenized text) and the episode's calls are joined into one Trajectory: the
+  model's replies trained on, the chat template's and the tools' tokens context only. Each call
+  extends the chat before it (the agent keeps the messages it sent and got). Sampling is the run's
+  (ppo.gen: another temperature, top_p or top_k is refused), max_tokens at most ppo.gen.max_new_tokens
+  per call. Tool calls come back parsed (agent.tool_parser: vLLM's hermes, ...). An agent that
+  raises, overruns agent.timeout_s, or whose calls do not join is run again (agent/dropped).
+
 A reward function, named in ppo.reward_fns (or ppo.reward_plugins), is a RewardFn:
   (prompt: str, completion: str, sample: dict) -> float | dict (a dict: "reward" plus extra
   metrics logged as reward/<key>); sample is the dataset row.
 
-The runtime behind the engine is rl/workers/workflow.py; the built-in rewards are reward/registry.py.
+The runtime behind the engine is rl/workers/workflow.py, behind an agent rl/workers/agent.py and the
+chat endpoint rl/workers/endpoint.py; a shipped tool-using task is agents/calculator.py; the
+built-in rewards are reward/registry.py.
 
     python -m pytest tests/unit/test_workflow.py
 """
@@ -105,6 +128,7 @@ class Trajectory:
     versions: list[int] | None = None  # the weight version of each output token (a Completion's); None = unknown
     info: dict = field(default_factory=dict)  # free-form; not sent to the trainer
     turns: list[Turn] | None = None  # the episode's turns (from_turns); None: one model turn
+    prompt_ids: list[int] | None = None  # the episode's prompt where it is not the row's (an agent's first call's)
 
     @classmethod
     def from_turns(cls, turns: list[Turn], *, no_eos: bool = False, reward: float | None = None,
@@ -172,6 +196,9 @@ class EpisodeEngine(Protocol):
 
 # ppo.workflow names one of these (or a class whose arun_episode is one): a prompt's episode.
 Workflow = Callable[[EpisodeEngine, dict], Awaitable[list[Trajectory]]]
+
+# agent.fn names one of these (or its synchronous form): (base_url, api_key, dataset row) -> reward or None.
+Agent = Callable[[str, str, dict], Awaitable[float | None]]
 
 # ppo.reward_fns / ppo.reward_plugins name these: (prompt, completion, dataset row) -> reward.
 RewardFn = Callable[[str, str, dict], float]

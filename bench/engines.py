@@ -94,6 +94,7 @@ def train_run(args: list[str], workdir: str, name: str, timeout: float = 900) ->
     tiny preset once for the pipeline's synchronous row and the peer's tiny workload.
     """
     from areal_kit import runlog
+    from areal_kit.config.loader import load_config
 
     if tuple(args) in _RUNS:
         return _RUNS[tuple(args)]
@@ -112,7 +113,7 @@ def train_run(args: list[str], workdir: str, name: str, timeout: float = 900) ->
     if proc.returncode != 0:
         tail = Path(log_path).read_text()[-2000:]
         raise RuntimeError(f"areal-kit train {' '.join(args)} exited {proc.returncode}; log {log_path}:\n{tail}")
-    exp = _value(args, "experiment_name") or "tiny"
+    exp = _value(args, "experiment_name") or load_config(args[0]).experiment_name  # args[0]: the preset
     paths = runlog.run_paths(fileroot, exp, name, user="bench")
     _RUNS[key] = {"rows": runlog.read_metrics(paths.metrics_file), "wall": wall, "start": t0, "log": log_path}
     return _RUNS[key]

@@ -58,12 +58,15 @@ def ordered_rows(cfg, steps: int) -> list[dict]:
     return [{k: r[k] for k in ("prompt", "question", "answer")} for r in out]
 
 
-def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str, loss_type: str = "dapo") -> dict:
+def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str, loss_type: str = "dapo",
+            script: str = "trl_grpo.py") -> dict:
+    """TRL's side of a benchmark: `script` (bench/trl_grpo.py, or a variant on its spec) in TRL's venv on
+    cfg's model, prompts in our order and settings; its per-step rows, wall time and start."""
     py = os.path.join(TRL_VENV, "bin", "python")
     if not os.path.exists(py):  # TRL gets its own venv, apart from areal-kit's packages
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "setup_trl_venv.sh")
-        print(f"no TRL venv at {TRL_VENV}: creating it (bash {script}, ~3 minutes)", flush=True)
-        subprocess.run(["bash", script, TRL_VENV], check=True)
+        setup = os.path.join(os.path.dirname(os.path.abspath(__file__)), "setup_trl_venv.sh")
+        print(f"no TRL venv at {TRL_VENV}: creating it (bash {setup}, ~3 minutes)", flush=True)
+        subprocess.run(["bash", setup, TRL_VENV], check=True)
     a, p = cfg.actor, cfg.ppo
     spec = {"model": cfg.actor.path, "rows": ordered_rows(cfg, steps), "reward": p.reward_fns[0],
             "n_prompts": cfg.dataset.train_bs_n_seqs, "group_size": p.group_size, "micro_batch": micro_batch,
@@ -84,7 +87,7 @@ def run_trl(cfg, steps: int, micro_batch: int, workdir: str, name: str, loss_typ
 
     t0 = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.run([py, os.path.join(engines.ROOT, "bench", "trl_grpo.py"), spec_path, out_path],
+        proc = subprocess.run([py, os.path.join(engines.ROOT, "bench", script), spec_path, out_path],
                               env=env, stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False)
     if proc.returncode != 0:
         tail = Path(log_path).read_text()[-2000:]

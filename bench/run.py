@@ -40,6 +40,7 @@ MODULES = {
     "learning": "bench.learning",
     "faults": "bench.faults",
     "lora": "bench.lora",
+    "tool": "bench.tool_learning",
 }
 
 

@@ -33,6 +33,8 @@ class DatasetConfig:
     max_prompt_len: int = opt(2048, "Prompts longer than this (tokens) are dropped and counted, never truncated.")
     apply_chat_template: bool = opt(False, "Apply the tokenizer's chat template to prompts.")
     toy_size: int = opt(4096, "Toy task only: number of generated prompts.")
+    toy_task: str = opt("sums", "Toy task only: sums (\"3 + 4 =\", one digit each) | calc (two digits each: "
+        "the calculator tool's task, agents/calculator.py).", choices=("sums", "calc"))
     shuffle: bool = opt(True, "Shuffle the prompt order each epoch (seeded).")
     eval_path: str = opt("",
         'In-training eval split: a file/folder of the same type and fields ("" = hold out '

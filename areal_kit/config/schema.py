@@ -23,6 +23,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from areal_kit.config.agent import AgentConfig
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.assets import asset
 from areal_kit.config.dataset import DatasetConfig
@@ -350,6 +351,8 @@ class TrainConfig:
     ref: RefConfig = section(RefConfig, "The frozen reference model of the KL term.")
     ppo: PPOConfig = section(PPOConfig, "The RL algorithm: sampling, rewards, advantages and the PPO loss.")
     rollout: RolloutConfig = section(RolloutConfig, "How the engines generate: batch by batch or streaming.")
+    agent: AgentConfig = section(AgentConfig, "An agent written against an OpenAI-style client, trained through "
+                                 "the engines' chat endpoint.")
     dataset: DatasetConfig = section(DatasetConfig, "The prompts: where they come from, batch size and eval split.")
     actor_train: MFCConfig = section(MFCConfig, "Training pass of the actor (micro-batching).")
     ref_inf: MFCConfig = section(MFCConfig, "Inference pass of the reference model (micro-batching).")
@@ -379,6 +382,14 @@ class TrainConfig:
             mb = getattr(self, role).mb_spec.max_tokens_per_mb
             check(mb >= seq, f"{role}.mb_spec.max_tokens_per_mb={mb} is smaller than one sequence "
                   f"(dataset.max_prompt_len + ppo.gen.max_new_tokens = {seq}); expected >= {seq}")
+
+        check(not (self.agent.fn and self.ppo.workflow),
+              f"agent.fn={self.agent.fn!r} and ppo.workflow={self.ppo.workflow!r} are both set; expected one: "
+              "an agent runs as the workflow of its episodes")
+        check(not (self.agent.fn and self.actor.lora.rank),
+              f"agent.fn with actor.lora.rank={self.actor.lora.rank} is not served yet: the chat endpoint samples "
+              "the base model's weights; expected actor.lora.rank=0 with an agent")
+        self.agent.fn = _abs_file_spec(self.agent.fn)
 
         parse_allocation(self.allocation_mode).check(self.n_nodes, self.n_gpus_per_node)
         self.assets = {name: asset(name, a) for name, a in self.assets.items()}

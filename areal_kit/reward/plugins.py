@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 # Built-in rewards that ship with areal-kit: trusted (bounded time, never raise), so they run
 # in the rollout engine's process; everything else runs in the reward pool (reward/pool.py).
-BUILTIN = {"math": "math", "gsm8k": "gsm8k", "toy": "areal_kit.data.toy_task:toy_reward"}
+BUILTIN = {"math": "math", "gsm8k": "gsm8k", "toy": "areal_kit.data.toy_task:toy_reward",
+           "calc": "areal_kit.data.toy_task:calc_reward"}
 
 
 def load_object(spec: str, what: str = "reward"):

@@ -59,6 +59,7 @@ class Generated:
     engine: int  # the engine's index
     reward_failures: dict = field(default_factory=dict)  # {kind: (count, first message)}
     reward_extras: dict = field(default_factory=dict)  # {"reward/<key>": mean} of the dict rewards' extras
+    agent_drops: dict = field(default_factory=dict)  # {kind: (count, first message)}: episodes the agent lost
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""A tiny-preset run driven in-process, kept alive so tests can inspect its workers; and the
-streaming check a CPU and a GPU test share (a weight update interrupting generations in flight)."""
+"""A tiny run (the tiny preset's, or another's) driven in-process, kept alive so tests can inspect
+its workers; and the streaming check a CPU and a GPU test share (a weight update interrupting generations in flight)."""
 
 import sys
 import time
@@ -16,8 +16,8 @@ LONG = 40  # tokens of the interrupted answers (a streaming run's engines leave 
 
 
 class Run:
-    def __init__(self, tmp, overrides):
-        cfg = load_config("tiny", [f"fileroot={tmp}", "tensorboard=false", *overrides])
+    def __init__(self, tmp, overrides, preset: str = "tiny"):
+        cfg = load_config(preset, [f"fileroot={tmp}", "tensorboard=false", *overrides])
         self.job = prepare(cfg)
         self.log = runlog.RunLogger(self.job.paths, tensorboard=False, console=False)
         self.ctrl = Controller(self.job, self.log)

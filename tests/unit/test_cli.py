@@ -64,7 +64,7 @@ GOOD_SPEC = {"cluster_type": "local", "cluster_name": "c", "fileroot": "/tmp/fr"
 # (argv, substring of the one error line). {tmp} is replaced by the test's tmp_path.
 BAD_INPUTS = [
     # unknown presets
-    (["train", "nosuch"], "unknown preset 'nosuch'; expected one of 1.5B_1gpu, 1.5B_n1, 1.5B_n16, 1.5B_n1_dapo, 1.5B_n4, 7B_n16, 7B_n1_lora, 7B_n4, tiny, tiny_dapo, tiny_lora, tiny_storage or a path"),
+    (["train", "nosuch"], "unknown preset 'nosuch'; expected one of 1.5B_1gpu, 1.5B_n1, 1.5B_n16, 1.5B_n1_dapo, 1.5B_n4, 7B_n16, 7B_n1_lora, 7B_n4, tiny, tiny_dapo, tiny_lora, tiny_storage, tiny_tool or a path"),
     (["train", "1.5B_n8", "--dry-run"], "unknown preset '1.5B_n8'"),
     (["train", "{tmp}/missing.yaml"], "unknown preset"),
     # bad overrides
@@ -78,6 +78,12 @@ BAD_INPUTS = [
     (["train", "tiny", "ppo.kl_estimator=k4"], "ppo.kl_estimator='k4' is not valid; expected one of k1, k2, k3"),
     (["train", "tiny", "ppo.eps_clip=1.5"], "ppo.eps_clip=1.5 is not valid"),
     (["train", "tiny", "ppo.group_size=1"], "a group of 1 has no baseline"),
+    (["train", "tiny_tool", "agent.fn=areal_kit.agents.calculator:openai_agent"],
+     ("agent.fn='areal_kit.agents.calculator:openai_agent' and ppo.workflow='areal_kit.agents.calculator:calculator' "
+      "are both set; expected one")),
+    (["train", "tiny", "agent.fn=x:y", "agent.timeout_s=0"], "agent.timeout_s=0.0 is not valid; expected > 0"),
+    (["train", "tiny", "agent.fn=x:y", "actor.lora.rank=8"], "agent.fn with actor.lora.rank=8 is not served yet"),
+    (["train", "tiny", "dataset.toy_task=cubes"], "dataset.toy_task='cubes' is not valid; expected one of sums, calc"),
     (["train", "tiny", "recover_mode=always"], "recover_mode='always' is not valid"),
     (["train", "tiny", "actor_train.mb_spec.max_tokens_per_mb=10"], "is smaller than one sequence"),
     (["train", "tiny", "experiment_name=a/b"], "experiment_name='a/b' is not valid"),

@@ -366,4 +366,4 @@ def test_all_keys_are_dotted_leaves():
     assert "ppo" not in keys
     assert "ppo.gen" not in keys
     assert preset_names() == sorted(["tiny", "tiny_dapo", "tiny_storage", "1.5B_1gpu", "1.5B_n1", "1.5B_n1_dapo", "1.5B_n4",
-                                            "1.5B_n16", "7B_n4", "7B_n16", "tiny_lora", "7B_n1_lora"])
+                                            "1.5B_n16", "7B_n4", "7B_n16", "tiny_lora", "7B_n1_lora", "tiny_tool"])

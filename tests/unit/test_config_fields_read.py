@@ -29,7 +29,7 @@ PKG = Path(__file__).resolve().parents[2] / "areal_kit"
 # The config's declarations and validation: a read there (a __post_init__ check) is no effect on a
 # run. The loader counts: it is where `cluster` takes effect.
 DECLARING = {"config/schema.py", "config/fields.py", "config/dataset.py", "config/rollout.py",
-             "config/vllm_args.py", "config/lora.py", "config/assets.py"}
+             "config/vllm_args.py", "config/lora.py", "config/assets.py", "config/agent.py"}
 # Receivers that name the whole TrainConfig (its top-level fields have no section name).
 TOP = {"cfg", "config", "train_cfg"}
 

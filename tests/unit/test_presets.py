@@ -30,7 +30,7 @@ def _cwd(tmp_path, monkeypatch):
 
 def test_the_presets_exist():
     assert sorted(preset_names()) == sorted(["tiny", "tiny_storage", *GPU_PRESETS, *DAPO_PRESETS, "1.5B_1gpu",
-                                             *LORA_PRESETS])
+                                             *LORA_PRESETS, "tiny_tool"])
 
 
 DAPO_PRESETS = ["tiny_dapo", "1.5B_n1_dapo"]

@@ -93,7 +93,7 @@ def test_as_reward_shapes():
     ("json:no_such_fn", "has no 'no_such_fn'"),
     ("json:__doc__", "not a function"),
     ("/nonexistent/r.py:score", "file /nonexistent/r.py not found"),
-    ("nope", "unknown reward 'nope' in ppo.reward_fns; known rewards: gsm8k, math, toy; or give"),
+    ("nope", "unknown reward 'nope' in ppo.reward_fns; known rewards: calc, gsm8k, math, toy; or give"),
 ])
 def test_bad_reward_specs_are_one_line_user_errors(spec, expect):
     with pytest.raises(UserError, match=expect.replace("(", r"\(")) as e:

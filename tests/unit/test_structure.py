@@ -79,6 +79,7 @@ MAY_IMPORT = {
     "monitor": {"rl", "slurm"},
     "slurm": set(),  # a job runs `areal-kit train` on its node: the submission needs none of the training
     "eval": set(),  # eval reads checkpoints, never the trainer
+    "agents": set(),  # shipped tasks: the contracts and the data below them; the endpoint names their parser
 }
 
 

@@ -28,7 +28,7 @@ def test_missing_model_path(tmp_path, capsys):
 @pytest.mark.parametrize("path, message", [
     ("tiny://toy?width=3", "'width=3' is not a tiny model setting"),
     ("tiny://toy?hidden=big", "'hidden=big' is not a tiny model setting"),
-    ("tiny://cat", "kind must be toy or bpe"),
+    ("tiny://cat", "kind must be one of toy, tool, bpe"),
 ])
 def test_bad_tiny_model_url(tmp_path, capsys, path, message):
     code, err = _run(["train", "tiny", f"fileroot={tmp_path}", f"actor.path={path}"], capsys)

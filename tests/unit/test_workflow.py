@@ -145,7 +145,7 @@ def test_trainer_loss_masks_are_flat_over_the_shard():
 
 
 def test_a_batch_calls_sampling_seed_comes_from_its_requests_seeds_in_any_process():
-    """rollout.call_seed: a batch-mode engine call samples from one seed mixed from its requests'
+    """workflow.call_seed: a batch-mode engine call samples from one seed mixed from its requests'
     seeds (None for a request without one). The same call gets the same seed in another process,
     whatever its hash randomization (a resumed run's engine is a new process); another call,
     the same seeds in another order included, gets another."""
@@ -153,10 +153,10 @@ def test_a_batch_calls_sampling_seed_comes_from_its_requests_seeds_in_any_proces
     import subprocess
     import sys
 
-    from areal_kit.rl.workers.rollout import call_seed
+    from areal_kit.rl.workers.workflow import call_seed
 
     here = call_seed([11, None, 12])
-    code = "from areal_kit.rl.workers.rollout import call_seed; print(call_seed([11, None, 12]))"
+    code = "from areal_kit.rl.workers.workflow import call_seed; print(call_seed([11, None, 12]))"
     there = subprocess.check_output([sys.executable, "-c", code], text=True,
                                     env={**os.environ, "PYTHONHASHSEED": "7"})
     assert int(there) == here

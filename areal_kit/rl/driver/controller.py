@@ -82,7 +82,7 @@ class Controller:
         self.validator: Validator
         self.rollout: Rollout
         self.sample_dumps = Every(steps=job.cfg.exp_ctrl.dump_samples_every)
-        self._failure_kinds: set[str] = set()  # reward failure kinds already logged
+        self._failure_kinds: set[tuple[str, str]] = set()  # (field, kind) of the failures already logged
         self._failed_steps = 0  # steps in a row in which every sample's reward failed
         self._first_failure = ""  # the first reward error of that streak
 
@@ -227,22 +227,31 @@ class Controller:
                  "n_tokens": len(s.output_ids), "version": s.version} for s in samples[:n]]
 
     def _plugin_stats(self, outs: list[Generated]) -> dict:
-        """reward_failures (count this step; each new kind logged once) and reward/* means."""
-        seen = self._failure_kinds
-        n = 0
-        for o in outs:
-            for kind, (count, first) in o.reward_failures.items():
-                n += count
-                if kind not in seen:
-                    seen.add(kind)
-                    self.log.warning(f"Reward failure ({first}); those samples get reward 0. Further "
-                                     f"failures of this kind are counted in reward_failures, not logged.")
-        out = {"reward_failures": n}
+        """reward_failures and agent/dropped (counts this step; each new kind logged once) and reward/* means."""
+        out = {"reward_failures": self._failures(outs, "reward_failures", "Reward failure ({}); those samples get "
+                                                 "reward 0. Further failures of this kind are counted in "
+                                                 "reward_failures, not logged.")}
+        if self.cfg.agent.fn:
+            out["agent/dropped"] = self._failures(outs, "agent_drops", "Agent episode dropped and run again ({}). "
+                                                  "Further drops of this kind are counted in agent/dropped, "
+                                                  "not logged.")
         keys = {k for o in outs for k in o.reward_extras}
         for k in keys:
             vals = [o.reward_extras[k] for o in outs if k in o.reward_extras]
             out[k] = sum(vals) / len(vals)
         return out
+
+    def _failures(self, outs: list[Generated], field: str, warning: str) -> int:
+        """The count of one field's failures ({kind: (count, first message)}) over outs; a kind not
+        seen before is logged with its first message."""
+        n = 0
+        for o in outs:
+            for kind, (count, first) in getattr(o, field).items():
+                n += count
+                if (field, kind) not in self._failure_kinds:
+                    self._failure_kinds.add((field, kind))
+                    self.log.warning(warning.format(first))
+        return n
 
     def _log_step(self, epoch: int, epoch_step: int, row: dict) -> None:
         job, st = self.job, self.state

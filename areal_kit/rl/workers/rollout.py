@@ -15,7 +15,6 @@ failing or hanging plug-in from stopping the engine.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import queue
 import re
@@ -28,12 +27,16 @@ from areal_kit import hardware
 from areal_kit.api import MODEL, Trajectory, Turn
 from areal_kit.config.rollout import streaming
 from areal_kit.data.tokenizer import load_tokenizer
+from areal_kit.errors import UserError
 from areal_kit.reward.grading import grade_row
+from areal_kit.reward.plugins import load_object
 from areal_kit.reward.scoring import RewardScorer
 from areal_kit.rl import lora, sharing
 from areal_kit.rl.sample import Generated, Sample
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
 from areal_kit.rl.workers import heap, workflow
+from areal_kit.rl.workers.agent import AgentEpisodes
+from areal_kit.rl.workers.endpoint import ChatEndpoint
 from areal_kit.rl.workers.sleeper import Sleeper
 from areal_kit.rl.workers.stacks import StackDumps
 
@@ -71,7 +74,7 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         kw = engine_kwargs(self.cfg, plat, self.model_path, self.index, self.tp)
         self.streaming = streaming(self.cfg)
         engine: Callable[..., Any]
-        if self.streaming:
+        if self.streaming or self.cfg.agent.fn:  # an agent's chat endpoint serves from AsyncLLM
             from areal_kit.rl.workers.streaming_llm import StreamingLLM
             engine = StreamingLLM
         else:
@@ -83,9 +86,20 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         self.llm = lora.serving(self.llm, self.cfg)  # under LoRA, generations name the adapter loaded last
         self.tokenizer = load_tokenizer(self.model_path, check=False)  # the driver checked it
         self.rewards = RewardScorer(self.cfg.ppo)
-        self.episode = workflow.load(self.cfg.ppo.workflow)
+        self.episode = self._agent() if self.cfg.agent.fn else workflow.load(self.cfg.ppo.workflow)
         heap.freeze()
         return time.time() - t0
+
+    def _agent(self):
+        """agent.fn as the workflow of its episodes, through a chat endpoint over this engine."""
+        g, a = self.cfg.ppo.gen, self.cfg.agent
+        fn = load_object(a.fn, "agent")
+        if not callable(fn):
+            raise UserError(f"agent {a.fn!r} is not a function; expected (base_url, api_key, row) -> reward or None")
+        self.endpoint = ChatEndpoint(self.llm, self.model_path, "policy", tool_parser=a.tool_parser or None,
+                                     temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+                                     max_tokens=g.max_new_tokens, version=lambda: self.version)
+        return AgentEpisodes(fn, self.endpoint, self.endpoint.start(), a)
 
     def _params(self, seed: int | None, n: int, max_tokens: int | None = None,
                 temperature: float | None = None):
@@ -109,7 +123,7 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
             # on a generator of its own, one draw per request each decode step, which cost the
             # tiny preset's engine an eighth of its time. The same call still samples the same
             # answers; a streaming engine's calls overlap, so there each request keeps its seed.
-            self.llm.collective_rpc("seed_sampling", args=(call_seed(seeds),))
+            self.llm.collective_rpc("seed_sampling", args=(workflow.call_seed(seeds),))
             seeds = [None] * len(requests)
         outs = self.llm.generate([{"prompt_token_ids": r.prompt_ids} for r in requests],
                                  [self._params(s, r.n, r.max_tokens, r.temperature) for r, s in zip(requests, seeds)],
@@ -133,7 +147,8 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
 
         Each row's `seed` makes its samples reproducible; `priority` orders a streaming engine's
         groups when its slots run short (lower first). Besides the samples: reward_failures
-        {kind: (count, first message)} and reward_extras {key: mean} of the dict rewards.
+        {kind: (count, first message)}, reward_extras {key: mean} of the dict rewards, and the
+        agent's dropped episodes {kind: (count, first message)}.
         """
         t0 = time.time()
         version = self.version
@@ -144,8 +159,9 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         rewards, extras = self._task_rewards(rows, answers)
         samples = [_sample(rows[gi], gi, t, version, reward, self._format_reward(text))
                    for (gi, t, text), reward in zip(answers, rewards)]
+        dropped = self.episode.take_failures() if isinstance(self.episode, AgentEpisodes) else {}
         return Generated(samples, gen_time, time.time() - t1, version, self.index, self.rewards.take_failures(),
-                         extras)
+                         extras, dropped)
 
     def _task_rewards(self, rows: list[dict], answers: list[tuple]) -> tuple[list[float], dict]:
         """Each answer's task_reward: the workflow's own, else the reward_fns' sum on its text; and
@@ -236,12 +252,6 @@ def surface_engine_death(llm, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="engine-core-death", daemon=True).start()
 
 
-def call_seed(seeds: list[int | None]) -> int:
-    """One sampling seed for a call's requests, from theirs (None for a request without one)."""
-    digest = hashlib.blake2b(repr(seeds).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % (2**63 - 1)
-
-
 def _turn_text(turn: Turn, decode: Callable[[list[int]], str]) -> str:
     return decode(turn.token_ids) if turn.text is None else turn.text
 
@@ -271,7 +281,8 @@ def _sample(row: dict, group: int, t: Trajectory, version: int, task_reward: flo
             format_reward: float | None) -> Sample:
     """The Sample of one of a workflow's trajectories for `row`, scored."""
     versions = None if t.versions is None else [int(v) for v in t.versions]
-    return Sample(id=row["id"], group=group, prompt_ids=row["prompt_ids"], output_ids=list(t.output_ids),
+    prompt = row["prompt_ids"] if t.prompt_ids is None else list(t.prompt_ids)
+    return Sample(id=row["id"], group=group, prompt_ids=prompt, output_ids=list(t.output_ids),
                   logprobs=[float(x) for x in t.logprobs], no_eos=bool(t.no_eos),
                   version=version if not versions else min(versions), versions=versions,
                   task_reward=task_reward, format_reward=format_reward,

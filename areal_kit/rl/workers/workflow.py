@@ -8,6 +8,7 @@ The contract a user writes against (Trajectory, Completion, the engine's calls) 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -71,6 +72,12 @@ class Engine:
             return
         for r, res in zip(batch, results):
             r.future.set_result(res)
+
+
+def call_seed(seeds: list[int | None]) -> int:
+    """One sampling seed for a call's requests, from theirs (None for a request without one)."""
+    digest = hashlib.blake2b(repr(seeds).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**63 - 1)
 
 
 async def single_turn(engine: Engine, row: dict) -> list[Trajectory]:

