@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bench.machine import describe, kind, label
@@ -76,7 +77,7 @@ def table(res: Result) -> Table:
     for c in res.columns:
         t.add_column(str(c))
     for r in res.rows:
-        t.add_row(*[_fmt(x) for x in r])
+        t.add_row(*[escape(_fmt(x)) for x in r])  # a cell's [brackets] are text, not style
     return t
 
 

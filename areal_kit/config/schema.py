@@ -70,7 +70,9 @@ class PPOConfig:
     loss_agg: str = opt("token-mean",
         "How token losses become the batch loss: token-mean (every token of the global batch alike; "
         "long answers weigh more), seq-mean-token-mean (every answer alike, the GRPO paper's), or "
-        "seq-mean-token-sum-norm (token sums over max_new_tokens, averaged over answers: Dr. GRPO's).",
+        "seq-mean-token-sum-norm (token sums over max_new_tokens, averaged over answers: Dr. GRPO's; under "
+        "a multi-turn ppo.workflow or agent.fn, over dataset.max_prompt_len + max_new_tokens, the most an "
+        "episode's model turns can hold).",
         choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
     reward_output_scaling: float = opt(1.0, "Multiply the verifier's reward by this (the guide uses 5).")
     reward_output_bias: float = opt(0.0,

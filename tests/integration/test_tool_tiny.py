@@ -59,5 +59,8 @@ def test_episodes_reach_the_trainer_as_sampled_with_the_reply_as_context(run):
         reply = tok.decode(ids[a + 1:b]).split()
         expression = tok.decode(ids[1:a - 2])  # between <tool_call> and </tool_call> <eos>
         assert reply == calculate(expression).split()  # the calculator ran on the call the model wrote
-        assert s.task_reward == float(tok.decode(ids[b + 1:], skip_special_tokens=True).split() == reply)
+        # Graded on the model's answer after the reply, against the sum: a call that miscopied the
+        # question gets the calculator's answer to another sum, and copying it earns nothing.
+        answer = tok.decode(ids[b + 1:], skip_special_tokens=True).split()
+        assert s.task_reward == float(answer == str(row["answer"]).split() and not s.no_eos)
     assert called >= len(got.samples) // 2  # trained: most episodes call

@@ -178,26 +178,27 @@ def test_minibatches_take_one_optimizer_step_each_from_the_proximal_policy():
     assert stats["n_valid_tokens"] == ans.n_tokens - 1
 
 
+def tool_episodes(tool_logprob: float = 0.0) -> list[TrainerRow]:
+    """Two episodes built from their turns (model, tool result, model), rewards 1 and -1, the way a
+    rollout sends them (Trajectory -> Sample -> TrainerRow); the tool's tokens carry tool_logprob
+    as their behaviour logprobs, as a workflow might have filled them."""
+    eps = []
+    for i, reward in enumerate((1.0, -1.0)):
+        t = Trajectory.from_turns([Turn.model(Completion([1 + i, 2], [-1.7, -1.9], "stop")), Turn.env([3, 4, 5]),
+                                   Turn.model(Completion([0], [-1.6], "stop"))])
+        eps.append(_sample({"id": "e", "prompt_ids": [5, 1]}, 0, t, 0, reward, None))
+    out = trainer_rows([dataclasses.replace(s, seq_reward=s.task_reward) for s in eps])
+    return [dataclasses.replace(r, logprobs=[x if m else tool_logprob for x, m in zip(r.logprobs, r.loss_mask)])
+            for r in out]
+
+
 def test_a_tool_using_episode_trains_on_the_models_turns_alone():
-    """An episode built from its turns (model, tool result, model) goes the way a rollout sends it
-    (Trajectory -> Sample -> TrainerRow): the gradient is the hand-written loss over the model's
-    tokens alone, and what the tool's tokens carry as logprobs changes nothing."""
+    """An episode of turns: the gradient is the hand-written loss over the model's tokens alone, and
+    what the tool's tokens carry as logprobs changes nothing."""
     ppo = PPOConfig(**OFF_POLICY)
-
-    def rows(tool_logprob: float) -> list[TrainerRow]:
-        eps = []
-        for i, reward in enumerate((1.0, -1.0)):
-            t = Trajectory.from_turns([Turn.model(Completion([1 + i, 2], [-1.7, -1.9], "stop")), Turn.env([3, 4, 5]),
-                                       Turn.model(Completion([0], [-1.6], "stop"))])
-            eps.append(_sample({"id": "e", "prompt_ids": [5, 1]}, 0, t, 0, reward, None))
-        out = trainer_rows([dataclasses.replace(s, seq_reward=s.task_reward) for s in eps])
-        # the tool's tokens' behaviour logprobs, as a workflow might have filled them: never read
-        return [dataclasses.replace(r, logprobs=[x if m else tool_logprob for x, m in zip(r.logprobs, r.loss_mask)])
-                for r in out]
-
     got = []
     for tool_logprob in (0.0, -30.0):
-        engine, shard_ = BigramEngine(), rows(tool_logprob)
+        engine, shard_ = BigramEngine(), tool_episodes(tool_logprob)
         assert [r.loss_mask for r in shard_] == [[1, 1, 0, 0, 0, 1]] * 2
         want_loss, want = hand_loss(engine.policy, engine.ref, shard_, ppo)
         (want_grad,) = torch.autograd.grad(want_loss, engine.policy.table)
@@ -206,3 +207,28 @@ def test_a_tool_using_episode_trains_on_the_models_turns_alone():
         assert stats["n_valid_tokens"] == want["n"] == 6  # 3 model tokens an episode, 2 episodes
         got.append(engine.grads[0])
     torch.testing.assert_close(got[0], got[1])
+
+
+@pytest.mark.parametrize("budget", [3, 32])
+def test_sum_norm_divides_each_episode_by_the_runs_answer_budget(budget):
+    """seq-mean-token-sum-norm: the mean over episodes of each one's token sum over one constant, the
+    answer budget, whatever the episode's length (a tool's tokens count in neither)."""
+    ppo = PPOConfig(**{**OFF_POLICY, "loss_agg": "seq-mean-token-sum-norm"})
+    engine, shard_ = BigramEngine(), tool_episodes()
+    token_sum, want = hand_loss(engine.policy, engine.ref, shard_, ppo)  # the token mean: sum / n
+    (want_grad,) = torch.autograd.grad(token_sum * want["n"] / (len(shard_) * budget), engine.policy.table)
+    PPOActor(ppo, engine, train_tokens=100, ref_tokens=100, answer_tokens=budget).train_step(shard_)
+    torch.testing.assert_close(engine.grads[0], want_grad, atol=1e-6, rtol=1e-5)
+
+
+def test_the_answer_budget_of_an_episode_of_turns_is_its_sequence_bound():
+    """One turn's answer holds at most max_new_tokens; the calculator episode's two model turns hold
+    up to twice that, so its budget is the whole sequence's (max_prompt_len + max_new_tokens)."""
+    from areal_kit.config.loader import load_config
+    from areal_kit.rl.algo.ppo import answer_budget
+
+    tiny, tool = load_config("tiny"), load_config("tiny_tool")
+    assert answer_budget(tiny) == tiny.ppo.gen.max_new_tokens == 3
+    assert answer_budget(tool) == tool.dataset.max_prompt_len + tool.ppo.gen.max_new_tokens == 32
+    tool.ppo.workflow = ""
+    assert answer_budget(tool) == 8  # the same task in one turn

@@ -115,7 +115,8 @@ def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.
 
 
 # How the per-token loss becomes one number (ppo.loss_agg). With w_t the loss mask, L_s the
-# answer length of sequence s, N the sequences with any w_t > 0 and T_max = ppo.gen.max_new_tokens:
+# answer length of sequence s, N the sequences with any w_t > 0 and T_max the most tokens an answer
+# can hold (answer_budget in rl/algo/ppo.py: ppo.gen.max_new_tokens for one turn):
 #   token-mean               sum_t w_t l_t / sum_t w_t            every token of the batch counts once
 #                                                                 (DAPO; long answers weigh more)
 #   seq-mean-token-mean      1/N sum_s (sum_t w_t l_t / L_s)      every answer counts once (GRPO paper)

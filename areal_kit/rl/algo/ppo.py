@@ -22,7 +22,7 @@ from areal_kit.rl.algo.packing import Answers
 from areal_kit.rl.sample import TrainerRow
 
 if TYPE_CHECKING:
-    from areal_kit.config.schema import PPOConfig
+    from areal_kit.config.schema import PPOConfig, TrainConfig
 
 # Per-token stats: summed over the trained tokens of every rank, then divided by their count.
 TOKEN_STATS = ("actor_loss", "ppo_approx_kl", "actor_clip_ratio", "importance_weight", "entropy")
@@ -63,13 +63,25 @@ class TrainEngine(Protocol):
         """The learning rate of the last optimizer step."""
 
 
+def answer_budget(cfg: TrainConfig) -> int:
+    """The most tokens the model can write in one answer: seq-mean-token-sum-norm's constant divisor.
+    One turn: ppo.gen.max_new_tokens. An episode of turns (ppo.workflow, agent.fn) can write more than
+    one turn's limit, and never more than its whole sequence's bound (the prompt's limit plus a turn's)."""
+    if cfg.ppo.workflow or cfg.agent.fn:
+        return cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens
+    return cfg.ppo.gen.max_new_tokens
+
+
 class PPOActor:
     """One rank's PPO/GRPO update: ppo is the config's ppo section, train_tokens and ref_tokens the
-    micro-batch token limits of the policy's passes and of the reference's."""
+    micro-batch token limits of the policy's passes and of the reference's, answer_tokens the divisor
+    of seq-mean-token-sum-norm (answer_budget; ppo.gen.max_new_tokens if not given)."""
 
-    def __init__(self, ppo: PPOConfig, engine: TrainEngine, train_tokens: int, ref_tokens: int):
+    def __init__(self, ppo: PPOConfig, engine: TrainEngine, train_tokens: int, ref_tokens: int,
+                 answer_tokens: int | None = None):
         self.ppo, self.engine = ppo, engine
         self.train_tokens, self.ref_tokens = train_tokens, ref_tokens
+        self.answer_tokens = answer_tokens or ppo.gen.max_new_tokens
 
     def train_step(self, shard: list[TrainerRow]) -> dict:
         """One step on this rank's shard of the batch; its stats, summed over the ranks."""
@@ -129,7 +141,7 @@ class PPOActor:
         # Per-token weights of the loss (ppo.loss_agg) and their global denominator.
         toks, lens = ans.index(mini), ans.lens[mini].tolist()
         agg_w = torch.zeros(ans.n_tokens)
-        agg_w[toks] = Fn.agg_weights(mask[toks], lens, p.loss_agg, p.gen.max_new_tokens)
+        agg_w[toks] = Fn.agg_weights(mask[toks], lens, p.loss_agg, self.answer_tokens)
         denom = engine.allreduce([Fn.agg_denominator(agg_w[toks], lens, p.loss_agg)])[0]
         bins = engine.micro_batches(sub, self.train_tokens)
         for j, idx in enumerate(bins):

@@ -35,8 +35,6 @@ from areal_kit.rl import lora, sharing
 from areal_kit.rl.sample import Generated, Sample
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
 from areal_kit.rl.workers import heap, workflow
-from areal_kit.rl.workers.agent import AgentEpisodes
-from areal_kit.rl.workers.endpoint import ChatEndpoint
 from areal_kit.rl.workers.sleeper import Sleeper
 from areal_kit.rl.workers.stacks import StackDumps
 
@@ -92,6 +90,11 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
 
     def _agent(self):
         """agent.fn as the workflow of its episodes, through a chat endpoint over this engine."""
+        # Here, not at the top: the server's imports (fastapi, uvicorn, vLLM's OpenAI layer) would
+        # lengthen every engine's start-up, and only an agent's engine serves.
+        from areal_kit.rl.workers.agent import AgentEpisodes
+        from areal_kit.rl.workers.endpoint import ChatEndpoint
+
         g, a = self.cfg.ppo.gen, self.cfg.agent
         fn = load_object(a.fn, "agent")
         if not callable(fn):
@@ -159,7 +162,7 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         rewards, extras = self._task_rewards(rows, answers)
         samples = [_sample(rows[gi], gi, t, version, reward, self._format_reward(text))
                    for (gi, t, text), reward in zip(answers, rewards)]
-        dropped = self.episode.take_failures() if isinstance(self.episode, AgentEpisodes) else {}
+        dropped = self.episode.take_failures() if self.cfg.agent.fn else {}
         return Generated(samples, gen_time, time.time() - t1, version, self.index, self.rewards.take_failures(),
                          extras, dropped)
 

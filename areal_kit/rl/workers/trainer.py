@@ -30,7 +30,7 @@ from areal_kit.durable import fsync_tree
 from areal_kit.rl import lora
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo.packing import Answers, Packed, min_bins, pack, partition
-from areal_kit.rl.algo.ppo import PPOActor
+from areal_kit.rl.algo.ppo import PPOActor, answer_budget
 from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.sample import TrainerRow
 from areal_kit.rl.weight_sync import transport
@@ -117,7 +117,8 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
             # transformers types .to through a wrapper whose first parameter is the model itself.
             self.ref.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
         mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
-        self.actor = PPOActor(self.cfg.ppo, self, train_tokens=mb, ref_tokens=self.cfg.ref_inf.mb_spec.max_tokens_per_mb)
+        self.actor = PPOActor(self.cfg.ppo, self, train_tokens=mb, ref_tokens=self.cfg.ref_inf.mb_spec.max_tokens_per_mb,
+                              answer_tokens=answer_budget(self.cfg))
         heap.freeze()
         return time.time() - t0
 
