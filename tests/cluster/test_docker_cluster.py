@@ -1,7 +1,8 @@
 """End to end, docker runtime: image from docker/Dockerfile (ACCELERATOR=cpu) on a locally imported base,
 `areal-kit setup --runtime docker` on 3 hosts, Ray sees 3 nodes, a re-run changes nothing,
-status, training started by setup and stopped and resumed through setup and down. (Trainer ranks and
-the engine on three different hosts: `areal-kit doctor --rl-step` in test_doctor_cluster.py.)
+status, and one training stopped and resumed through setup (workers replaced, then every container)
+and down. (Trainer ranks and the engine on three different hosts: `areal-kit doctor --rl-step` in
+test_doctor_cluster.py.)
 
 Each check looks at the nodes directly (plain ssh, docker, a Ray driver) rather than trusting
 areal-kit's own report.
@@ -15,6 +16,7 @@ import json
 import re
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -124,12 +126,19 @@ def wait_for(path, text: str, timeout: float) -> str:
                          (path.read_text()[-3000:] if path.exists() else "(no log)"))
 
 
+def training(steps: int) -> list[str]:
+    """setup's arguments that start training: the tiny preset, its rollout engines on the workers."""
+    return ["--train_param", "tiny", "--train-arg", "spread_roles=true", "--train-arg",
+            f"exp_ctrl.total_train_steps={steps}"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("areal_kit.rl.driver.controller") is None,
                     reason="training engine (areal_kit.rl.driver.controller) not built yet")
 def start_training(kit, steps: int, *more: str):
-    """setup again, now with training (as a user would add --train_param); returns setup's result."""
-    r = kit.run("setup", *kit.args, *more, "--train_param", "tiny", "--train-arg", "spread_roles=true",
-                "--train-arg", f"exp_ctrl.total_train_steps={steps}")
+    """setup again, now with training (as a user would add --train_param); returns setup's result.
+    Without doctor's checks (--skip-doctor): they are the first setup's subject, and would add ~15 s
+    to every run here."""
+    r = kit.run("setup", *kit.args, *more, "--skip-doctor", *training(steps))
     assert r.returncode == 0, r.stdout
     assert any("] train: training tiny started" in ln for ln in lines(r, "changed")), r.stdout
     return r
@@ -170,29 +179,22 @@ def wait_not_running(kit) -> None:
     raise AssertionError("status never said the finished training is not running")
 
 
-def test_replacing_only_worker_containers_stops_training_first(docker_cluster, testbed):
-    """The rollout actors live in the workers' containers: a setup re-run that replaces only those
-    (their options are out of date, the head's are not) SIGTERMs the training once, before the first
-    removal, so it checkpoints its step; training started again resumes from it.
-
-    The workers' containers are made out of date by hand: the very `docker run` setup's dry run
-    shows, with another config label, as after a change that touches workers only. Training then
-    starts by setup's own command, run by hand, since setup would first bring the workers up to date."""
+def outdate_workers(kit, testbed) -> str:
+    """Replaces the workers' containers by hand with the very `docker run` setup's dry run shows, under
+    another config label, as after a change that touches workers only; returns the dry run's command
+    that starts training (setup's own) once the new workers are Ray's nodes."""
     from image import venv_mounts
 
     venv, _ = venv_mounts()
-    kit, _ = docker_cluster
-    shutil.rmtree(testbed.storage / "ray" / "experiments", ignore_errors=True)  # storage outlives a session
-    log = testbed.storage / "ray" / "experiments" / "logs" / "areal-tiny.log"
-    dry = kit.run("setup", *kit.args, "--dry-run", "--train_param", "tiny", "--train-arg", "spread_roles=true",
-                  "--train-arg", "exp_ctrl.total_train_steps=100000")
+    dry = kit.run("setup", *kit.args, "--dry-run", *training(100000))
     cmds = [ln.split("[run] ", 1)[1] for ln in dry.stdout.splitlines() if "[run] docker " in ln]
     workers = [cmd for cmd in cmds if cmd.startswith("docker run ") and "areal-kit.role=worker" in cmd]
     train = [cmd for cmd in cmds if cmd.startswith("docker exec -d ")]
     assert len(workers) == 2, dry.stdout
     assert len(train) == 1, dry.stdout
     old_ids = {node_id for _, node_id in json.loads(head_python(testbed, RAY_NODE_IDS))}
-    for i, cmd in zip((2, 3), workers):
+
+    def replace(i: int, cmd: str) -> None:
         digest = re.search(r"areal-kit[.]config=(\w+)", cmd).group(1)
         label = testbed.ssh(i, 'docker inspect --format \'{{index .Config.Labels "areal-kit.config"}}\' '
                                'areal-areal-worker').stdout.strip()
@@ -201,43 +203,49 @@ def test_replacing_only_worker_containers_stops_training_first(docker_cluster, t
         # until its heartbeats are missed, and the training started below could be placed on it.
         testbed.ssh(i, f"docker exec areal-areal-worker {venv}/bin/python -m ray.scripts.scripts stop; "
                        f"docker rm -f areal-areal-worker && {cmd.replace(digest, 'out-of-date')}")
+
+    with ThreadPoolExecutor(2) as pool:  # both at once, as setup replaces them
+        list(pool.map(replace, (2, 3), workers))
     for _ in range(60):
         alive = json.loads(head_python(testbed, RAY_NODE_IDS))
         workers_now = [node_id for addr, node_id in alive if addr != testbed.ips[0]]
         if sorted(addr for addr, _ in alive) == sorted(testbed.ips) and not old_ids & set(workers_now):
-            break  # each node once, and the workers are the new raylets
+            return train[0]  # each node once, and the workers are the new raylets
         time.sleep(2)
-    else:
-        raise AssertionError("the replaced workers did not rejoin Ray")
-    testbed.ssh(1, train[0])
+    raise AssertionError("the replaced workers did not rejoin Ray")
+
+
+def test_training_survives_setup_changes_and_down_without_losing_a_step(docker_cluster, testbed):
+    """Training keeps every step through what stops it: each stop is a SIGTERM, on which it finishes
+    its step and checkpoints it, and the next start resumes from that checkpoint.
+    - A setup re-run that replaces only the workers' containers, where the rollout actors live (their
+      options are out of date, the head's are not), SIGTERMs the training once, before the first
+      removal, and starts it again (--train_param).
+    - setup with other options replaces the head container the training runs in: the same.
+    - down SIGTERMs it the same way before removing everything, and setup again resumes it.
+    One run goes through the three stops, and each start after a stop is the resume that stop's
+    check needs: a training start costs ~30 s here, and a setup run as much again.
+
+    The workers' containers are made out of date by hand (outdate_workers). The first training
+    then starts by setup's own command, run by hand, since setup would first bring the workers up
+    to date."""
+    kit, _ = docker_cluster
+    shutil.rmtree(testbed.storage / "ray" / "experiments", ignore_errors=True)  # storage outlives a session
+    log = testbed.storage / "ray" / "experiments" / "logs" / "areal-tiny.log"
+    testbed.ssh(1, outdate_workers(kit, testbed))
     wait_for(log, "(global step 2) finishes", 600)
     rollout_ips = {ip for cls, ip in json.loads(head_python(testbed, RAY_ACTORS)) if "Rollout" in (cls or "")}
     assert rollout_ips, "spread_roles puts the engines on the workers"
     assert testbed.ips[0] not in rollout_ips, "spread_roles puts the engines on the workers"
 
-    r = kit.run("setup", *kit.args)
-    assert r.returncode == 0, r.stdout
+    r = start_training(kit, 100000)  # replaces the workers only
     assert any("] ray: areal-areal-head running" in ln for ln in lines(r, "ok")), "the head is not replaced"
     step = stopped_at(r, log, "] ray: areal-areal-worker started (stopped or started with other options; first, "
                               "training stopped after SIGTERM")
     after = [ln for ln in lines(r, "changed") if "; after training was stopped for " in ln]
     assert len(after) == 1, r.stdout
     assert "] ray: areal-areal-worker started" in after[0], r.stdout
-    start_training(kit, step + 2)
     resumed(log, step, step + 2)
-    wait_not_running(kit)
-
-
-def test_training_survives_setup_changes_and_down_without_losing_a_step(docker_cluster, testbed):
-    """Training started by setup (--train_param) keeps every step through what stops it:
-    - setup with other options replaces the head container the training runs in: it SIGTERMs the
-      training first (it finishes its step and checkpoints it), then starts it again, resuming;
-    - down SIGTERMs it the same way before removing everything, and setup again resumes it."""
-    kit, _ = docker_cluster
-    shutil.rmtree(testbed.storage / "ray" / "experiments", ignore_errors=True)  # storage outlives a session
-    log = testbed.storage / "ray" / "experiments" / "logs" / "areal-tiny.log"
-    start_training(kit, 100000)
-    wait_for(log, "(global step 2) finishes", 600)
     r = kit.run("status", "--known-hosts", str(kit.known_hosts))
     assert re.search(rf"training: running, global step \d+ finished, about \S+ to go; log {log}", r.stdout), r.stdout
 
