@@ -57,6 +57,18 @@ def test_prompt_batch_larger_than_dataset(tmp_path, capsys):
     assert "larger than the dataset (16 prompts)" in err[0]
 
 
+@pytest.mark.slow
+def test_agent_that_does_not_import(tmp_path, capsys):
+    """agent.fn imports in the driver, as ppo.workflow does: a bad one stops the run before Ray."""
+    import ray
+
+    code, err = _run(["train", "tiny_tool", f"fileroot={tmp_path}", "ppo.workflow=",
+                      "agent.fn=areal_kit.agents.calculator:no_such_agent"], capsys)
+    assert (code, len(err)) == (2, 1)
+    assert "areal_kit.agents.calculator:no_such_agent" in err[0]
+    assert not ray.is_initialized()
+
+
 def test_nothing_started(tmp_path, capsys):
     import ray
 

@@ -106,6 +106,16 @@ def test_load_default_function_and_class(tmp_path):
         workflow.load("no_such_pkg.flows:f")
 
 
+def test_load_agent_takes_any_function_and_refuses_the_rest():
+    from areal_kit.agents.calculator import openai_agent
+
+    assert workflow.load_agent("areal_kit.agents.calculator:openai_agent") is openai_agent
+    with pytest.raises(UserError, match="'areal_kit.agents.calculator:NAME' is a str, not a function"):
+        workflow.load_agent("areal_kit.agents.calculator:NAME")
+    with pytest.raises(UserError, match="does not import"):
+        workflow.load_agent("no_such_pkg.agents:run")
+
+
 def test_episodes_waiting_on_other_things_still_finish():
     flow = ClassFlow()
     _, eng = _engine()

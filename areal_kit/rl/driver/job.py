@@ -19,6 +19,7 @@ from areal_kit.errors import UserError
 from areal_kit.reward.plugins import reward_specs
 from areal_kit.rl import lora
 from areal_kit.rl.workers.workflow import load as load_workflow
+from areal_kit.rl.workers.workflow import load_agent
 
 
 @dataclass
@@ -84,6 +85,8 @@ def prepare(cfg: TrainConfig) -> Job:
     # Plug-ins import here, so a bad path is a one-line error before any worker starts.
     reward_specs(cfg.ppo)
     load_workflow(cfg.ppo.workflow)
+    if cfg.agent.fn:
+        load_agent(cfg.agent.fn)
     prompts = run_prompts(cfg, model_path)
     total = cfg.exp_ctrl.total_train_epochs * prompts.loader.steps_per_epoch
     if cfg.exp_ctrl.total_train_steps:

@@ -27,9 +27,7 @@ from areal_kit import hardware
 from areal_kit.api import MODEL, Trajectory, Turn
 from areal_kit.config.rollout import streaming
 from areal_kit.data.tokenizer import load_tokenizer
-from areal_kit.errors import UserError
 from areal_kit.reward.grading import grade_row
-from areal_kit.reward.plugins import load_object
 from areal_kit.reward.scoring import RewardScorer
 from areal_kit.rl import lora, sharing
 from areal_kit.rl.sample import Generated, Sample
@@ -96,9 +94,7 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         from areal_kit.rl.workers.endpoint import ChatEndpoint
 
         g, a = self.cfg.ppo.gen, self.cfg.agent
-        fn = load_object(a.fn, "agent")
-        if not callable(fn):
-            raise UserError(f"agent {a.fn!r} is not a function; expected (base_url, api_key, row) -> reward or None")
+        fn = workflow.load_agent(a.fn)  # the driver imported it first: a bad spec never reaches here
         self.endpoint = ChatEndpoint(self.llm, self.model_path, "policy", tool_parser=a.tool_parser or None,
                                      temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
                                      max_tokens=g.max_new_tokens, version=lambda: self.version)

@@ -105,6 +105,15 @@ def load(spec: str):
     return fn
 
 
+def load_agent(spec: str):
+    """The function of an agent.fn spec: (base_url, api_key, row) -> reward or None, async or not."""
+    fn = load_object(spec, "agent")
+    if not callable(fn):
+        raise UserError(f"agent {spec!r} is a {type(fn).__name__}, not a function; expected "
+                        "(base_url, api_key, row) -> reward or None")
+    return fn
+
+
 async def _settle(engine: Engine, tasks: list[asyncio.Task]) -> None:
     """Yield until every episode waits on the engine, is done, or waits on something else."""
     last = None
