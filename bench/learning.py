@@ -41,6 +41,14 @@ def reached(rows: list[dict], start: float) -> tuple[int | None, float | None]:
     return None, None
 
 
+def ratio_to_target(ours: dict, peer: dict) -> float | None:
+    """The peer's wall time to the target over ours (sides as side() gives them); where the peer never
+    gets there, its whole run's wall time (ours is at least that much faster); None where ours never does."""
+    if not ours["wall_to_target"]:
+        return None
+    return (peer["wall_to_target"] or peer["wall"]) / ours["wall_to_target"]
+
+
 def side(rows: list[dict], wall: float, start: float) -> dict:
     # Start-up: from the command's start to its first step's start (workers, engines, model load);
     # the shutdown after the last step is apart: it does not delay reaching the target.
@@ -72,16 +80,14 @@ def run() -> Result:
     for who, key in (("areal-kit", "ours"), ("TRL", "trl"), ("areal-kit, rollout.mode=stream", "stream")):
         for f, v in res[who].items():
             figures[f"{key}_{f}"] = v
-    ratio = t["wall_to_target"] / a["wall_to_target"] if a["wall_to_target"] and t["wall_to_target"] else None
-    if a["wall_to_target"] and not t["wall_to_target"]:
-        ratio = t["wall"] / a["wall_to_target"]  # at least this: TRL's whole run did not get there
+    ratio = ratio_to_target(a, t)
     checks = {"areal-kit reaches 0.8": a["steps_to_target"] is not None,
               "in no more steps than TRL": a["steps_to_target"] is not None
               and (t["steps_to_target"] is None or a["steps_to_target"] <= t["steps_to_target"]),
               # The default rollout mode is the one that learns the tiny task sooner.
               "the default mode (batch) is there no later than stream": a["wall_to_target"] is not None
               and (st["wall_to_target"] is None or a["wall_to_target"] <= st["wall_to_target"])}
-    rows = [[who, _fmt(x["steps_to_target"]), _fmt(x["wall_to_target"]), x["start_up"], x["s_per_step"],
+    rows = [[who, reached_cell(x["steps_to_target"]), reached_cell(x["wall_to_target"]), x["start_up"], x["s_per_step"],
              x["steps_run"], x["last10"], x["shutdown"]] for who, x in res.items()]
     notes = [(f"Ratio = TRL's wall time to a {WINDOW}-step mean task reward of {THRESHOLD} / areal-kit's "
               "(start-up included on both sides); where TRL does not get there, its whole run's wall time."),
@@ -92,5 +98,6 @@ def run() -> Result:
                            "steps run", "last-10 reward", "shutdown s"], rows=rows, notes=notes)
 
 
-def _fmt(v):
+def reached_cell(v):
+    """A table cell of steps or seconds to the target: "not reached" where there is none."""
     return "not reached" if v is None else v

@@ -21,7 +21,7 @@ from __future__ import annotations
 import tempfile
 
 from bench import engines, peer
-from bench.learning import THRESHOLD, TRL_LOSS, WINDOW, side
+from bench.learning import THRESHOLD, TRL_LOSS, WINDOW, ratio_to_target, reached_cell, side
 from bench.report import Result
 
 ABOUT = __doc__.split("\n\n")[1].replace("\n", " ")
@@ -60,7 +60,7 @@ def run() -> Result:
         figures[f"{key}_first10"] = sum(x["rewards"][:WINDOW]) / WINDOW
         figures[f"{key}_rewards"] = x["rewards"]
     ours, trl = res["calculator, seed 1"], res["TRL GRPOTrainer, tools=[calculator], seed 1"]
-    ratio = (trl["wall_to_target"] or trl["wall"]) / ours["wall_to_target"] if ours["wall_to_target"] else None
+    ratio = ratio_to_target(ours, trl)
     tool = [x for who, x in res.items() if who.startswith("calculator")]
     bare = [x for who, x in res.items() if who.startswith("no tool")]
     agent = [x for who, x in res.items() if who.startswith("openai agent")]
@@ -68,7 +68,7 @@ def run() -> Result:
               "with the tool: 0.8 reached on every seed": all(x["steps_to_target"] for x in tool),
               "without the tool: stays below 0.2": all(x["last10"] < 0.2 for x in bare),
               "the agent through the endpoint reaches 0.8, batch and stream": all(x["steps_to_target"] for x in agent)}
-    rows = [[who, x["rewards"][0], _fmt(x["steps_to_target"]), _fmt(x["wall_to_target"]), x["start_up"],
+    rows = [[who, x["rewards"][0], reached_cell(x["steps_to_target"]), reached_cell(x["wall_to_target"]), x["start_up"],
              x["s_per_step"], x["steps_run"], x["last10"]] for who, x in res.items()]
     notes = ["First: the task reward of step 1 (the model before any update).",
              (f"Ratio = TRL's wall time to a {WINDOW}-step mean task reward of {THRESHOLD} / areal-kit's (seed 1, "
@@ -81,7 +81,3 @@ def run() -> Result:
                   figures, ratio=ratio, target=2.0, checks=checks,
                   columns=["run", "first", f"steps to {THRESHOLD}", f"s to {THRESHOLD}", "start-up s", "s/step (median)",
                            "steps run", "last-10 reward"], rows=rows, notes=notes)
-
-
-def _fmt(v):
-    return "not reached" if v is None else v

@@ -25,9 +25,8 @@ import threading
 from openai import AsyncOpenAI
 
 from areal_kit.api import Completion, EpisodeEngine, Trajectory, Turn
-from areal_kit.data.toy_task import calculate, tool_response
+from areal_kit.data.toy_task import CALL, END_CALL, calculate, tool_response
 
-CALL, END = "<tool_call>", "</tool_call>"
 NAME = "calculator"
 TOOL = {"type": "function", "function": {
     "name": NAME, "description": "Adds or subtracts two numbers.",
@@ -40,10 +39,10 @@ def called(text: str) -> str | None:
     </tool_call>"; None for any other turn (an answer, or a call with text around it, which the
     calculator does not run: the format is part of what the model must get right)."""
     text = text.strip()
-    if not (text.startswith(CALL) and text.endswith(END)):
+    if not (text.startswith(CALL) and text.endswith(END_CALL)):
         return None
-    expression = text[len(CALL):-len(END)]
-    return None if CALL in expression or END in expression else expression.strip()
+    expression = text[len(CALL):-len(END_CALL)]
+    return None if CALL in expression or END_CALL in expression else expression.strip()
 
 
 async def calculator(engine: EpisodeEngine, row: dict) -> list[Trajectory]:

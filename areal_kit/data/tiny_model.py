@@ -19,6 +19,7 @@ import json
 import os
 import random
 import shutil
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,24 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from areal_kit.data.toy_task import CALC_RANGE, MAX_SUM, calc_question, spell, tool_call, tool_response
+from areal_kit.data.toy_task import (
+    CALC_RANGE,
+    CALL,
+    END_CALL,
+    END_REPLY,
+    MAX_SUM,
+    REPLY,
+    calc_question,
+    spell,
+    tool_call,
+    tool_response,
+)
 
 SPECIALS = ["<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOY_WORDS = [str(d) for d in range(10)] + ["+", "-", "=", "answer", "is", "the", "what", "?"]
 # The tool kind's words besides the toy ones: a call and the tool's reply, as Hermes-style chat
 # templates write them, one word each.
-TOOL_WORDS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+TOOL_WORDS = [CALL, END_CALL, REPLY, END_REPLY]
 
 BPE_CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -181,18 +193,27 @@ def format_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float =
     # Every prompt and answer the task has, tokenized once.
     prompts = [[tok.bos_token_id] + enc(f"{a} + {b} =") for a in range(10) for b in range(10)]
     answers = [enc(spell(n)) + [tok.eos_token_id] for n in range(MAX_SUM + 1)]
+    with supervised(model, lr) as opt:
+        for _ in range(steps):
+            loss = supervised_step(model, opt, [(rng.choice(prompts), rng.choice(answers)) for _ in range(batch)],
+                                   tok.pad_token_id)
+    return loss
+
+
+@contextmanager
+def supervised(model, lr: float):
+    """AdamW over the model, in train mode and on one thread while it lasts, in eval mode after.
+    One thread: a model this small gains nothing from two, and OpenMP threads that wait for each
+    other on a busy machine make every step ten times slower."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
-    # One thread: a model this small gains nothing from two, and OpenMP threads that wait for
-    # each other on a busy machine make every step ten times slower.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    for _ in range(steps):
-        loss = supervised_step(model, opt, [(rng.choice(prompts), rng.choice(answers)) for _ in range(batch)],
-                               tok.pad_token_id)
-    torch.set_num_threads(threads)
-    model.eval()
-    return loss
+    try:
+        yield opt
+    finally:
+        torch.set_num_threads(threads)
+        model.eval()
 
 
 def supervised_step(model, opt, pairs: list[tuple[list[int], list[int]]], pad: int) -> float:
@@ -234,16 +255,11 @@ def arith_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float = 
     numbers = [answer(n) for n in range(MAX_SUM + 1)]
     facts = [(prompt(f"{spell(n)} ="), answer(n)) for n in range(MAX_SUM + 1)]
     facts += [(prompt(f"{a} - {b} ="), answer(a - b)) for a in range(10) for b in range(a + 1)]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    model.train()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in format_prior
-    for _ in range(steps):
-        pairs = [(rng.choice(plus), rng.choice(numbers)) for _ in range(batch // 4)]
-        pairs += [rng.choice(facts) for _ in range(batch - batch // 4)]
-        loss = supervised_step(model, opt, pairs, tok.pad_token_id)
-    torch.set_num_threads(threads)
-    model.eval()
+    with supervised(model, lr) as opt:
+        for _ in range(steps):
+            pairs = [(rng.choice(plus), rng.choice(numbers)) for _ in range(batch // 4)]
+            pairs += [rng.choice(facts) for _ in range(batch - batch // 4)]
+            loss = supervised_step(model, opt, pairs, tok.pad_token_id)
     return loss
 
 
@@ -268,28 +284,23 @@ def tool_prior(model, tok, steps: int, seed: int, call_rate: float = 0.1, batch:
     share = 0.5  # of the examples, episodes with a call
     # The share of episodes whose first token (the call) is trained on: call_rate of all first tokens.
     decide = call_rate * (1 - share) / (share * (1 - call_rate))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    model.train()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in format_prior
-    for _ in range(steps):
-        seqs = []
-        for _ in range(batch):
-            a, b = rng.randint(*CALC_RANGE), rng.randint(*CALC_RANGE)
-            n = rng.randint(2 * CALC_RANGE[0], 2 * CALC_RANGE[1])
-            prompt = [tok.bos_token_id] + enc(calc_question(a, b))
-            answer = enc(spell(n)) + [eos]
-            if rng.random() < share:
-                call = enc(tool_call(f"{spell(a)} + {spell(b)}")) + [eos]
-                reply = enc(tool_response(spell(n)))
-                first = int(rng.random() < decide)
-                seqs.append((prompt + call + reply + answer, [0] * len(prompt) + [first] + [1] * (len(call) - 1)
-                             + [0] * len(reply) + [1] * len(answer)))
-            else:
-                seqs.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
-        loss = masked_step(model, opt, seqs, tok.pad_token_id)
-    torch.set_num_threads(threads)
-    model.eval()
+    with supervised(model, lr) as opt:
+        for _ in range(steps):
+            seqs = []
+            for _ in range(batch):
+                a, b = rng.randint(*CALC_RANGE), rng.randint(*CALC_RANGE)
+                n = rng.randint(2 * CALC_RANGE[0], 2 * CALC_RANGE[1])
+                prompt = [tok.bos_token_id] + enc(calc_question(a, b))
+                answer = enc(spell(n)) + [eos]
+                if rng.random() < share:
+                    call = enc(tool_call(f"{spell(a)} + {spell(b)}")) + [eos]
+                    reply = enc(tool_response(spell(n)))
+                    first = int(rng.random() < decide)
+                    seqs.append((prompt + call + reply + answer, [0] * len(prompt) + [first] + [1] * (len(call) - 1)
+                                 + [0] * len(reply) + [1] * len(answer)))
+                else:
+                    seqs.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+            loss = masked_step(model, opt, seqs, tok.pad_token_id)
     return loss
 
 

@@ -46,6 +46,8 @@ def toy_reward(prompt: str, completion: str, sample: dict) -> float:
 # a calculator tool it can call. The tool kind's tokenizer (data/tiny_model.py) writes a call and
 # the tool's reply as words of their own.
 CALC_RANGE = (10, 99)
+# A call and the tool's reply are written between these tags, as Hermes-style chat templates do.
+CALL, END_CALL, REPLY, END_REPLY = "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"
 
 
 def calc_question(a: int, b: int) -> str:
@@ -53,11 +55,11 @@ def calc_question(a: int, b: int) -> str:
 
 
 def tool_call(expression: str) -> str:
-    return f"<tool_call> {expression} </tool_call>"
+    return f"{CALL} {expression} {END_CALL}"
 
 
 def tool_response(text: str) -> str:
-    return f"<tool_response> {text} </tool_response>"
+    return f"{REPLY} {text} {END_REPLY}"
 
 
 def calc_rows(n: int, seed: int = 0) -> list[dict]:
@@ -83,8 +85,5 @@ def calculate(expression: str) -> str:
 def calc_reward(prompt: str, completion: str, sample: dict) -> float:
     """1.0 when the model's last turn, ended by eos, is exactly the sum's digits: a tool's reply
     earns nothing until the model writes it as its answer."""
-    if sample.get("no_eos"):
-        return 0.0
     turns = [t["text"] for t in sample.get("turns") or () if t["role"] == "model"]
-    text = turns[-1] if turns else completion
-    return 1.0 if text.split() == str(sample["answer"]).split() else 0.0
+    return toy_reward(prompt, turns[-1] if turns else completion, sample)

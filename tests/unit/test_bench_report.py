@@ -95,3 +95,13 @@ def test_learning_counts_from_the_command_start_to_the_step_that_reached_the_tar
     assert (s["steps_to_target"], s["wall_to_target"]) == (13, pytest.approx(33.0))
     assert s["shutdown"] == pytest.approx(7.0)
     assert learning.reached([{**r, "task_reward": 0.7} for r in rows], start) == (None, None)
+
+
+def test_the_learning_ratio_falls_back_to_the_peers_whole_run():
+    """Both learning benchmarks' ratio: the peer's wall time to the target over ours; a peer that never
+    gets there counts its whole run; ours never getting there gives no ratio."""
+    from bench.learning import ratio_to_target
+
+    assert ratio_to_target({"wall_to_target": 10.0}, {"wall_to_target": 25.0, "wall": 99.0}) == 2.5
+    assert ratio_to_target({"wall_to_target": 10.0}, {"wall_to_target": None, "wall": 40.0}) == 4.0
+    assert ratio_to_target({"wall_to_target": None}, {"wall_to_target": 5.0, "wall": 9.0}) is None
