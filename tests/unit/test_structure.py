@@ -37,7 +37,9 @@ MODEL_CODE_IN_WORKERS = {"areal_kit.rl.workers.trainer": ("transformers", "areal
                          "areal_kit.rl.lora": ("transformers",),
                          # the driver starts Ray on a thread first; the controller and what it loads
                          # (torch, the workers' modules) import while Ray comes up
-                         "areal_kit.rl.driver.launch": ("areal_kit.rl.driver.controller", "areal_kit.rl.checkpoint")}
+                         "areal_kit.rl.driver.launch": ("areal_kit.rl.driver.controller", "areal_kit.rl.checkpoint"),
+                         # the chat server (fastapi, uvicorn, vLLM's OpenAI layer) loads only in an agent's engine
+                         "areal_kit.rl.workers.rollout": ("areal_kit.rl.workers.agent", "areal_kit.rl.workers.endpoint")}
 
 
 def _module(path: Path) -> str:
