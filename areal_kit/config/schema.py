@@ -330,7 +330,8 @@ class TrainConfig:
         "CPU only: cores per worker. split = each trainer rank and each engine gets its own cores (as "
         "each gets its own GPU), so overlapped generation and training do not fight over them; "
         "shared = every worker uses every core; auto = split when generation and training overlap "
-        "(ppo.max_head_offpolicyness > 0) on a local Ray with a core per worker, else shared.",
+        "(ppo.max_head_offpolicyness > 0) on a local Ray with a core per worker, else shared. "
+        "Under split, once the workers are up, the driver and Ray's daemons run on the trainer's cores.",
         choices=("auto", "split", "shared"))
     weight_sync: str = opt("auto",
         "Weight sync after each update, in memory or through storage. broadcast: rank 0 of the "

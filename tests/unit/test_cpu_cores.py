@@ -126,3 +126,39 @@ def test_a_cpu_engine_runs_in_process_unless_the_environment_says_otherwise(monk
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in hardware.vllm_env(cpu, tp=2)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in hardware.vllm_env(cpu)
+
+
+_DRIVER = """
+import json, os, signal, subprocess, sys, threading, time
+from areal_kit.rl.driver.groups import pin_overhead
+sleep = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"]
+daemon, worker = (subprocess.Popen(sleep, stdout=subprocess.DEVNULL, start_new_session=True) for _ in range(2))
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a thread started before the pin
+time.sleep(1.5)  # the grandchildren are up
+pin_overhead([0], {worker.pid})
+def kids(pid):
+    return [int(c) for t in os.listdir(f"/proc/{pid}/task") for c in open(f"/proc/{pid}/task/{t}/children").read().split()]
+got = {"driver": [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")],
+       "daemon": [sorted(os.sched_getaffinity(p)) for p in [daemon.pid] + kids(daemon.pid)],
+       "worker": [sorted(os.sched_getaffinity(p)) for p in [worker.pid] + kids(worker.pid)]}
+for p in (daemon, worker):
+    os.killpg(p.pid, signal.SIGKILL)
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to tell a pinned process from a free one")
+def test_the_driver_and_its_daemons_move_to_the_trainer_cores_and_the_workers_stay(tmp_path):
+    """pin_overhead in a real process tree (a driver with a daemon and a worker, each with a child
+    of its own): every thread of the driver and the daemon's whole tree go to the given cores; the
+    worker, and what it started, keep every core."""
+    import json
+    import subprocess
+    import sys
+
+    every = sorted(os.sched_getaffinity(0))
+    out = subprocess.run([sys.executable, "-c", _DRIVER], capture_output=True, text=True, timeout=60, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(got["driver"]) >= 2 and all(a == [0] for a in got["driver"])
+    assert len(got["daemon"]) == 2 and all(a == [0] for a in got["daemon"])
+    assert len(got["worker"]) == 2 and all(a == every for a in got["worker"])

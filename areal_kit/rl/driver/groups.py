@@ -124,6 +124,7 @@ class Workers:
     watchdog: Watchdog
     places: placement.Reservation | None = None
     engine_setups: list | None = None  # the engines' setup calls, when create() made them already
+    overhead_cores: list[int] | None = None  # cpu_cores=split: the trainer ranks' cores (see pin_overhead)
 
     def actors(self) -> list:
         return self.trainers.actors + self.engines.actors
@@ -144,7 +145,9 @@ class Workers:
             engines = self.engine_setups or [a.setup.remote() for a in self.engines.actors]
             refs = [a.setup.remote() for a in self.trainers.actors] + engines
             t = self.watchdog.wait("setup", self.watchdog.label(refs, names))
-        self.watchdog.arm(dict(zip(self.trainers.names + self.engines.names, self.actors(), strict=True)))
+        pids = self.watchdog.arm(dict(zip(self.trainers.names + self.engines.names, self.actors(), strict=True)))
+        if self.overhead_cores:
+            pin_overhead(self.overhead_cores, pids)
         n = len(self.trainers)
         return {"trainer_setup": max(t[:n]), "rollout_setup": max(t[n:])}
 
@@ -205,7 +208,8 @@ def create(cfg: TrainConfig, model_path: str, cache_root: str, total_steps: int,
     master, port = ray.get(trainers[0].address.remote())
     ray.get([t.set_master.remote(master, port) for t in trainers])
     dog = Watchdog(cfg.exp_ctrl, stacks_dir)
-    return Workers(TrainerGroup(trainers, dog), EngineGroup(rollouts, dog, tp), dog, places, setups)
+    overhead = sorted({c for r in range(n_train) for c in cores[r]}) if cores else None
+    return Workers(TrainerGroup(trainers, dog), EngineGroup(rollouts, dog, tp), dog, places, setups, overhead)
 
 
 def _on_gpus(env: dict[str, str], gpus: list[str] | None, index: int, tp: int) -> dict[str, str]:
@@ -236,6 +240,38 @@ def core_sets(cfg: TrainConfig, n_train: int, n_engines: int, tp: int) -> list[l
     for s in range(slots):
         bounds.append(bounds[-1] + per + (s < extra))
     return [cores[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def pin_overhead(cores: list[int], worker_pids: set[int]) -> None:
+    """cpu_cores=split, once the workers are up: the driver and the Ray daemons it started (every
+    thread of each) move onto `cores`, the trainer ranks' cores, and leave the engines' cores to
+    the engines. Overlapped, generation bounds the step and training waits for it, so the driver's
+    and Ray's share of a step is taken from the side with time to spare. Set-up is over: the
+    driver's imports and the engines' start no longer compete. The workers and what they started
+    keep their own cores."""
+    parents: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parents[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    ours, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        ours.append(pid)
+        todo += [c for c, p in parents.items() if p == pid and c not in worker_pids]
+    for pid in ours:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cores)
+            except OSError:
+                pass  # a thread that ended meanwhile
 
 
 def _pinned(env: dict[str, str], cores: list[list[int]] | None, slots) -> dict[str, str]:

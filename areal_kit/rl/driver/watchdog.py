@@ -114,11 +114,14 @@ class Watchdog:
                          f"Python stacks of every worker in {where}")
 
     # -- stacks ------------------------------------------------------------------------------
-    def arm(self, actors: dict[str, Any]) -> None:
-        """Have each worker dump its stacks on our signal; remember where it runs."""
+    def arm(self, actors: dict[str, Any]) -> set[int]:
+        """Have each worker dump its stacks on our signal; remember where it runs. Returns the
+        workers' pids on this node."""
         names = list(actors)
         where = ray.get([a.arm_stacks.remote(self.stacks_dir, n) for n, a in actors.items()], timeout=120)
         self._where.update(zip(names, where, strict=True))
+        here = ray.get_runtime_context().get_node_id()
+        return {pid for node, pid in where if node == here}
 
     def dump_stacks(self) -> str:
         """Every armed worker's stacks, and the driver's own, into stacks_dir; returns it."""
