@@ -25,9 +25,7 @@ import re
 import sys
 import threading
 from decimal import Decimal, InvalidOperation
-from functools import lru_cache
-
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from functools import cache, lru_cache
 
 from areal_kit.reward.alarm import alarm
 from areal_kit.reward.pool import Pool
@@ -166,27 +164,39 @@ def _alarm(seconds: float):
     return alarm(seconds, _Timeout)
 
 
-def _mv_parse(text: str):
+@cache
+def load():
+    """math-verify, imported on first use. With sympy under it, it took half a second of every
+    process that imported this module: the driver and each engine at start-up, though neither
+    grades (a grade made off the main thread runs in the pool's processes). Called before any
+    alarm: an import cut short by one would leave the module half made."""
+    import math_verify
+
     # math-verify warns once that its timeouts are off: ours (_alarm) replaces them.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+    return math_verify
 
+
+def _mv_parse(text: str):
+    mv = load()
     # Wrap the bare answer in \boxed{} so the LaTeX extractor takes all of it (unwrapped
     # LaTeX without $...$ is not found); the Expr extractor covers plain "1/2", "3*x".
     # Our own alarm bounds the time, so math-verify's signal timeouts are switched off.
-    return parse(
+    return mv.parse(
         "\\boxed{" + text + "}",
-        extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
+        extraction_config=[mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()],
         parsing_timeout=None,
     )
 
 
 def verify_in_main_thread(pred: str, ref: str, timeout_s: float) -> bool:
+    mv = load()
     try:
         with _alarm(timeout_s):
             gold, target = _mv_parse(ref), _mv_parse(pred)
             if not gold or not target:
                 return False
-            return bool(verify(gold, target, timeout_seconds=None))
+            return bool(mv.verify(gold, target, timeout_seconds=None))
     except _Timeout:
         return False
     except Exception:  # noqa: BLE001 - any parser/sympy failure is a wrong answer
@@ -237,6 +247,7 @@ def parsed_form(answer: str, timeout_s: float = 5.0) -> list[str]:
     text = normalize(answer)
     if not text:
         return []
+    load()
     try:
         if threading.current_thread() is threading.main_thread():
             with _alarm(timeout_s):

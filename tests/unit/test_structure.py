@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "areal_kit"
 HEAVY = ("torch", "ray", "vllm", "transformers", "deepspeed", "matplotlib", "math_verify", "omegaconf")
 # peft: only LoRA runs (actor.lora) use it, and its import takes a second or two.
-LAZY_BY_DESIGN = ("vllm", "deepspeed", "flash_attn", "wandb", "plotext", "torch.utils.tensorboard", "peft")
+LAZY_BY_DESIGN = ("vllm", "deepspeed", "flash_attn", "wandb", "plotext", "torch.utils.tensorboard", "peft",
+                  "math_verify")  # sympy under it: only where a grade runs
 # Modules the training driver imports, whose model code only a worker (or a tiny model's first
 # build) runs: importing it there kept a second of model classes out of every run's start-up.
 MODEL_CODE_IN_WORKERS = {"areal_kit.rl.workers.trainer": ("transformers", "areal_kit.rl.algo"),
