@@ -130,17 +130,22 @@ def test_a_cpu_engine_runs_in_process_unless_the_environment_says_otherwise(monk
 
 _DRIVER = """
 import json, os, signal, subprocess, sys, threading, time
-from areal_kit.rl.driver.groups import pin_overhead
+from areal_kit.rl.driver.groups import pin_overhead, unpin_overhead
 sleep = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"]
 daemon, worker = (subprocess.Popen(sleep, stdout=subprocess.DEVNULL, start_new_session=True) for _ in range(2))
 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a thread started before the pin
 time.sleep(1.5)  # the grandchildren are up
-pin_overhead([0], {worker.pid})
+before = pin_overhead([0], {worker.pid})
 def kids(pid):
     return [int(c) for t in os.listdir(f"/proc/{pid}/task") for c in open(f"/proc/{pid}/task/{t}/children").read().split()]
-got = {"driver": [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")],
-       "daemon": [sorted(os.sched_getaffinity(p)) for p in [daemon.pid] + kids(daemon.pid)],
-       "worker": [sorted(os.sched_getaffinity(p)) for p in [worker.pid] + kids(worker.pid)]}
+def cores():
+    return {"driver": [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")],
+            "daemon": [sorted(os.sched_getaffinity(p)) for p in [daemon.pid] + kids(daemon.pid)],
+            "worker": [sorted(os.sched_getaffinity(p)) for p in [worker.pid] + kids(worker.pid)]}
+got = {"pinned": cores()}
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a thread started while pinned
+unpin_overhead(before)
+got["unpinned"] = cores()
 for p in (daemon, worker):
     os.killpg(p.pid, signal.SIGKILL)
 print(json.dumps(got))
@@ -151,7 +156,8 @@ print(json.dumps(got))
 def test_the_driver_and_its_daemons_move_to_the_trainer_cores_and_the_workers_stay(tmp_path):
     """pin_overhead in a real process tree (a driver with a daemon and a worker, each with a child
     of its own): every thread of the driver and the daemon's whole tree go to the given cores; the
-    worker, and what it started, keep every core."""
+    worker, and what it started, keep every core. unpin_overhead gives every core back, to a
+    driver thread started while pinned too."""
     import json
     import subprocess
     import sys
@@ -159,6 +165,9 @@ def test_the_driver_and_its_daemons_move_to_the_trainer_cores_and_the_workers_st
     every = sorted(os.sched_getaffinity(0))
     out = subprocess.run([sys.executable, "-c", _DRIVER], capture_output=True, text=True, timeout=60, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(got["driver"]) >= 2 and all(a == [0] for a in got["driver"])
-    assert len(got["daemon"]) == 2 and all(a == [0] for a in got["daemon"])
-    assert len(got["worker"]) == 2 and all(a == every for a in got["worker"])
+    pinned, unpinned = got["pinned"], got["unpinned"]
+    assert len(pinned["driver"]) >= 2 and all(a == [0] for a in pinned["driver"])
+    assert len(pinned["daemon"]) == 2 and all(a == [0] for a in pinned["daemon"])
+    assert len(pinned["worker"]) == 2 and all(a == every for a in pinned["worker"])
+    assert len(unpinned["driver"]) == len(pinned["driver"]) + 1
+    assert all(a == every for who in unpinned.values() for a in who)

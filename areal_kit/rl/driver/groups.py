@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import ray
@@ -125,6 +125,7 @@ class Workers:
     places: placement.Reservation | None = None
     engine_setups: list | None = None  # the engines' setup calls, when create() made them already
     overhead_cores: list[int] | None = None  # cpu_cores=split: the trainer ranks' cores (see pin_overhead)
+    unpin: dict[int, set[int]] = field(default_factory=dict)  # what pin_overhead changed: tid -> its cores before
 
     def actors(self) -> list:
         return self.trainers.actors + self.engines.actors
@@ -147,7 +148,7 @@ class Workers:
             t = self.watchdog.wait("setup", self.watchdog.label(refs, names))
         pids = self.watchdog.arm(dict(zip(self.trainers.names + self.engines.names, self.actors(), strict=True)))
         if self.overhead_cores:
-            pin_overhead(self.overhead_cores, pids)
+            self.unpin = pin_overhead(self.overhead_cores, pids)
         n = len(self.trainers)
         return {"trainer_setup": max(t[:n]), "rollout_setup": max(t[n:])}
 
@@ -167,6 +168,10 @@ class Workers:
     def kill(self) -> None:
         for a in self.actors():
             ray.kill(a)
+        # The driver and Ray's daemons get their cores back: a relaunch's new workers start from
+        # the raylet's mask, and a driver in a longer-lived process (a test, a notebook) goes on.
+        unpin_overhead(self.unpin)
+        self.unpin = {}
 
 
 def reserve(cfg: TrainConfig, plat: hardware.Platform) -> placement.Reservation:
@@ -242,13 +247,13 @@ def core_sets(cfg: TrainConfig, n_train: int, n_engines: int, tp: int) -> list[l
     return [cores[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def pin_overhead(cores: list[int], worker_pids: set[int]) -> None:
+def pin_overhead(cores: list[int], worker_pids: set[int]) -> dict[int, set[int]]:
     """cpu_cores=split, once the workers are up: the driver and the Ray daemons it started (every
     thread of each) move onto `cores`, the trainer ranks' cores, and leave the engines' cores to
     the engines. Overlapped, generation bounds the step and training waits for it, so the driver's
     and Ray's share of a step is taken from the side with time to spare. Set-up is over: the
     driver's imports and the engines' start no longer compete. The workers and what they started
-    keep their own cores."""
+    keep their own cores. Returns each moved thread's cores before, for Workers.kill to put back."""
     parents: dict[int, int] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -262,6 +267,7 @@ def pin_overhead(cores: list[int], worker_pids: set[int]) -> None:
         pid = todo.pop()
         ours.append(pid)
         todo += [c for c, p in parents.items() if p == pid and c not in worker_pids]
+    before: dict[int, set[int]] = {}
     for pid in ours:
         try:
             tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
@@ -269,9 +275,27 @@ def pin_overhead(cores: list[int], worker_pids: set[int]) -> None:
             continue
         for tid in tids:
             try:
-                os.sched_setaffinity(tid, cores)
+                before[tid] = os.sched_getaffinity(tid)
             except OSError:
-                pass  # a thread that ended meanwhile
+                continue  # a thread that ended meanwhile
+    _set_affinity({tid: set(cores) for tid in before})
+    return before
+
+
+def unpin_overhead(before: dict[int, set[int]]) -> None:
+    """Put back what pin_overhead moved; the driver's threads started since get its main thread's cores."""
+    main = before.get(os.getpid())
+    if main:
+        before = {**{int(t): main for t in os.listdir("/proc/self/task")}, **before}
+    _set_affinity(before)
+
+
+def _set_affinity(cores: dict[int, set[int]]) -> None:
+    for tid, mask in cores.items():
+        try:
+            os.sched_setaffinity(tid, mask)
+        except OSError:
+            pass  # a thread that ended meanwhile
 
 
 def _pinned(env: dict[str, str], cores: list[list[int]] | None, slots) -> dict[str, str]:
