@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from areal_kit import runlog
+from areal_kit.procs import stat_fields
 from bench.report import Result
 
 KINDS = ("driver-sigkill", "driver-sigterm", "trainer-sigkill", "engine-sigkill", "hang")
@@ -45,16 +46,7 @@ def _exe() -> str:
 
 def session_pids(sid: int) -> list[int]:
     """Every process of the session sid (a driver started in its own session, and what it started)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) != sid:
-            try:
-                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[3]) == sid:
-                    pids.append(int(d))
-            except (OSError, IndexError, ValueError):
-                continue
-    return pids
+    return [pid for pid, f in stat_fields().items() if pid != sid and int(f[3]) == sid]
 
 
 def cmdline(pid: int) -> str:

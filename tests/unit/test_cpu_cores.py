@@ -153,7 +153,7 @@ print(json.dumps(got))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to tell a pinned process from a free one")
-def test_the_driver_and_its_daemons_move_to_the_trainer_cores_and_the_workers_stay(tmp_path):
+def test_the_driver_and_its_daemons_move_to_the_trainer_cores_and_the_workers_stay():
     """pin_overhead in a real process tree (a driver with a daemon and a worker, each with a child
     of its own): every thread of the driver and the daemon's whole tree go to the given cores; the
     worker, and what it started, keep every core. unpin_overhead gives every core back, to a

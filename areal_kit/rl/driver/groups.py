@@ -19,6 +19,7 @@ from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.rollout import streaming
 from areal_kit.errors import UserError
+from areal_kit.procs import stat_fields
 from areal_kit.rl.driver import placement
 from areal_kit.rl.driver.watchdog import Watchdog
 from areal_kit.rl.sample import TrainerRow
@@ -254,14 +255,7 @@ def pin_overhead(cores: list[int], worker_pids: set[int]) -> dict[int, set[int]]
     and Ray's share of a step is taken from the side with time to spare. Set-up is over: the
     driver's imports and the engines' start no longer compete. The workers and what they started
     keep their own cores. Returns each moved thread's cores before, for Workers.kill to put back."""
-    parents: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    parents[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile
+    parents = {pid: int(f[1]) for pid, f in stat_fields().items()}
     ours, todo = [], [os.getpid()]
     while todo:
         pid = todo.pop()
