@@ -52,12 +52,19 @@ def interruption(e: BaseException) -> Interrupted | None:
     return None
 
 
+def note_sigterm() -> None:
+    """A SIGTERM came: every KeyboardInterrupt from here on is reported as it. A scheduler stops
+    a job with SIGTERM to every process and, through the batch shell, a SIGINT to stop at once
+    (slurm/script.py); whichever of the two unwinds the run, the stop is the scheduler's."""
+    _signalled.append(Interrupted("SIGTERM", ExitCode.TERMINATED))
+
+
 def raise_on_sigterm(signum, frame):
     """SIGTERM's handler: unwind, as Ctrl-C does; a second SIGTERM kills at once. It raises a
     KeyboardInterrupt, the one exception Ray's ray.get lets a signal handler raise (any other it
     swallows, or leaves behind as a SystemError); `interruption` makes it Interrupted("SIGTERM")."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _signalled.append(Interrupted("SIGTERM", ExitCode.TERMINATED))
+    note_sigterm()
     raise KeyboardInterrupt("SIGTERM")
 
 

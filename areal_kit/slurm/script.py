@@ -75,7 +75,8 @@ echo "areal-kit: job $SLURM_JOB_ID start $((${{SLURM_RESTART_COUNT:-0}} + 1)) on
 {step}{pre}{py} -m areal_kit.slurm.node wait "$head_ip:$port" 1 {wait_s} || exit 1
 {workers}
 if [ $requeue = 0 ]; then  # (a USR1 while Ray started: requeue before the driver)
-  {driver_step}{train} ray_address="$head_ip:$port" "${{fresh[@]}}" &
+  # (trap - INT): a command a script puts in the background ignores SIGINT, which the TERM trap sends it
+  (trap - INT; exec {driver_step}{train} ray_address="$head_ip:$port" "${{fresh[@]}}") &
   driver=$!; wait $driver; rc=$?
   while kill -0 $driver 2>/dev/null; do wait $driver; rc=$?; done  # a trap ran: the driver is ending
 fi

@@ -425,6 +425,29 @@ def test_a_worker_death_after_sigterm_stops_the_run_without_a_relaunch(fake_run,
     assert fake_run.log.warnings[2].startswith("Run interrupted (SIGTERM); the same command resumes")
 
 
+def test_scancels_sigint_after_its_sigterm_still_stops_as_sigterm(fake_run, monkeypatch):
+    """scancel signals every process of the job: the driver gets its SIGTERM (the loop is asked to
+    stop after the step), then the batch shell's trap sends SIGINT to stop at once. The run stops
+    as the SIGTERM's, exit code 143, whichever reaches the loop first: not as a Ctrl-C."""
+    import os
+    import signal
+    import time
+
+    def run(self):
+        _sigterm()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the SIGINT raises before this ends
+        raise AssertionError("SIGINT did not interrupt the run")
+
+    monkeypatch.setattr(FakeController, "run", run)
+    with pytest.raises(Interrupted) as got:
+        launch.launch(cfg(retries=3))
+    assert (got.value.signame, got.value.exit_code) == ("SIGTERM", 143)
+    assert len(FakeController.made) == 1 and FakeController.made[0].stopped
+    assert fake_run.log.warnings[-1] == ("Run interrupted (SIGTERM); the same command resumes it from the last "
+                                         "recover checkpoint.")
+
+
 def test_a_second_driver_of_a_running_run_is_refused_before_it_writes(fake_run):
     """The lock is a real flock on the log folder: held by the first driver (here, a descriptor of
     this process), refused to the second with the first one's pid and host, free once released."""

@@ -35,8 +35,8 @@ def test_a_gpu_job_asks_for_whole_nodes_a_signal_and_requeue():
         "--open-mode=append", "--requeue", "--signal=B:USR1@300", "--comment=areal-kit:/storage/runs/logs/u/x/t",
         "--qos=high"]
     driver = next(ln for ln in text.splitlines() if "areal_kit.cli train" in ln)
-    assert driver.strip().startswith("/storage/venv/bin/python -m areal_kit.cli train 1.5B_n4 actor.lr=1e-6 "
-                                     'fileroot=/storage/runs ray_address="$head_ip:$port"')
+    assert driver.strip().startswith("(trap - INT; exec /storage/venv/bin/python -m areal_kit.cli train 1.5B_n4 "
+                                     'actor.lr=1e-6 fileroot=/storage/runs ray_address="$head_ip:$port"')
     assert "-m areal_kit.slurm.node worker" in text and "fresh=()" in text and "--fresh" not in text
 
 
@@ -57,7 +57,21 @@ def test_containers_wrap_every_ray_process_and_the_driver(runtime):
         if runtime == "apptainer":
             assert "apptainer exec --nv --bind /storage /img/areal.sif python3 -m" in ln
         else:  # pyxis: only through srun, the driver included
-            assert ln.strip().startswith("srun ") and "--container-image=/img/areal.sif --container-mounts=/storage:/storage" in ln
+            assert ln.strip().removeprefix("(trap - INT; exec ").startswith("srun ") and "--container-image=/img/areal.sif --container-mounts=/storage:/storage" in ln
+
+
+def test_the_driver_takes_the_sigint_the_term_trap_sends(tmp_path):
+    """scancel: the batch shell's TERM trap stops the driver with SIGINT, which a command the script
+    puts in the background would ignore (bash's rule without job control). The script's own driver
+    line, run by bash with a stand-in Python that reports how it would take SIGINT."""
+    py = tmp_path / "python"
+    py.write_text("#!/usr/bin/env python3\nimport signal\nprint(signal.getsignal(signal.SIGINT))\n")
+    py.chmod(0o755)
+    text = sbatch_script(job(), SlurmOptions(slurm=True, python=str(py)))
+    driver = next(ln for ln in text.splitlines() if "areal_kit.cli train" in ln)
+    r = subprocess.run(["bash", "-c", f"fresh=(); head_ip=h; port=1\n{driver}\nwait"], capture_output=True,
+                       text=True, check=False)
+    assert r.stdout.strip() == "<built-in function default_int_handler>", r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("opts", [SlurmOptions(slurm=True), SlurmOptions(slurm=True, container="x.sif"),

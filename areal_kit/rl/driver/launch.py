@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from areal_kit import hardware, logs, runlog
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.errors import ExitCode, RunFailed, UserError, describe
-from areal_kit.interrupts import Interrupted, interruption, raise_on_sigterm, sigterm_interrupts
+from areal_kit.interrupts import Interrupted, interruption, note_sigterm, raise_on_sigterm, sigterm_interrupts
 from areal_kit.rl.driver import raystart
 from areal_kit.rl.driver.retry import WorkerDied, relaunching, worker_died
 
@@ -201,6 +201,7 @@ class SigtermStop:
     def _on_sigterm(self, signum, frame):
         if self.graceful and self.armed and not self.signum:
             self.signum = signum
+            note_sigterm()  # a SIGINT that follows (scancel's batch shell) stops the run as this SIGTERM
             self.log.warning("SIGTERM: the run stops after this step, with its recover checkpoint; a second "
                              "SIGTERM stops it at once.")
             return
