@@ -5,6 +5,7 @@ on a real Slurm."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 
 import pytest
@@ -69,8 +70,10 @@ def test_the_driver_takes_the_sigint_the_term_trap_sends(tmp_path):
     py.chmod(0o755)
     text = sbatch_script(job(), SlurmOptions(slurm=True, python=str(py)))
     driver = next(ln for ln in text.splitlines() if "areal_kit.cli train" in ln)
+    # As slurmstepd starts the batch shell: SIGINT at its default, whatever this test's runner left it at
+    # (a runner started in the background has it ignored, which no shell can then reset).
     r = subprocess.run(["bash", "-c", f"fresh=(); head_ip=h; port=1\n{driver}\nwait"], capture_output=True,
-                       text=True, check=False)
+                       text=True, check=False, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.stdout.strip() == "<built-in function default_int_handler>", r.stdout + r.stderr
 
 
