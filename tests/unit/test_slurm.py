@@ -5,8 +5,8 @@ on a real Slurm."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
+import sys
 
 import pytest
 from cli_run import assert_one_line_error, dry_run, run_cli
@@ -21,6 +21,14 @@ def job(**kw) -> Job:
                 "n_nodes": 4, "gpus_per_node": 8, "log": "/storage/runs/logs/u/x/t/slurm.log", "log_dir": "/storage/runs/logs/u/x/t",
                 "script": "/storage/runs/logs/u/x/t/slurm.sbatch", "binds": ["/storage"]}
     return Job(**{**base, **kw})
+
+
+def as_slurmstepd(*args: str) -> list[str]:
+    """bash with args, started as slurmstepd starts a batch shell: SIGINT at its default, whatever
+    this test's runner left it at (one started in the background has it ignored, which no shell
+    can then reset)."""
+    start = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp('bash', ['bash', *sys.argv[1:]])"
+    return [sys.executable, "-c", start, *args]
 
 
 def sbatch_lines(text: str) -> list[str]:
@@ -70,10 +78,8 @@ def test_the_driver_takes_the_sigint_the_term_trap_sends(tmp_path):
     py.chmod(0o755)
     text = sbatch_script(job(), SlurmOptions(slurm=True, python=str(py)))
     driver = next(ln for ln in text.splitlines() if "areal_kit.cli train" in ln)
-    # As slurmstepd starts the batch shell: SIGINT at its default, whatever this test's runner left it at
-    # (a runner started in the background has it ignored, which no shell can then reset).
-    r = subprocess.run(["bash", "-c", f"fresh=(); head_ip=h; port=1\n{driver}\nwait"], capture_output=True,
-                       text=True, check=False, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    r = subprocess.run(as_slurmstepd("-c", f"fresh=(); head_ip=h; port=1\n{driver}\nwait"), capture_output=True,
+                       text=True, check=False)
     assert r.stdout.strip() == "<built-in function default_int_handler>", r.stdout + r.stderr
 
 
@@ -117,3 +123,37 @@ def test_without_slurm_commands_the_submission_says_so(capsys, monkeypatch, tmp_
                   capsys)
     assert "#SBATCH --nodes=2" in out and "not checked against a partition" in out
     assert not list(tmp_path.iterdir())
+
+
+def test_a_driver_that_ends_without_a_word_after_scancel_is_said_stopped(tmp_path):
+    """scancel signals Ray's processes too, and a driver whose Ray went first can end without a
+    line of its own. The script, run by bash with stand-ins for srun, scontrol and Python (whose
+    driver exits 1, silent, on the trap's SIGINT), says the stop itself after the SIGTERM."""
+    import os
+    import time
+
+    from areal_kit import logs
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    stubs = {
+        "scontrol": 'case "$1 $2" in "show hostnames") echo n1;; "show node") echo NodeAddr=127.0.0.1;; esac',
+        "srun": 'while [ $# -gt 0 ]; do case "$1" in -w) shift 2;; -*) shift;; *) break;; esac; done; exec "$@"',
+        "python": ('case "$*" in *"scripts start"*) exec sleep 30;; *"node wait"*) exit 0;; *"cli train"*)\n'
+                   f'  touch {tmp_path}/driver; sleep 30 & trap \'kill $!; exit 1\' INT; wait; exit 1;; esac'),
+    }
+    for name, body in stubs.items():
+        (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(sbatch_script(job(n_nodes=1, gpus_per_node=0), SlurmOptions(slurm=True, python=str(bin_ / "python"))))
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"}
+    p = subprocess.Popen(as_slurmstepd(str(script)), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "driver").exists():
+        assert time.monotonic() < deadline and p.poll() is None, "the driver never started"
+        time.sleep(0.1)
+    p.terminate()  # SIGTERM to the batch shell, as scancel sends it
+    out, _ = p.communicate(timeout=20)
+    assert f"areal-kit: {logs.stopped_line('SIGTERM')}" in out, out
+    assert p.returncode == 1, out
