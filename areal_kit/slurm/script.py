@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 
 from areal_kit import logs
+from areal_kit.errors import ExitCode
 from areal_kit.slurm.options import SlurmOptions
 
 RAY = "-m ray.scripts.scripts"  # Ray's CLI, through the Python that has it (no `ray` on PATH needed)
@@ -63,7 +64,7 @@ def _container(o: SlurmOptions, binds: list[str]) -> tuple[list[str], list[str]]
 BODY = r"""# Written by `areal-kit train {preset} --slurm`; submit it again with: sbatch {script}
 set -uo pipefail
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
-driver=""; requeue=0
+driver=""; requeue=0; stopped=0
 trap 'requeue=1; [ -n "$driver" ] && kill -TERM $driver' USR1  # the time limit is near: checkpoint, requeue
 trap 'stopped=1; [ -n "$driver" ] && kill -INT $driver' TERM  # scancel, preemption: stop now, the last checkpoint kept
 nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
@@ -83,9 +84,9 @@ if [ $requeue = 0 ]; then  # (a USR1 while Ray started: requeue before the drive
 fi
 kill $(jobs -p) 2>/dev/null; wait
 # scancel signals Ray's processes too, and a driver whose Ray went first can end without a word:
-# the stop is said here then (143: the driver said it).
-if [ "${{stopped:-0}}" = 1 ] && [ "${{rc:-0}}" != 143 ]; then echo {stopped_line}; fi
-if [ $requeue = 1 ] && [ "${{rc:-143}}" = 143 ]; then
+# the stop is said here then ({terminated}: the driver said it).
+if [ $stopped = 1 ] && [ "${{rc:-0}}" != {terminated} ]; then echo {stopped_line}; fi
+if [ $requeue = 1 ] && [ "${{rc:-{terminated}}}" = {terminated} ]; then
   echo "areal-kit: requeued job $SLURM_JOB_ID"; scontrol requeue $SLURM_JOB_ID
 fi
 exit ${{rc:-0}}
@@ -114,7 +115,7 @@ def sbatch_script(job: Job, o: SlurmOptions) -> str:
              if job.fresh else "fresh=()")
     body = BODY.format(preset=shlex.quote(job.preset), script=job.script, fresh=fresh, step=step, pre=pre, py=py,
                        ray=RAY, wait_s=RAY_WAIT_S, workers=workers,
-                       stopped_line=shlex.quote(f"areal-kit: {logs.stopped_line('SIGTERM')}"),
+                       terminated=int(ExitCode.TERMINATED), stopped_line=shlex.quote(f"areal-kit: {logs.stopped_line('SIGTERM')}"),
                        # the driver: in this shell, or through srun where pyxis runs the container
                        driver_step=step if srun_opts else pre,
                        train=shlex.join([*shlex.split(f"{py} -m areal_kit.cli train"), job.preset, *job.overrides]))
