@@ -215,6 +215,8 @@ def outdate_workers(kit, testbed) -> str:
     raise AssertionError("the replaced workers did not rejoin Ray")
 
 
+# long: CI stops and resumes a run on the testbed in test_guide_cluster; this goes through setup's changes too.
+@pytest.mark.long
 def test_training_survives_setup_changes_and_down_without_losing_a_step(docker_cluster, testbed):
     """Training keeps every step through what stops it: each stop is a SIGTERM, on which it finishes
     its step and checkpoints it, and the next start resumes from that checkpoint.

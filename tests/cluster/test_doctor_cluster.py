@@ -17,6 +17,9 @@ import json
 import pytest
 from kit import Kit, setup_args
 
+# long: CI runs doctor on every node of the testbed through srun (test_slurm_cluster) and setup's fast
+# checks in every setup; this one injects a fault of each kind and trains one RL step.
+pytestmark = pytest.mark.long
 WORKER = "areal-areal-worker"
 
 

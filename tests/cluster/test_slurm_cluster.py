@@ -79,6 +79,8 @@ def steps_of(run) -> list[int]:
     return [json.loads(ln)["global_step"] for ln in path.read_text().splitlines()] if path.exists() else []
 
 
+# long: CI runs the same batch script's TERM trap through scancel below, and the script's requeue lines in tests/unit/test_slurm.py.
+@pytest.mark.long
 def test_tiny_across_nodes_requeues_at_the_time_limit_signal(slurm, testbed):
     s, kit = slurm
     job, run = submit(kit, "requeue", 40)

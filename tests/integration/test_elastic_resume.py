@@ -51,7 +51,8 @@ def step(root: Path, preset: str, g: int) -> dict:
     return row
 
 
-@pytest.fixture(scope="module", params=list(PRESETS))
+# The adapter's case is long: test_lora_recover resumes a LoRA run, this one the full model across rank counts.
+@pytest.fixture(scope="module", params=["tiny", pytest.param("tiny_lora", marks=pytest.mark.long)])
 def runs(request, tmp_path_factory):
     if not os.path.exists(EXE):
         pytest.skip(f"{EXE} not installed")

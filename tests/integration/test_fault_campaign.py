@@ -13,7 +13,9 @@ import pytest
 
 from bench.faults import KINDS, campaign
 
-pytestmark = pytest.mark.integration
+# long: each kind's relaunch or resume has its own CI test (test_failure_relaunch, test_hang_relaunch,
+# test_recover_tiny, test_run_failure); this runs them all in one run.
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def test_one_run_survives_one_fault_of_each_kind(tmp_path):

@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# long: CI's own pytest process, which runs these tests and more, exits the same way.
+pytestmark = pytest.mark.long
 TESTS = Path(__file__).resolve().parents[1]
 HEAVY = ["integration/test_stream_tiny.py::test_a_streaming_run_trains_every_step_once_within_the_bound",
          "integration/test_controller_actors.py::test_dead_workers_counts_killed_actors_only",
