@@ -6,7 +6,7 @@ Needs root and .ci/cluster_deps.sh's packages. Without them the tests skip, exce
 CI or AREAL_REQUIRE_CLUSTER_TESTS is set: then a missing prerequisite is an error, so a CI
 machine can never silently skip them.
 
-    sudo .venv/bin/pytest tests/cluster -x        # ~5-8 minutes
+    sudo .venv/bin/pytest tests/cluster -x -m "not long"   # ~13 minutes on 2 cores; -m long: ~17 more
 """
 
 from __future__ import annotations

@@ -5,12 +5,15 @@ on a real Slurm."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 from cli_run import assert_one_line_error, dry_run, run_cli
 
+from areal_kit import logs
 from areal_kit.slurm.cluster import Node, Partition, gpus_of, refusal
 from areal_kit.slurm.options import SlurmOptions
 from areal_kit.slurm.script import Job, sbatch_script
@@ -129,11 +132,6 @@ def test_a_driver_that_ends_without_a_word_after_scancel_is_said_stopped(tmp_pat
     """scancel signals Ray's processes too, and a driver whose Ray went first can end without a
     line of its own. The script, run by bash with stand-ins for srun, scontrol and Python (whose
     driver exits 1, silent, on the trap's SIGINT), says the stop itself after the SIGTERM."""
-    import os
-    import time
-
-    from areal_kit import logs
-
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     stubs = {
