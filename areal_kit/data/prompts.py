@@ -72,10 +72,25 @@ def load_rows(cfg: TrainConfig) -> list[dict]:
     if not d.mix:
         return _rows_of(d, cfg.seed)
     out = []
-    for m in d.mix:
-        src = SimpleNamespace(**{**vars(d), **m})
+    for m, src in zip(d.mix, _sources(d)):
         out += [{**r, "id": f"{m['name']}/{r['id']}", "source": m["name"]} for r in _rows_of(src, cfg.seed)]
     return out
+
+
+def _sources(d) -> list:
+    """The datasets d reads: each dataset.mix entry over d's own settings, or d alone."""
+    return [SimpleNamespace(**{**vars(d), **m}) for m in d.mix] or [d]
+
+
+def check_sources(cfg: TrainConfig) -> None:
+    """The files cfg.dataset reads (every dataset.mix source's, and dataset.eval_path) are there:
+    load's UserError for the first that is not, told from the settings alone, before anything is read."""
+    d = cfg.dataset
+    for src in _sources(d):
+        if src.type != "toy":
+            sources.check_path(src)
+    if d.eval_path:
+        sources.check_path(d, d.eval_path)
 
 
 def _rows_of(d, seed: int) -> list[dict]:

@@ -34,9 +34,7 @@ _SHOW = 3  # ids quoted in an error about many rows
 
 def load(d, path: str | None = None) -> list[dict]:
     """Rows of a DatasetConfig (`path` overrides d.path: the eval split uses the same format)."""
-    path = path or d.path
-    if not os.path.exists(path):
-        raise UserError(f"dataset.path={path} not found; expected a {d.type} dataset there")
+    path = check_path(d, path)
     if d.type == "areal":
         return load_areal(path, d.id2info_path)
     if d.type == "jsonl":
@@ -44,6 +42,14 @@ def load(d, path: str | None = None) -> list[dict]:
     if d.type == "hf":
         return _as_qa(read_hf(path), path, d.question_field, d.answer_field)
     raise UserError(f"dataset.type={d.type!r} has no file loader; expected areal, jsonl or hf")
+
+
+def check_path(d, path: str | None = None) -> str:
+    """d.path (or `path`), a UserError where nothing is there."""
+    path = path or d.path
+    if not os.path.exists(path):
+        raise UserError(f"dataset.path={path} not found; expected a {d.type} dataset there")
+    return path
 
 
 def read_jsonl(path: str) -> list[dict]:

@@ -206,6 +206,7 @@ def fake_run(monkeypatch, tmp_path):
 
     # launch imports these when it runs (its own imports stay light: Ray starts meanwhile).
     monkeypatch.setattr("areal_kit.rl.driver.job.prepare", lambda cfg: job)
+    monkeypatch.setattr(launch, "check_paths", lambda cfg: None)  # the presets' paths are a cluster's
     monkeypatch.setattr("areal_kit.rl.driver.controller.Controller", FakeController)
     monkeypatch.setattr("areal_kit.rl.checkpoint.checkpointer.Checkpointer", FakeCheckpointer)
     monkeypatch.setattr(launch, "start_ray_early", lambda cfg: launch.raystart.InBackground(lambda: None))

@@ -1,13 +1,23 @@
 """Bad input to `areal-kit train` that is only visible when the run prepares.
 
 Each must fail with one line and exit 2 before any Ray actor starts: the test would hang or take
-a minute if workers were started, and it checks that Ray was never initialized.
+a minute if workers were started, and it checks that Ray was never initialized. A wrong actor.path
+is told from the setting alone, before Ray starts at all.
 """
 
 
 import pytest
 
 from areal_kit.cli import main
+from areal_kit.rl.driver import raystart
+
+
+@pytest.fixture()
+def no_ray(monkeypatch):
+    """Ray's start fails the test: the input is refused before it."""
+    def start_ray(cfg):
+        raise AssertionError("Ray was started for input refused from the setting alone")
+    monkeypatch.setattr(raystart, "start_ray", start_ray)
 
 
 def _run(argv, capsys):
@@ -17,7 +27,7 @@ def _run(argv, capsys):
     return e.value.code, err
 
 
-def test_missing_model_path(tmp_path, capsys):
+def test_missing_model_path(tmp_path, capsys, no_ray):
     code, err = _run(["train", "tiny", f"fileroot={tmp_path}", f"actor.path={tmp_path}/nope"], capsys)
     assert code == 2
     assert len(err) == 1
@@ -30,7 +40,7 @@ def test_missing_model_path(tmp_path, capsys):
     ("tiny://toy?hidden=big", "'hidden=big' is not a tiny model setting"),
     ("tiny://cat", "kind must be one of toy, tool, bpe"),
 ])
-def test_bad_tiny_model_url(tmp_path, capsys, path, message):
+def test_bad_tiny_model_url(tmp_path, capsys, path, message, no_ray):
     code, err = _run(["train", "tiny", f"fileroot={tmp_path}", f"actor.path={path}"], capsys)
     assert (code, len(err)) == (2, 1)
     assert f"actor.path={path}: " in err[0] and message in err[0]
@@ -67,11 +77,27 @@ def test_agent_that_does_not_import(tmp_path, capsys):
     assert (code, len(err)) == (2, 1)
     assert "areal_kit.agents.calculator:no_such_agent" in err[0]
     assert not ray.is_initialized()
+    assert not (tmp_path / "models").exists()  # refused before the tool model was built
 
 
-def test_nothing_started(tmp_path, capsys):
+def test_nothing_started(tmp_path, capsys, no_ray):
     import ray
 
     _run(["train", "tiny", f"fileroot={tmp_path}", f"actor.path={tmp_path}/nope"], capsys)
     assert not ray.is_initialized()
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("metrics.jsonl"))
+
+
+@pytest.mark.parametrize("what", ["path", "mix", "eval_path"])
+def test_missing_dataset_file(tmp_path, capsys, no_ray, what):
+    """A dataset file that is not there, as dataset.path, one of dataset.mix's sources or
+    dataset.eval_path: the line names it, and neither Ray nor the tiny model was started."""
+    (tmp_path / "here.jsonl").write_text('{"question": "1 + 1 =", "answer": "2"}\n')
+    gone = tmp_path / "gone.jsonl"
+    given = {"path": [f"dataset.path={gone}", "dataset.type=jsonl"],
+             "mix": [f"dataset.mix=[{{path: {tmp_path}/here.jsonl, type: jsonl}}, {{path: {gone}, type: jsonl}}]"],
+             "eval_path": [f"dataset.eval_path={gone}"]}[what]
+    code, err = _run(["train", "tiny", f"fileroot={tmp_path}", *given], capsys)
+    assert (code, len(err)) == (2, 1), err
+    assert f"dataset.path={gone} not found" in err[0]
+    assert not (tmp_path / "models").exists()

@@ -13,9 +13,9 @@ from typing import Any
 
 from areal_kit import runlog
 from areal_kit.config.schema import TrainConfig
+from areal_kit.data.model_source import model_spec
 from areal_kit.data.prompts import PromptLoader, run_prompts
-from areal_kit.data.tiny_model import TinySpec, build
-from areal_kit.errors import UserError
+from areal_kit.data.tiny_model import build
 from areal_kit.reward.plugins import reward_specs
 from areal_kit.rl import lora
 from areal_kit.rl.workers.workflow import load as load_workflow
@@ -65,28 +65,23 @@ class Job:
 
 
 def resolve_model(cfg: TrainConfig) -> str:
-    path = cfg.actor.path
-    if path.startswith("tiny://"):
-        try:
-            spec = TinySpec.from_url(path, cfg.seed)
-        except ValueError as e:
-            raise UserError(f"actor.path={e}") from None
-        return build(os.path.join(cfg.fileroot, "models", spec.dirname()), spec)
-    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
-        raise UserError(f"actor.path={path} is not a model folder (no config.json there); expected a "
-                        "Hugging Face model folder or tiny://toy")
-    return path
+    """The model folder the run trains: actor.path, or the tiny model it names, built if not yet."""
+    spec = model_spec(cfg.actor.path, cfg.seed)
+    if spec is None:
+        return cfg.actor.path
+    return build(os.path.join(cfg.fileroot, "models", spec.dirname()), spec)
 
 
 def prepare(cfg: TrainConfig) -> Job:
     paths = runlog.run_paths(cfg.fileroot, cfg.experiment_name, cfg.trial_name)
-    model_path = resolve_model(cfg)
-    lora.check_run(cfg, model_path)  # actor.lora: its target modules against the model, in one line
-    # Plug-ins import here, so a bad path is a one-line error before any worker starts.
+    # Plug-ins import first, so a bad path is a one-line error before a tiny model is built (seconds)
+    # and before any worker starts.
     reward_specs(cfg.ppo)
     load_workflow(cfg.ppo.workflow)
     if cfg.agent.fn:
         load_agent(cfg.agent.fn)
+    model_path = resolve_model(cfg)
+    lora.check_run(cfg, model_path)  # actor.lora: its target modules against the model, in one line
     prompts = run_prompts(cfg, model_path)
     total = cfg.exp_ctrl.total_train_epochs * prompts.loader.steps_per_epoch
     if cfg.exp_ctrl.total_train_steps:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 from areal_kit import hardware, logs, runlog
 from areal_kit.config.alloc import parse_allocation
+from areal_kit.data.model_source import model_spec
+from areal_kit.data.prompts import check_sources
 from areal_kit.errors import ExitCode, RunFailed, UserError, describe
 from areal_kit.interrupts import Interrupted, interruption, note_sigterm, raise_on_sigterm, sigterm_interrupts
 from areal_kit.rl.driver import raystart
@@ -81,6 +83,13 @@ def stop_ray_early(ray_up: raystart.InBackground) -> None:
         ray.shutdown()
 
 
+def check_paths(cfg: TrainConfig) -> None:
+    """actor.path and the dataset's files, told from the settings alone: a wrong one is a line at
+    once, not after Ray, which launch starts next, has come up and gone down again (seconds)."""
+    model_spec(cfg.actor.path, cfg.seed)
+    check_sources(cfg)
+
+
 def _prepare(cfg: TrainConfig, ray_up: raystart.InBackground):
     """The run's Job and its lock (see hold_run_lock), while Ray starts; Ray stopped if either fails."""
     try:
@@ -99,6 +108,7 @@ def _prepare(cfg: TrainConfig, ray_up: raystart.InBackground):
 
 
 def launch(cfg: TrainConfig, fresh: bool = False) -> int:
+    check_paths(cfg)
     ray_up = start_ray_early(cfg)
     job, lock = _prepare(cfg, ray_up)
     log = runlog.RunLogger(job.paths, cfg.tensorboard, cfg.wandb_project, f"{cfg.experiment_name}/{cfg.trial_name}")
