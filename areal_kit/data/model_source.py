@@ -1,7 +1,7 @@
 """What actor.path names, told from the setting alone, before anything is read or started: a tiny
 model's spec (tiny://toy?hidden=128) that data/tiny_model.py builds, or a Hugging Face model folder.
 Light on purpose (no torch, no transformers): a run checks its actor.path with it before Ray starts,
-so a wrong path is a line at once, not after the seconds a cluster takes to come up.
+so a wrong path is a line at once, not after the seconds Ray takes to come up and go down.
 
     model_spec("tiny://toy?layers=4", seed=1)   # TinySpec(kind="toy", layers=4, seed=1, ...)
     model_spec("/storage/models/Qwen3-1.7B", 1)  # None: a folder with a config.json
