@@ -3,11 +3,10 @@
 Runs the installed command as the README does (default seed) in a fresh directory: in CI over
 14 of the preset's 25 epochs (seed 1's 10-step mean is 0.82 at step 1400 with AVX-512 kernels,
 0.90 with AVX2 ones: past LAST10 with room, in 56% of the time), and whole, as the README writes
-it, among the `long` tests. A
-learning test, not a timing test (wall time is printed, not asserted): the mean
-task reward of the last 10 steps must pass LAST10, and the final saved model, decoded greedily
-with its own tokenizer on all 100 questions, must get both one-digit sums ("7" then eos) and
-two-digit sums ("1 7" then eos) right often enough. A change that breaks decoding, eos handling or
+it, among the `long` tests. A learning test, not a timing test (wall time is printed, not
+asserted): the mean task reward of the last 10 steps must pass LAST10, and the final saved model,
+decoded greedily with its own tokenizer on all 100 questions, must get both one-digit sums ("7"
+then eos) and two-digit sums ("1 7" then eos) right often enough. A change that breaks decoding, eos handling or
 the credit of the second answer token fails here.
 
     .venv/bin/python -m pytest tests/integration/test_tiny_learns.py -s
@@ -32,9 +31,9 @@ from areal_kit.rl.algo import varlen
 # A broken decode, eos or second-token credit stays near chance (task reward ~0.05-0.10, greedy
 # accuracy ~1/19). Seeds 1-3 of the preset end at 0.87-0.92 (greedy 78-100% on either length) on
 # the machine that chose it, and are at 0.80-0.88 at step 1400 (seed 1 with AVX2 kernels: 0.90,
-# greedy 98% / 100% at step 1200 already); the bars leave room for another CPU, whose float kernels round
-# differently (RL amplifies it: the preset before this one ended at 0.84 on one machine, 0.56 on
-# another).
+# greedy 98% / 100% at step 1200 already); the bars leave room for another CPU, whose float
+# kernels round differently (RL amplifies it: the preset before this one ended at 0.84 on one
+# machine, 0.56 on another).
 LAST10 = 0.7  # mean task reward of the last 10 steps
 PER_LENGTH = 0.5  # greedy accuracy on the one-digit and on the two-digit sums, each: 9x chance
 
