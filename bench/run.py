@@ -41,6 +41,7 @@ MODULES = {
     "faults": "bench.faults",
     "lora": "bench.lora",
     "tool": "bench.tool_learning",
+    "cpu": "bench.cpu",
 }
 
 
