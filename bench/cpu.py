@@ -16,7 +16,6 @@ machine, where there is one).
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 import threading
 import time
@@ -106,27 +105,17 @@ class Sampler:
 
 
 def run() -> Result:
-    from areal_kit import runlog
     from areal_kit.config.loader import load_config
     from areal_kit.rl.driver.job import resolve_model
 
     workdir = tempfile.mkdtemp(prefix="bench-cpu-")
     cfg = load_config("tiny", [f"fileroot={workdir}"])
     path = resolve_model(cfg)  # built before the clock starts, as the learning benchmark's is
-    args = ["tiny", f"actor.path={path}", f"exp_ctrl.total_train_steps={STEPS}", f"fileroot={workdir}",
-            "trial_name=cpu", "exp_ctrl.save_freq_epochs=0", "exp_ctrl.ckpt_freq_secs=0", "recover_mode=disabled",
-            "tensorboard=false", "--fresh"]
-    t0 = time.time()
-    with open(os.path.join(workdir, "cpu.log"), "w") as log:
-        proc = subprocess.Popen([engines.areal_kit_bin(), "train", *args], cwd=workdir,
-                                env={**os.environ, "AREAL_USER": "bench"}, stdout=log, stderr=subprocess.STDOUT)
-        sampler = Sampler(proc.pid)
-        rc = proc.wait(timeout=1800)
-    sampler.stop()
-    if rc != 0:
-        raise RuntimeError(f"areal-kit train {' '.join(args)} exited {rc}; log {log.name}")
-    rows = runlog.read_metrics(runlog.run_paths(workdir, "tiny", "cpu", user="bench").metrics_file)
-    cores = machine.describe()["cores"]
+    done = engines.train_run(["tiny", f"actor.path={path}", f"exp_ctrl.total_train_steps={STEPS}"], workdir, "cpu",
+                            timeout=1800, watch=Sampler)
+    rows, t0, sampler = done["rows"], done["start"], done["watch"]
+    here = machine.describe()
+    cores = here["cores"]
 
     first = rows[0]["time"] - rows[0]["e2e_time"]
     a, b = rows[STEADY[0] - 1]["time"], rows[STEADY[1] - 1]["time"]
@@ -156,7 +145,7 @@ def run() -> Result:
              (f"Over 50-step blocks the same step cost {min(blocks) * 1000:.0f}-{max(blocks) * 1000:.0f} CPU-ms: the "
               "machine's speed moves with the host's load, and the floor with it.")]
     learning = load_latest().get("learning", {})
-    if learning.get("machine", {}).get("id") == machine.describe()["id"] and learning.get("ours_steps_to_target"):
+    if learning.get("machine", {}).get("id") == here["id"] and learning.get("ours_steps_to_target"):
         steps, trl = learning["ours_steps_to_target"], learning["trl_wall_to_target"] or learning["trl_wall"]
         least = figures["start_up_cpu_s"] / cores + steps * floor
         figures.update(learning_steps=steps, learning_floor_s=least, learning_trl_s=trl, learning_best_ratio=trl / least)

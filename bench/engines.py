@@ -16,7 +16,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench import workload
 
@@ -84,7 +86,8 @@ def areal_kit_bin() -> str:
 _RUNS: dict[tuple, dict] = {}
 
 
-def train_run(args: list[str], workdir: str, name: str, timeout: float = 900) -> dict:
+def train_run(args: list[str], workdir: str, name: str, timeout: float = 900,
+              watch: Callable[[int], Any] | None = None) -> dict:
     """Run `areal-kit train ARGS` in workdir; its metrics rows, wall time, start (epoch seconds)
     and log path.
 
@@ -92,13 +95,16 @@ def train_run(args: list[str], workdir: str, name: str, timeout: float = 900) ->
     written beyond logs; the log goes to workdir/NAME.log for a reader who wants the details.
     A run with the same ARGS earlier in this process is reused: `run.py` then starts the
     tiny preset once for the pipeline's synchronous row and the peer's tiny workload.
+    `watch`, where given, is called with the command's pid as it starts; what it returns is
+    stopped (its stop()) once the command ends, and comes back as the run's "watch" (a watched
+    run is never a reused one).
     """
     from areal_kit import runlog
     from areal_kit.config.loader import load_config
 
-    if tuple(args) in _RUNS:
-        return _RUNS[tuple(args)]
     key = tuple(args)
+    if watch is None and key in _RUNS:
+        return _RUNS[key]
 
     fileroot = os.path.join(workdir, name)
     args = args + [f"fileroot={fileroot}", f"trial_name={name}", "exp_ctrl.save_freq_epochs=0",
@@ -106,16 +112,25 @@ def train_run(args: list[str], workdir: str, name: str, timeout: float = 900) ->
     log_path = os.path.join(workdir, f"{name}.log")
     env = {**os.environ, "AREAL_USER": "bench"}
     t0 = time.time()
-    with open(log_path, "w") as log:
-        proc = subprocess.run([areal_kit_bin(), "train", *args, "--fresh"], cwd=workdir, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    with open(log_path, "w") as log, subprocess.Popen([areal_kit_bin(), "train", *args, "--fresh"], cwd=workdir,
+                                                      env=env, stdout=log, stderr=subprocess.STDOUT) as proc:
+        watcher = watch(proc.pid) if watch is not None else None
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        finally:
+            if watcher is not None:
+                watcher.stop()
     wall = time.time() - t0
     if proc.returncode != 0:
         tail = Path(log_path).read_text()[-2000:]
         raise RuntimeError(f"areal-kit train {' '.join(args)} exited {proc.returncode}; log {log_path}:\n{tail}")
     exp = _value(args, "experiment_name") or load_config(args[0]).experiment_name  # args[0]: the preset
     paths = runlog.run_paths(fileroot, exp, name, user="bench")
-    _RUNS[key] = {"rows": runlog.read_metrics(paths.metrics_file), "wall": wall, "start": t0, "log": log_path}
+    _RUNS[key] = {"rows": runlog.read_metrics(paths.metrics_file), "wall": wall, "start": t0, "log": log_path,
+                  "watch": watcher}
     return _RUNS[key]
 
 
