@@ -124,8 +124,15 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
             # answers; a streaming engine's calls overlap, so there each request keeps its seed.
             self.llm.collective_rpc("seed_sampling", args=(workflow.call_seed(seeds),))
             seeds = [None] * len(requests)
+        # One SamplingParams per distinct setting: vLLM copies each request's, and building one
+        # per request was a visible share of the tiny preset's step.
+        params: dict[tuple, Any] = {}
+        for r, s in zip(requests, seeds):
+            key = (s, r.n, r.max_tokens, r.temperature)
+            if key not in params:
+                params[key] = self._params(*key)
         outs = self.llm.generate([{"prompt_token_ids": r.prompt_ids} for r in requests],
-                                 [self._params(s, r.n, r.max_tokens, r.temperature) for r, s in zip(requests, seeds)],
+                                 [params[(s, r.n, r.max_tokens, r.temperature)] for r, s in zip(requests, seeds)],
                                  use_tqdm=False, **more)
         return [[workflow.Completion(list(o.token_ids), [lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)],
                                      o.finish_reason, getattr(o, "versions", None)) for o in out.outputs]
