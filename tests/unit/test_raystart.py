@@ -1,11 +1,15 @@
-"""rl/driver/raystart.py's InBackground: a call on a thread of its own (launch.py starts Ray with it while
-the driver imports and prepares the run), its result waited for later, its error raised there."""
+"""rl/driver/raystart.py: InBackground, a call on a thread of its own (launch.py starts Ray with it while
+the driver imports and prepares the run), its result waited for later, its error raised there; and
+the settings start_ray starts a local Ray with (ray.init recorded, not run: the integration tests start it)."""
 
+import os
 import threading
 
 import pytest
+import ray
 
-from areal_kit.rl.driver.raystart import InBackground
+from areal_kit.config.loader import load_config
+from areal_kit.rl.driver.raystart import InBackground, start_ray
 
 
 def test_the_caller_goes_on_while_the_call_runs_and_wait_returns_once_it_is_done():
@@ -44,3 +48,17 @@ def test_the_thread_outlives_its_call_as_a_daemon():
 
 def test_wait_returns_what_the_call_returned():
     assert InBackground(lambda a: a * 2, 21).wait() == 42
+
+
+@pytest.mark.parametrize("user", [None, "1"])
+def test_a_local_ray_starts_without_idle_workers_unless_the_user_asks(monkeypatch, user):
+    """Ray's prestarted workers are never a run's actors: they only take CPU from the start-up."""
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw, env=os.environ.get("RAY_prestart_worker_first_driver")))
+    if user is None:
+        monkeypatch.delenv("RAY_prestart_worker_first_driver", raising=False)
+    else:
+        monkeypatch.setenv("RAY_prestart_worker_first_driver", user)
+    assert start_ray(load_config("tiny", []))
+    assert seen["env"] == (user or "0") and seen["include_dashboard"] is False

@@ -33,6 +33,10 @@ def start_ray(cfg: TrainConfig) -> bool:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, log_to_driver=verbose, logging_level=logging.WARNING)
         return True
+    # Ray prestarts a default worker per CPU for the first driver; a run's actors never use them
+    # (each starts a worker of its own, and Ray ends the idle ones), so they only take CPU from the
+    # run's own start-up, which on a small machine is bound by it.
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     # One Ray slot per trainer rank and per engine GPU: colocated roles share GPUs, not slots.
     a = parse_allocation(cfg.allocation_mode)
     ncpu = max(a.gen_gpus + a.train_gpus, os.cpu_count() or 1) if hardware.detect().is_cpu else None
