@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tempfile
 
-from bench import engines, peer
+from bench import engines, machine, peer
 from bench.report import Result
 
 THRESHOLD = 0.8
@@ -49,7 +49,7 @@ def ratio_to_target(ours: dict, peer: dict) -> float | None:
     return (peer["wall_to_target"] or peer["wall"]) / ours["wall_to_target"]
 
 
-def side(rows: list[dict], wall: float, start: float) -> dict:
+def side(rows: list[dict], wall: float, start: float, steal: float | None = None) -> dict:
     # Start-up: from the command's start to its first step's start (workers, engines, model load);
     # the shutdown after the last step is apart: it does not delay reaching the target.
     start_up = rows[0]["time"] - rows[0]["e2e_time"] - start
@@ -57,7 +57,8 @@ def side(rows: list[dict], wall: float, start: float) -> dict:
     rewards = [r["task_reward"] for r in rows]
     return {"steps_to_target": step, "wall_to_target": secs, "start_up": start_up, "steps_run": len(rows),
             "s_per_step": engines.median(r["e2e_time"] for r in rows), "shutdown": wall - (rows[-1]["time"] - start),
-            "wall": wall, "last10": sum(rewards[-WINDOW:]) / WINDOW, "rewards": [round(v, 4) for v in rewards]}
+            "wall": wall, "last10": sum(rewards[-WINDOW:]) / WINDOW, "steal": steal,
+            "rewards": [round(v, 4) for v in rewards]}
 
 
 def run() -> Result:
@@ -67,14 +68,26 @@ def run() -> Result:
     workdir = tempfile.mkdtemp(prefix="bench-learning-")
     cfg = load_config("tiny", [f"fileroot={workdir}"])
     cfg.actor.path = resolve_model(cfg)  # built once, before either clock starts: both sides train it
-    ours = engines.train_run(["tiny", f"actor.path={cfg.actor.path}"], workdir, "ours-learning", timeout=1800)
+    # Each side's share of CPU time the host gave to other guests (steal): the sides run one after
+    # the other, so a host that got busier between them moves the ratio without any change here.
+    steal = {}
+
+    def timed(name: str, fn, *args, **kw) -> dict:
+        before = machine.cpu_ticks()
+        out = fn(*args, **kw)
+        steal[name] = machine.steal_share(before, machine.cpu_ticks())
+        return out
+
+    ours = timed("ours", engines.train_run, ["tiny", f"actor.path={cfg.actor.path}"], workdir, "ours-learning",
+                 timeout=1800)
     n_steps = len(ours["rows"])
-    stream = engines.train_run(["tiny", f"actor.path={cfg.actor.path}", "rollout.mode=stream"], workdir,
-                               "ours-stream-learning", timeout=1800)
-    trl = peer.run_trl(cfg, n_steps, 256, workdir, "trl-learning", loss_type=TRL_LOSS[cfg.ppo.loss_agg])
-    res = {"areal-kit": side(ours["rows"], ours["wall"], ours["start"]), "TRL": side(trl["rows"], trl["wall"], trl["start"])}
+    stream = timed("stream", engines.train_run, ["tiny", f"actor.path={cfg.actor.path}", "rollout.mode=stream"],
+                   workdir, "ours-stream-learning", timeout=1800)
+    trl = timed("trl", peer.run_trl, cfg, n_steps, 256, workdir, "trl-learning", loss_type=TRL_LOSS[cfg.ppo.loss_agg])
+    res = {"areal-kit": side(ours["rows"], ours["wall"], ours["start"], steal["ours"]),
+           "TRL": side(trl["rows"], trl["wall"], trl["start"], steal["trl"])}
     a, t = res["areal-kit"], res["TRL"]
-    res["areal-kit, rollout.mode=stream"] = side(stream["rows"], stream["wall"], stream["start"])
+    res["areal-kit, rollout.mode=stream"] = side(stream["rows"], stream["wall"], stream["start"], steal["stream"])
     st = res["areal-kit, rollout.mode=stream"]
     figures = {"threshold": THRESHOLD, "window": WINDOW, "budget_steps": n_steps}
     for who, key in (("areal-kit", "ours"), ("TRL", "trl"), ("areal-kit, rollout.mode=stream", "stream")):
@@ -88,14 +101,20 @@ def run() -> Result:
               "the default mode (batch) is there no later than stream": a["wall_to_target"] is not None
               and (st["wall_to_target"] is None or a["wall_to_target"] <= st["wall_to_target"])}
     rows = [[who, reached_cell(x["steps_to_target"]), reached_cell(x["wall_to_target"]), x["start_up"], x["s_per_step"],
-             x["steps_run"], x["last10"], x["shutdown"]] for who, x in res.items()]
+             x["steps_run"], x["last10"], x["shutdown"], steal_cell(x["steal"])] for who, x in res.items()]
     notes = [(f"Ratio = TRL's wall time to a {WINDOW}-step mean task reward of {THRESHOLD} / areal-kit's "
               "(start-up included on both sides); where TRL does not get there, its whole run's wall time."),
-             "Per-step reward curves of both sides are in latest.json (ours_rewards, trl_rewards)."]
+             "Per-step reward curves of both sides are in latest.json (ours_rewards, trl_rewards).",
+             ("Host steal: the share of the CPUs' time the hypervisor gave to other guests while the side ran "
+              "(/proc/stat); a side run on a busier host is slower for it.")]
     return Result("learning", f"wall time to task_reward {THRESHOLD}: areal-kit vs TRL GRPOTrainer, tiny preset",
                   figures, ratio=ratio, target=2.0, checks=checks,
                   columns=["toolkit", f"steps to {THRESHOLD}", f"s to {THRESHOLD}", "start-up s", "s/step (median)",
-                           "steps run", "last-10 reward", "shutdown s"], rows=rows, notes=notes)
+                           "steps run", "last-10 reward", "shutdown s", "host steal"], rows=rows, notes=notes)
+
+
+def steal_cell(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
 
 
 def reached_cell(v):

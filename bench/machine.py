@@ -63,6 +63,28 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def cpu_ticks(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(steal, total) clock ticks of all CPUs since boot; None where there is no /proc/stat."""
+    try:
+        with open(path) as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+    ticks = [int(v) for v in fields[1:9]]
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks)
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Share of the CPUs' time between two cpu_ticks() that the hypervisor gave to other guests:
+    on a shared host the same work then takes longer, a side of a ratio more than the other."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 4)
+
+
 def machine_id(model: str, flags: list[str], cores: int) -> str:
     """8 hex digits naming the kind of machine; the host's name, memory and versions stay out of it."""
     return hashlib.sha1(f"{model}|{' '.join(flags)}|{cores}".encode()).hexdigest()[:8]

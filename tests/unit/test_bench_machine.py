@@ -90,3 +90,18 @@ def test_the_shared_writer_records_the_machine(tmp_path, capsys):
     assert [(f, n) for f, n, _ in recorded_runs(str(tmp_path))] == [("2020.json", "old"), ("latest.json", "demo")]
 
     assert Result("x", "x", {}).record()["machine"]["id"] == this["id"]  # the record itself, outside run_all too
+
+
+def test_steal_is_the_share_of_cpu_time_other_guests_took_between_two_readings(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 17 0 0\n")
+    before = machine.cpu_ticks(str(stat))
+    assert before == (35, 1000)
+    stat.write_text("cpu  200 0 100 1500 10 0 5 185 0 0\n")
+    after = machine.cpu_ticks(str(stat))
+    assert machine.steal_share(before, after) == 0.15  # 150 of the 1000 ticks in between
+    assert machine.steal_share(after, before) is None  # readings out of order: no figure
+    assert machine.cpu_ticks(str(tmp_path / "absent")) is None
+    assert machine.steal_share(None, after) is None
+    assert machine.cpu_ticks("/proc/stat") is not None or not os.path.exists("/proc/stat")
