@@ -54,6 +54,7 @@ def test_wait_returns_what_the_call_returned():
 def test_a_local_ray_starts_without_idle_workers_unless_the_user_asks(monkeypatch, user):
     """Ray's prestarted workers are never a run's actors: they only take CPU from the start-up."""
     seen = {}
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # what start_ray sets stays in this test
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw, env=os.environ.get("RAY_prestart_worker_first_driver")))
     if user is None:
