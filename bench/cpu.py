@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 
+from areal_kit.procs import stat_fields
 from bench import engines, machine
 from bench.report import Result, load_latest
 
@@ -40,17 +41,13 @@ def role(cmdline: str, pid: int, driver: int) -> str:
     return "Ray and the rest"
 
 
-def _stat(pid: int) -> tuple[int, float, str] | None:
-    """(parent pid, CPU-seconds, command line) of a live process, or None."""
+def _cmdline(pid: int) -> str:
+    """A live process's command line ("" once it has ended)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            st = f.read()
         with open(f"/proc/{pid}/cmdline") as f:
-            cmd = f.read().replace("\0", " ")
+            return f.read().replace("\0", " ")
     except OSError:
-        return None
-    fields = st[st.rfind(")") + 2:].split()  # after the command name, which may hold spaces
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / HZ, cmd
+        return ""
 
 
 class Sampler:
@@ -69,17 +66,17 @@ class Sampler:
         known = {self.root}
         while not self._stop.is_set():
             now, cpu = time.time(), {}
-            procs = {int(d): s for d in os.listdir("/proc") if d.isdigit() and (s := _stat(int(d)))}
+            procs = stat_fields()  # [state, ppid, ..., utime (11), stime (12), ...] of each pid
             grew = True
             while grew:  # descendants: a child is known once its parent is
                 grew = False
-                for pid, (ppid, _, _) in procs.items():
-                    if pid not in known and ppid in known:
+                for pid, f in procs.items():
+                    if pid not in known and int(f[1]) in known:
                         known.add(pid)
                         grew = True
             for pid in known & procs.keys():
-                _, cpu[pid], cmd = procs[pid]
-                self.cmd[pid] = cmd or self.cmd.get(pid, "")
+                cpu[pid] = (int(procs[pid][11]) + int(procs[pid][12])) / HZ
+                self.cmd[pid] = _cmdline(pid) or self.cmd.get(pid, "")
             self.samples.append((now, cpu))
             self._stop.wait(self.every_s)
 

@@ -126,13 +126,9 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
             seeds = [None] * len(requests)
         # One SamplingParams per distinct setting: vLLM copies each request's, and building one
         # per request was a visible share of the tiny preset's step.
-        params: dict[tuple, Any] = {}
-        for r, s in zip(requests, seeds):
-            key = (s, r.n, r.max_tokens, r.temperature)
-            if key not in params:
-                params[key] = self._params(*key)
-        outs = self.llm.generate([{"prompt_token_ids": r.prompt_ids} for r in requests],
-                                 [params[(s, r.n, r.max_tokens, r.temperature)] for r, s in zip(requests, seeds)],
+        keys = [(s, r.n, r.max_tokens, r.temperature) for r, s in zip(requests, seeds)]
+        params = {key: self._params(*key) for key in set(keys)}
+        outs = self.llm.generate([{"prompt_token_ids": r.prompt_ids} for r in requests], [params[k] for k in keys],
                                  use_tqdm=False, **more)
         return [[workflow.Completion(list(o.token_ids), [lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)],
                                      o.finish_reason, getattr(o, "versions", None)) for o in out.outputs]
