@@ -12,6 +12,8 @@ last 10 steps reaches 0.8; its wall time counts from the command's start to the 
 start-up included (the shutdown after the last step is reported apart). Each side stops at the
 preset's step budget: a side that never reaches 0.8 is reported as such. areal-kit runs once more
 with rollout.mode=stream (the same settings otherwise), which is how the default mode was chosen.
+Before either side, vLLM alone (bench/engine_floor.py) gives the engine's start and the step's
+generate with nothing else running: our side's least time to the target if all else were free.
 
     python bench/run.py learning
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import tempfile
 
-from bench import engines, machine, peer
+from bench import engine_floor, engines, machine, peer
 from bench.report import Result
 
 THRESHOLD = 0.8
@@ -78,6 +80,8 @@ def run() -> Result:
         steal[name] = machine.steal_share(before, machine.cpu_ticks())
         return out
 
+    # vLLM alone on the same model and prompts: the part of our side no change of ours removes.
+    floor = engine_floor.run(cfg.actor.path, workdir)
     ours = timed("ours", engines.train_run, ["tiny", f"actor.path={cfg.actor.path}"], workdir, "ours-learning",
                  timeout=1800)
     n_steps = len(ours["rows"])
@@ -94,6 +98,10 @@ def run() -> Result:
         for f, v in res[who].items():
             figures[f"{key}_{f}"] = v
     ratio = ratio_to_target(a, t)
+    least = engine_floor.least(floor, a["steps_to_target"])
+    ceiling = ratio_to_target({"wall_to_target": least}, t)
+    figures.update(vllm_alone_start_s=floor["start_s"], vllm_alone_call_s=floor["call_s"], ours_least_s=least,
+                   ratio_ceiling=ceiling)
     checks = {"areal-kit reaches 0.8": a["steps_to_target"] is not None,
               "in no more steps than TRL": a["steps_to_target"] is not None
               and (t["steps_to_target"] is None or a["steps_to_target"] <= t["steps_to_target"]),
@@ -105,12 +113,20 @@ def run() -> Result:
     notes = [(f"Ratio = TRL's wall time to a {WINDOW}-step mean task reward of {THRESHOLD} / areal-kit's "
               "(start-up included on both sides); where TRL does not get there, its whole run's wall time."),
              "Per-step reward curves of both sides are in latest.json (ours_rewards, trl_rewards).",
+             (f"vLLM alone (bench/engine_floor.py: one engine of the preset on one core, nothing else running): "
+              f"start {floor['start_s']:.1f} s, the step's generate {floor['call_s'] * 1000:.0f} ms. At "
+              f"{reached_cell(a['steps_to_target'])} steps, with every other part of our side at no cost, ours would "
+              f"take {cell(least)} s: at most {cell(ceiling, '{:.2f}x')} against this TRL run."),
              ("Host steal: the share of the CPUs' time the hypervisor gave to other guests while the side ran "
               "(/proc/stat); a side run on a busier host is slower for it.")]
     return Result("learning", f"wall time to task_reward {THRESHOLD}: areal-kit vs TRL GRPOTrainer, tiny preset",
                   figures, ratio=ratio, target=2.0, checks=checks,
                   columns=["toolkit", f"steps to {THRESHOLD}", f"s to {THRESHOLD}", "start-up s", "s/step (median)",
                            "steps run", "last-10 reward", "shutdown s", "host steal"], rows=rows, notes=notes)
+
+
+def cell(v: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
 
 
 def steal_cell(v: float | None) -> str:

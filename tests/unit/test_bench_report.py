@@ -105,3 +105,15 @@ def test_the_learning_ratio_falls_back_to_the_peers_whole_run():
     assert ratio_to_target({"wall_to_target": 10.0}, {"wall_to_target": 25.0, "wall": 99.0}) == 2.5
     assert ratio_to_target({"wall_to_target": 10.0}, {"wall_to_target": None, "wall": 40.0}) == 4.0
     assert ratio_to_target({"wall_to_target": None}, {"wall_to_target": 5.0, "wall": 9.0}) is None
+
+
+def test_the_learning_ceiling_is_vllms_own_time_over_our_steps_against_the_peer():
+    """The most the learning ratio could be: the peer's time over vLLM's start plus our steps to the
+    target at vLLM's own call time; none where ours never gets there."""
+    from bench.engine_floor import least
+    from bench.learning import ratio_to_target
+
+    floor = {"start_s": 8.0, "call_s": 0.1}
+    assert least(floor, 600) == pytest.approx(68.0)
+    assert least(floor, None) is None
+    assert ratio_to_target({"wall_to_target": least(floor, 600)}, {"wall_to_target": 170.0, "wall": 300.0}) == 2.5
