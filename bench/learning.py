@@ -109,7 +109,7 @@ def run() -> Result:
               "the default mode (batch) is there no later than stream": a["wall_to_target"] is not None
               and (st["wall_to_target"] is None or a["wall_to_target"] <= st["wall_to_target"])}
     rows = [[who, reached_cell(x["steps_to_target"]), reached_cell(x["wall_to_target"]), x["start_up"], x["s_per_step"],
-             x["steps_run"], x["last10"], x["shutdown"], steal_cell(x["steal"])] for who, x in res.items()]
+             x["steps_run"], x["last10"], x["shutdown"], cell(x["steal"], "{:.1%}")] for who, x in res.items()]
     notes = [(f"Ratio = TRL's wall time to a {WINDOW}-step mean task reward of {THRESHOLD} / areal-kit's "
               "(start-up included on both sides); where TRL does not get there, its whole run's wall time."),
              "Per-step reward curves of both sides are in latest.json (ours_rewards, trl_rewards).",
@@ -126,11 +126,8 @@ def run() -> Result:
 
 
 def cell(v: float | None, fmt: str = "{:.1f}") -> str:
+    """A table or note cell: "-" where there is no figure."""
     return "-" if v is None else fmt.format(v)
-
-
-def steal_cell(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1%}"
 
 
 def reached_cell(v):
