@@ -47,9 +47,9 @@ def measure(model_path: str, workdir: str, calls: int) -> dict:
 def run(model_path: str, workdir: str, calls: int = 60) -> dict:
     """measure() in a fresh process on the machine's last core (a run's engine has one core)."""
     core = max(os.sched_getaffinity(0))
-    out = subprocess.run(["taskset", "-c", str(core), sys.executable, "-m", "bench.engine_floor", model_path,
-                          workdir, str(calls)], cwd=engines.ROOT, capture_output=True, text=True, check=True,
-                         timeout=600)
+    out = subprocess.run([sys.executable, "-m", "bench.engine_floor", model_path, workdir, str(calls)],
+                         cwd=engines.ROOT, capture_output=True, text=True, check=True, timeout=600,
+                         preexec_fn=lambda: os.sched_setaffinity(0, {core}))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
