@@ -165,6 +165,27 @@ class Trajectory:
             return sum(len(t.token_ids) for t in self.turns if t.role == MODEL)
         return len(self.output_ids) if self.loss_mask is None else sum(1 for x in self.loss_mask if x)
 
+    @property
+    def n_turns(self) -> int:
+        """The model's turns: the engine calls the episode is made of (1 without turns)."""
+        return 1 if self.turns is None else sum(1 for t in self.turns if t.role == MODEL)
+
+    @property
+    def n_tool_calls(self) -> int:
+        """The model's turns that the environment answered before the model went on: a model turn
+        followed by an environment turn. One definition for a workflow's turns and an agent's joined
+        calls (whose tool results and template tokens between two calls are an environment turn),
+        with no parser to trust: a call the model wrote but nothing answered (an episode that ends
+        on it, a malformed call the tool ignored) is not counted."""
+        if self.turns is None:
+            return 0
+        return sum(1 for a, b in zip(self.turns, self.turns[1:]) if a.role == MODEL and b.role == ENV)
+
+    @property
+    def n_env_tokens(self) -> int:
+        """The environment's tokens after the prompt (loss mask 0: tool results, template tokens)."""
+        return len(self.output_ids) - self.n_model_tokens
+
     def check(self) -> None:
         n = len(self.output_ids)
         if n == 0:

@@ -56,6 +56,7 @@ def _train():
     def train(**given):
         where = build(cluster_cmd.OnCluster, given)
         slurm = build(SlurmOptions, given)
+        rl_cmd.check_discard(given["fresh"], given["discard"])
         if slurm.slurm and not given["show_args"]:
             if where.cluster is not None:
                 raise UserError("--slurm and --cluster: pick one (Slurm submits from a login node, --cluster runs on "
@@ -63,7 +64,7 @@ def _train():
             from areal_kit.slurm import cmd as slurm_cmd
 
             return slurm_cmd.submit(given["preset"], given["overrides"] or [], slurm, dry_run=given["dry_run"],
-                                    fresh=given["fresh"])
+                                    fresh=given["fresh"], discard=given["discard"])
         slurm.check()  # a Slurm option without --slurm
         if where.cluster is None or given["show_args"]:
             if where.train_wait is not None:
@@ -72,7 +73,7 @@ def _train():
         if given["as_json"]:
             raise UserError("--json goes with --show-args (areal-kit train PRESET --show-args --json)")
         return cluster_cmd.train_on(given["preset"], given["overrides"] or [], fresh=given["fresh"],
-                                    dry_run=given["dry_run"], given=given)
+                                    discard=given["discard"], dry_run=given["dry_run"], given=given)
 
     train.__doc__ = rl_cmd.train.__doc__
     return train
@@ -100,20 +101,22 @@ def _doctor():
     """`areal-kit doctor`: cluster/cmd.py's, or with --slurm slurm/cmd.py's checks of a partition."""
     from areal_kit.cluster import cmd as cluster_cmd
     from areal_kit.flags import command, params
+    from areal_kit.options import Storage
     from areal_kit.slurm.options import SlurmOptions
 
-    @command(list(inspect.signature(cluster_cmd.doctor).parameters.values()), params(SlurmOptions, "partition"))
+    @command(list(inspect.signature(cluster_cmd.doctor).parameters.values()), params(SlurmOptions, "partition"),
+             params(Storage))
     def doctor(slurm: bool = typer.Option(False, "--slurm", help="Check a Slurm partition instead (--partition): its "
                                           "nodes' state, their GPUs against --preset, and through srun on each node "
                                           "the shared storage (--storage) and areal-kit's Python (--python; default: "
-                                          "this one)."),
-               storage: str = typer.Option(".", "--storage", help="With --slurm: a folder on the storage every node "
-                                           "must share (runs write logs and checkpoints there)."), **given) -> int:
+                                          "this one)."), **given) -> int:
+        storage = given.pop("storage")  # with --slurm: a folder every node must share (runs write logs and checkpoints there)
         if slurm:
             from areal_kit.slurm import cmd as slurm_cmd
 
-            return slurm_cmd.doctor(given["partition"], storage, given["python"], given["preset"], given["as_json"])
-        if given["partition"] or storage != ".":
+            return slurm_cmd.doctor(given["partition"], storage or ".", given["python"], given["preset"],
+                                    given["as_json"])
+        if given["partition"] or storage is not None:
             raise UserError("--partition and --storage go with --slurm (areal-kit doctor --slurm --partition P)")
         return cluster_cmd.doctor(**{k: v for k, v in given.items() if k != "partition"})
 

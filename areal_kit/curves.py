@@ -42,7 +42,8 @@ PANELS = (("task_reward", "task reward"), ("avg_seq_len", "response length (toke
 
 def extra_panels(rows: list[dict]) -> list[tuple[str, str, list[str]]]:
     """Panels of what this run logged besides PANELS: (title, y label, keys), one line per key.
-    Each dataset.mix source's task reward; the in-training eval (greedy pass@1, avg@k, pass@k)."""
+    Each dataset.mix source's task reward; the in-training eval (greedy pass@1, avg@k, pass@k); the
+    share of episodes that call a tool (a multi-turn workflow's or an agent's episodes)."""
     keys = sorted({k for r in rows for k in r})
     out = []
     sources = [k for k in keys if k.startswith("task_reward/")]
@@ -51,6 +52,9 @@ def extra_panels(rows: list[dict]) -> list[tuple[str, str, list[str]]]:
     evals = [k for k in keys if k == "eval/pass@1" or k.startswith(("eval/avg@", "eval/pass@"))]
     if evals:
         out.append(("in-training eval (held-out split)", "accuracy", sorted(evals, key=len)))
+    if "episode/tool_call_share" in keys:
+        out.append(("episodes that call a tool (episode/tool_call_share)", "share of episodes",
+                    ["episode/tool_call_share"]))
     return out
 
 

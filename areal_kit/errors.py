@@ -52,7 +52,8 @@ class RunFailed(Exception):
 
 def describe(e: BaseException) -> str:
     """`[Actor.method: ]Type: first line` of an error, one line, through the RayTaskErrors a
-    remote call wraps it in (their own first line is only the ray::Actor.method header)."""
+    remote call wraps it in (their own first line is only the ray::Actor.method header); for our
+    own UserError and RunFailed, their line alone."""
     wrappers: tuple[type[BaseException], ...]
     try:
         from ray.exceptions import RayTaskError
@@ -65,4 +66,6 @@ def describe(e: BaseException) -> str:
         where = where or (f"{call[1]}: " if call else "")  # the outermost: the call the driver made
         e = e.cause
     lines = str(e).splitlines()
+    if isinstance(e, (UserError, RunFailed)) and lines:  # ours: written as the one whole line users read
+        return where + lines[0]
     return where + (f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__)

@@ -6,7 +6,9 @@ gives a typer command the parameters of such fields, `build` makes the dataclass
 typer passed: a default or a help text lives in one place, and `--help` cannot say something the
 code does not do. An option only one command has, and that fills no dataclass, is declared in that
 command's own signature, as typer does. The setup commands (cluster/options.py, cluster/target.py)
-and eval and filter (eval/options.py) are made so.
+and eval and filter (eval/options.py) are made so; an option several commands take is declared in
+areal_kit/options.py. A spelling an option had before (`old=`) is still accepted: it fills the same
+field and says the new name on stderr.
 
     @dataclass
     class Limits:
@@ -21,18 +23,25 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 import types
 import typing
 
 import typer
 
+from areal_kit.errors import UserError
+
 _KEY = "cli"  # the field metadata that makes a dataclass field a command-line option
+_OLD = "cli_old"  # the field metadata of the option's earlier spellings
+# The hidden parameter of an earlier spelling (named FIELD_oldN by params) -> the field it fills.
+_OLD_SPELLINGS: dict[str, str] = {}
 
 
-def flag(default, *names: str, help: str, **typer_kw):
+def flag(default, *names: str, help: str, old: tuple[str, ...] = (), **typer_kw):
     """A dataclass field that is also the command-line option `names` (typer.Option's keywords:
-    min, envvar, show_default, ...); default `...`: a required option, a field without a default."""
-    meta = {_KEY: ("option", names, help, typer_kw)}
+    min, envvar, show_default, ...); default `...`: a required option, a field without a default.
+    old: spellings it had before, still accepted (hidden from --help) with a note of the new one."""
+    meta = {_KEY: ("option", names, help, typer_kw), _OLD: old}
     return dataclasses.field(metadata=meta) if default is ... else dataclasses.field(default=default, metadata=meta)
 
 
@@ -72,7 +81,30 @@ def params(cls, names: str | None = None) -> list[inspect.Parameter]:
             typer.Option(default, *decls, help=help_, **kw)
         out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
                                      annotation=_cli_type(hints[name])))
+        for i, spelling in enumerate(f.metadata.get(_OLD, ())):
+            _OLD_SPELLINGS[f"{name}_old{i}"] = name
+            out.append(inspect.Parameter(f"{name}_old{i}", inspect.Parameter.KEYWORD_ONLY,
+                                         default=typer.Option(None, spelling, hidden=True,
+                                                              help=f"{decls[0]}'s old spelling."),
+                                         annotation=_cli_type(hints[name])))
     return out
+
+
+def _fold_old_spellings(every: list[inspect.Parameter], kw: dict) -> None:
+    """An earlier spelling's value into its field's parameter (in kw), with a note on stderr."""
+    decl = {p.name: p.default for p in every}
+    for p in every:
+        name = _OLD_SPELLINGS.get(p.name)
+        if name not in decl or p.name not in kw:
+            continue
+        value = kw.pop(p.name)
+        if value is None:
+            continue
+        old, new = p.default.param_decls[0], decl[name].param_decls[0]
+        print(f"note: {old} is a deprecated alias of {new}; use {new}", file=sys.stderr)
+        if kw.get(name) not in (None, decl[name].default):
+            raise UserError(f"{old} and {new} are one option: give {new} alone")
+        kw[name] = value
 
 
 def command(*groups: list[inspect.Parameter], own_first: bool = False):
@@ -88,9 +120,16 @@ def command(*groups: list[inspect.Parameter], own_first: bool = False):
         names = [p.name for p in every]
         if len(names) != len(set(names)):
             raise TypeError(f"{fn.__name__}: an option is declared twice: {sorted(n for n in names if names.count(n) > 1)}")
-        fn.__signature__ = inspect.Signature(every, return_annotation=hints.get("return", inspect.Signature.empty))
-        fn.__annotations__ = {p.name: p.annotation for p in every} | {"return": hints.get("return")}
-        return fn
+
+        def run(*args, **kw):
+            _fold_old_spellings(every, kw)
+            return fn(*args, **kw)
+
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(run, attr, getattr(fn, attr))
+        run.__signature__ = inspect.Signature(every, return_annotation=hints.get("return", inspect.Signature.empty))
+        run.__annotations__ = {p.name: p.annotation for p in every} | {"return": hints.get("return")}
+        return run
     return wrap
 
 

@@ -1,6 +1,7 @@
 """Where we run: device, dist backend, dtype and vLLM settings, chosen once for CPU or GPU.
 
-GPU and CPU run the same code; this module is the only place that branches on the device.
+GPU and CPU run the same code; the places that branch on the device are listed in ARCHITECTURE.md
+("Where CPU and GPU runs differ"), each with the CPU test that crosses the same boundary.
 `AREAL_DEVICE=cpu|cuda` forces a choice (the dry-run of GPU presets uses `cuda` without a GPU).
 """
 
@@ -101,7 +102,15 @@ def check_cuda(ray_address: str | None = None, timeout_s: float = CUDA_CHECK_TIM
 
 
 def gpu_memory_bytes() -> int | None:
-    """The memory of this machine's first GPU, None without one (or without torch)."""
+    """The memory of this machine's first GPU, None without one. Asked of nvidia-smi where it is
+    installed: the driver checks its memory plan before starting any worker, and torch would start
+    CUDA in the driver to answer (the workers need that GPU); else of torch."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.split()
+        return int(out[0]) << 20  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        pass
     try:
         import torch
     except ImportError:
@@ -167,13 +176,15 @@ def vllm_cache_root() -> str:
     return os.path.join(base, "areal-kit", "vllm")
 
 
-def vllm_env(platform: Platform, tp: int = 1) -> dict[str, str]:
+def vllm_env(platform: Platform, tp: int = 1, engine_core: str = "auto") -> dict[str, str]:
     """Environment for a vLLM engine this process is about to start (set before `LLM(...)`).
 
-    On CPU with one worker, vLLM's engine core and its worker run inside the calling process
-    instead of two more processes that hand every step over shared memory, one of them
-    spin-waiting, which on a CPU takes a core from the work. GPUs keep the separate engine process, which overlaps
-    scheduling with the GPU's work.
+    engine_core (actor.vllm.engine_core): "process" runs vLLM's engine core in a process of its
+    own, as GPUs always do (it overlaps scheduling with the GPU's work), so every call and its
+    arguments cross vLLM's engine-core client (msgpack); "inline" runs it and its one worker inside
+    the calling process on CPU, instead of two more processes that hand every step over shared
+    memory, one of them spin-waiting, which on a CPU takes a core from the work; "auto" is inline
+    on CPU with one worker, else process.
 
     On CPU torch.compile is off in the engine: the model already runs eagerly (enforce_eager), and
     the one function vLLM still compiles, the sampler's rank count behind the logprobs, cost each
@@ -182,7 +193,9 @@ def vllm_env(platform: Platform, tp: int = 1) -> dict[str, str]:
     if not platform.is_cpu:
         return {}
     env = {"TORCH_COMPILE_DISABLE": "1"}
-    if tp == 1 and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ:  # the user's word wins
+    if engine_core == "process":
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    elif tp == 1 and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ:  # the user's word wins over auto
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 

@@ -7,7 +7,7 @@ the persistent saves; it never talks to Ray.
     areal-kit logs tiny/run0                      # EXP/TRIAL under ./areal_runs (or --fileroot)
     areal-kit logs areal_runs/logs/root/tiny/run0 --follow
     areal-kit logs tiny/run0 --plot               # task_reward curve in the terminal (plotext)
-    areal-kit plot tiny/run0 -o curves.png        # task_reward, response length, KL, entropy (+ eval, sources)
+    areal-kit plot tiny/run0 -o curves.png        # task_reward, response length, KL, entropy (+ eval, sources, tool calls)
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from areal_kit.checkpoints import step_of
 from areal_kit.console import make_console
 from areal_kit.durable import read_json
 from areal_kit.errors import UserError
+from areal_kit.flags import build, command, flag, params
 from areal_kit.logs import (
     line_time,
     parse_epoch,
@@ -243,13 +244,20 @@ def summary_lines(st: Status, now: float | None = None) -> list[str]:
 
 
 # ------------------------------------------------------------------ commands
+@dataclass
+class RunRoot:
+    """Where a run given as EXP/TRIAL lives: logs' and plot's --fileroot and --user."""
+
+    fileroot: str = flag("", "--fileroot", help="Root the run was started with (default ./areal_runs); used with "
+                         "EXP/TRIAL.")
+    user: str = flag("", "--user", help="User folder of the run (default $AREAL_USER or your login); used with "
+                     "EXP/TRIAL.")
+
+
+@command(params(RunRoot))
 def logs(
     run: str = typer.Argument(..., help="The run: its log folder ({fileroot}/logs/{user}/{exp}/{trial}, with "
                                         "train.log) or EXP/TRIAL under --fileroot."),
-    fileroot: str = typer.Option("", "--fileroot", help="Root the run was started with (default ./areal_runs); "
-                                                        "used with EXP/TRIAL."),
-    user: str = typer.Option("", "--user", help="User folder of the run (default $AREAL_USER or your login); "
-                                                "used with EXP/TRIAL."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new log lines until the run "
                                                               "finishes or dies (Ctrl-C stops watching)."),
     plot_: bool = typer.Option(False, "--plot", help="Draw the task_reward curve in the terminal (plotext)."),
@@ -257,9 +265,11 @@ def logs(
     interval: float = typer.Option(2.0, "--interval", help="Seconds between checks with --follow."),
     samples: bool = typer.Option(False, "--samples", help="Show the latest dumped rollout samples (prompt, answer, "
                                                           "reward, advantage; exp_ctrl.dump_samples_every)."),
+    **given,
 ) -> None:
     """Where a run stands, from its files alone: last step, last recover point, ETA, alive or dead."""
-    files = resolve_run(run, fileroot, user)
+    root = build(RunRoot, given)
+    files = resolve_run(run, root.fileroot, root.user)
     st = read_status(files, tail=tail)
     console = make_console(highlight=False)
     for line in summary_lines(st):
@@ -326,23 +336,23 @@ def _follow(files: RunFiles, st: Status, interval: float, console: Console) -> N
         console.out(line)
 
 
+@command(params(RunRoot))
 def plot(
     run: str = typer.Argument(..., help="The run: its log folder (with metrics.jsonl) or EXP/TRIAL under "
                                         "--fileroot."),
     output: str = typer.Option("", "--output", "-o", help="PNG file to write (default: metrics.png in the "
                                                           "run's log folder)."),
-    fileroot: str = typer.Option("", "--fileroot", help="Root the run was started with (default ./areal_runs); "
-                                                        "used with EXP/TRIAL."),
-    user: str = typer.Option("", "--user", help="User folder of the run (default $AREAL_USER or your login); "
-                                                "used with EXP/TRIAL."),
     smooth: int = typer.Option(1, "--smooth", min=1, help="Also draw a moving average over this many steps "
                                                           "(1 = raw values only)."),
+    **given,
 ) -> None:
     """Plot task_reward, response length, KL and entropy per step to a PNG (matplotlib).
 
-    The in-training eval (pass@1, avg@k, pass@k) and each dataset.mix source's task reward get
-    panels of their own when the run logged them."""
-    files = resolve_run(run, fileroot, user)
+    The in-training eval (pass@1, avg@k, pass@k), each dataset.mix source's task reward and the
+    share of episodes that call a tool (episode/tool_call_share) get panels of their own when the
+    run logged them."""
+    root = build(RunRoot, given)
+    files = resolve_run(run, root.fileroot, root.user)
     rows = step_rows(files.metrics_file)
     if not rows:
         raise UserError(f"no steps in {files.metrics_file} yet; expected a run that finished global step 1")

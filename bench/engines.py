@@ -87,7 +87,7 @@ _RUNS: dict[tuple, dict] = {}
 
 
 def train_run(args: list[str], workdir: str, name: str, timeout: float = 900,
-              watch: Callable[[int], Any] | None = None) -> dict:
+              watch: Callable[[int], Any] | None = None, reuse: bool = True) -> dict:
     """Run `areal-kit train ARGS` in workdir; its metrics rows, wall time, start (epoch seconds)
     and log path.
 
@@ -97,13 +97,13 @@ def train_run(args: list[str], workdir: str, name: str, timeout: float = 900,
     tiny preset once for the pipeline's synchronous row and the peer's tiny workload.
     `watch`, where given, is called with the command's pid as it starts; what it returns is
     stopped (its stop()) once the command ends, and comes back as the run's "watch" (a watched
-    run is never a reused one).
+    run is never a reused one); reuse=False runs the command again (a benchmark's second round).
     """
     from areal_kit import runlog
     from areal_kit.config.loader import load_config
 
     key = tuple(args)
-    if watch is None and key in _RUNS:
+    if reuse and watch is None and key in _RUNS:
         return _RUNS[key]
 
     fileroot = os.path.join(workdir, name)

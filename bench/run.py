@@ -42,6 +42,7 @@ MODULES = {
     "lora": "bench.lora",
     "tool": "bench.tool_learning",
     "cpu": "bench.cpu",
+    "engine_core": "bench.engine_core",
 }
 
 

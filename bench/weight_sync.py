@@ -78,13 +78,13 @@ def _ipc_child(requests, replies) -> None:
     """The engine worker's end of the colocated row: map the buffer, copy each chunk out."""
     import torch
 
-    from areal_kit.rl.weight_sync import cuda_ipc
+    from areal_kit.rl.weight_sync import ipc
 
-    importer, params = cuda_ipc.Importer(), {}
+    importer, params = ipc.Importer(), {}
     uuid = str(torch.cuda.get_device_properties(0).uuid)
     while (msg := requests.get()) is not None:
         handles, chunk = msg
-        for name, view in cuda_ipc.views(importer.open(handles, uuid, 0), [cuda_ipc.Slot(*s) for s in chunk]):
+        for name, view in ipc.views(importer.open(handles, uuid, 0), [ipc.Slot(*s) for s in chunk]):
             params.setdefault(name, torch.empty_like(view)).copy_(view)
         torch.cuda.synchronize()
         replies.put(len(chunk))
@@ -102,12 +102,12 @@ def colocated(model_path: str, reps: int) -> float | None:
     if not torch.cuda.is_available():
         return None
     rank = IpcSender()
-    rank.device = torch.device("cuda", 0)
+    rank.rank, rank.device = 0, torch.device("cuda", 0)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).to(rank.device)
     state = model.state_dict()
     if model.config.tie_word_embeddings:  # as the trainer sends it: the engine ties lm_head itself
         state.pop("lm_head.weight", None)
-    rank._sync_state, rank.release_memory = lambda: state, dict
+    rank._sync_state, rank.release_memory = lambda every_rank=False: state, dict
     ctx = mp.get_context("spawn")
     requests, replies = ctx.Queue(), ctx.Queue()
     child = ctx.Process(target=_ipc_child, args=(requests, replies), daemon=True)

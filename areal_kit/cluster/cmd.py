@@ -12,7 +12,7 @@ Steps (cluster/steps.py, cluster/ray_cluster.py, cluster/data.py, cluster/train_
 all hosts in parallel via cluster/parallel.py; the exit code is an ExitCode (areal_kit/errors.py):
 OK when every host succeeded, FAILED when any failed, BAD_INPUT for bad input. Per-host logs go
 to --log-dir.
-Each option is declared once, on the field of the dataclass it fills (cluster/options.py,
+Each option is declared once, on the field of the dataclass it fills (cluster/options.py, areal_kit/options.py,
 cluster/target.py), and the signatures below are made of those fields (areal_kit/flags.py); status,
 down and doctor find their cluster through one Target, filled from what setup saved.
 """
@@ -26,14 +26,19 @@ import re
 import secrets as secrets_mod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from areal_kit.cluster.options import STOP_GRACE, TRAIN_WAIT, Cluster, ConnectOptions, Limits, SetupOptions, save_state
+from areal_kit.cluster.options import STOP_GRACE, TRAIN_WAIT, ConnectOptions, Limits, SetupOptions, save_state
 from areal_kit.cluster.target import Hosts, Target
 from areal_kit.errors import ExitCode, RunFailed, UserError
 from areal_kit.flags import build, command, flag, params
 from areal_kit.home import state_dir
+from areal_kit.options import Mirror, Storage
+
+if TYPE_CHECKING:  # the run's context brings the SSH connections (fabric), which --help does not need
+    from areal_kit.cluster.context import Cluster
 
 # status, down and doctor: which cluster, and how this machine reaches it.
 _TARGET = (params(Target), params(ConnectOptions, "known_hosts host_key_policy"))
@@ -52,7 +57,7 @@ def _ray_token(cluster_name: str) -> str:
 
 
 def _build(opts: SetupOptions, copts: ConnectOptions, secrets: dict[str, str]) -> Cluster:
-    from areal_kit.cluster.parallel import HostState
+    from areal_kit.cluster.context import Cluster, HostState
     from areal_kit.cluster.remote import DryRemote, HostLog, Remote, check_key_file
 
     for k in {h.key_file for h in opts.spec.hosts}:
@@ -83,12 +88,9 @@ def _close(cluster: Cluster) -> None:
         h.remote.close()
 
 
-@command(params(Hosts), params(SetupOptions), params(ConnectOptions), params(Limits, "min_shm_gb min_nofile"))
+@command(params(Hosts), params(Storage), params(SetupOptions), params(Mirror), params(ConnectOptions),
+         params(Limits, "min_shm_gb min_nofile"))
 def setup(
-    mirror: str = typer.Option(None, "--mirror", envvar="AREAL_KIT_MIRROR", show_envvar=True, help="Fetch every "
-                               "source from this mirror, laid out as the origins: MIRROR/HOST/PATH for "
-                               "https://HOST/PATH, MIRROR/huggingface.co/ORG/NAME/ for hf://ORG/NAME (air-gapped "
-                               "clusters)."),
     hf_token: str = typer.Option(None, "--hf-token", envvar="HF_TOKEN", show_default=False, show_envvar=True,
                                  help="Hugging Face token for hf:// data and training; never printed or logged."),
     wandb_key: str = typer.Option(None, "--wandb-key", envvar="WANDB_API_KEY", show_default=False, show_envvar=True,
@@ -106,6 +108,7 @@ def setup(
 
     opts = build(SetupOptions, given, spec=build(Hosts, given).spec())
     copts = build(ConnectOptions, given)
+    mirror = build(Mirror, given).mirror
     train_cfg = train_start.load_preset(opts) if opts.train_param else None  # bad input before any host is contacted
     assets = data_step.plan(opts, mirror or "", train_cfg)
     secrets = {k: v for k, v in (("HF_TOKEN", hf_token), ("WANDB_API_KEY", wandb_key)) if v}
@@ -179,7 +182,8 @@ class OnCluster:
 TRAIN_ON = (params(OnCluster), params(ConnectOptions, "known_hosts host_key_policy"))
 
 
-def train_on(preset: str, overrides: list[str], *, fresh: bool, dry_run: bool, given: dict) -> int:
+def train_on(preset: str, overrides: list[str], *, fresh: bool, dry_run: bool, given: dict,
+             discard: bool = False) -> int:
     """`areal-kit train PRESET --cluster NAME`: setup's train and train_wait steps alone, on the cluster
     saved under NAME, for this preset and these overrides (setup's --train-arg are not carried over):
     the driver starts on the head, in the runtime, with the fileroot and storage setup used, and
@@ -209,7 +213,7 @@ def train_on(preset: str, overrides: list[str], *, fresh: bool, dry_run: bool, g
     # No secrets of its own: the runtime has setup's (the containers' env, the host runtime's file).
     cluster = _build(opts, copts, {})
     check = Step("running", functools.partial(train_start.not_running, cfg=cfg), head_only=True)
-    start = [Step("train", functools.partial(train_start.train, fresh=fresh), head_only=True),
+    start = [Step("train", functools.partial(train_start.train, fresh=fresh, discard=discard), head_only=True),
              Step("train_wait", train_start.wait, head_only=True)]
     console = make_console(highlight=False)
     try:

@@ -24,8 +24,8 @@ import re
 import shlex
 from typing import TYPE_CHECKING
 
-from areal_kit.cluster.options import Cluster, SetupOptions, q
-from areal_kit.cluster.parallel import HostState, Outcome
+from areal_kit.cluster.context import Cluster, HostState, Outcome
+from areal_kit.cluster.options import SetupOptions, q
 from areal_kit.cluster.steps import fail
 from areal_kit.config.assets import PATH_KEYS, dest_for
 from areal_kit.config.loader import load_resolved

@@ -42,8 +42,9 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from areal_kit.cluster import gpu_stack
-from areal_kit.cluster.options import Cluster, Limits, q
-from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
+from areal_kit.cluster.context import Cluster, HostState, Outcome
+from areal_kit.cluster.options import Limits, q
+from areal_kit.cluster.parallel import StepFailed
 from areal_kit.cluster.ray_cluster import container_name, host_env, nodes_cmd, parse_nodes
 from areal_kit.cluster.steps import GPU_COUNT, parse_gpu_count
 from areal_kit.findings import Finding

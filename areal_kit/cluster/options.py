@@ -1,12 +1,13 @@
-"""Setup options (validated dataclasses), the run context shared by steps, and saved cluster state.
+"""Setup options (validated dataclasses) and saved cluster state.
 
 `SetupOptions` is everything `areal-kit setup` was told, `ConnectOptions` how this machine reaches
 the hosts, `Limits` what doctor holds them to; each field that is a command-line option carries
 its flag, default and help (areal_kit/flags.py), and the commands' signatures are made of them.
-`Cluster` is one run over the hosts (connections, facts, secrets, doctor's findings). After a
-setup, the options are saved to ``$AREAL_KIT_HOME/clusters/<cluster_name>.json`` (default
-``~/.areal-kit``) so that `areal-kit status`, `down` and `doctor` find the same hosts, runtime and
-route without repeating them (cluster/target.py). Secrets are never saved there.
+The run over the hosts they make (connections, facts, secrets, doctor's findings) is `Cluster`
+(cluster/context.py). After a setup, the options are saved to
+``$AREAL_KIT_HOME/clusters/<cluster_name>.json`` (default ``~/.areal-kit``) so that `areal-kit
+status`, `down` and `doctor` find the same hosts, runtime and route without repeating them
+(cluster/target.py). Secrets are never saved there.
 
     areal-kit setup --hostnames h1 h2 --runtime host && areal-kit doctor
 """
@@ -21,22 +22,15 @@ import dataclasses
 import json
 import os
 import re
-import secrets as secrets_mod
 import shlex
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.errors import UserError
-from areal_kit.findings import Finding
 from areal_kit.flags import flag, many
 from areal_kit.home import state_dir
-
-if TYPE_CHECKING:  # parallel.py imports this module
-    from areal_kit.cluster.parallel import HostState, Outcome
 
 RUNTIMES = ("docker", "host")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)[bB]?$")
@@ -274,42 +268,6 @@ class Limits:
     rl_step: bool = flag(False, "--rl-step", help="Also one tiny RL step across the cluster (2 trainer ranks and an "
                          "engine apart, a weight sync, engine logprobs against the trainers').")
     quick_network: bool = False  # setup's fast checks: the network step's all-reduce only, no link matrix
-
-
-@dataclass
-class DoctorState:
-    """What doctor's checks measured and found, filled step by step (cluster/doctor.py)."""
-
-    hosts: dict[str, dict] = field(default_factory=dict)  # host name -> the facts its probe measured (probe.py)
-    findings: list[Finding] = field(default_factory=list)  # every failed check, on every host
-    ray_nodes: dict[str, float] | None = None  # address -> GPUs of each node Ray counts alive (None: no answer)
-    network: dict | None = None  # the head's network probe: links_gbps, nodes, interfaces, backend, ...
-    rl_step: dict | None = None  # the tiny RL step's outcome (--rl-step)
-
-
-@dataclass
-class Cluster:
-    """One run over the hosts: options, host states, and the secrets to mask."""
-
-    opts: SetupOptions
-    hosts: list[HostState]
-    secrets: dict[str, str] = field(default_factory=dict)  # env name -> value (never logged)
-    token: str = field(default_factory=lambda: secrets_mod.token_hex(8))  # this run's storage marker
-    # Setup stops a running training at most once, before the first container it replaces:
-    # (the host that asked, the outcome), shared by the hosts' threads under stop_lock.
-    training_stop: tuple[str, Outcome] | None = None
-    stop_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    doctor: DoctorState = field(default_factory=DoctorState)
-    # The containers' image: the one the options name, or areal-kit's own, whose tag the image step
-    # learns on the head (it depends on the hosts' GPUs).
-    image: str = ""
-
-    def __post_init__(self) -> None:
-        self.image = self.image or self.opts.image or ""
-
-    @property
-    def head(self) -> HostState:
-        return self.hosts[0]
 
 
 def q(*args: object) -> str:

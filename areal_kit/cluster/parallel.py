@@ -19,32 +19,20 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from areal_kit.cluster.options import Cluster
-from areal_kit.cluster.remote import DryRemote, HostLog, Result, Shell
-from areal_kit.config.cluster_spec import HostSpec
+from areal_kit.cluster.context import Cluster, HostState, Outcome
+from areal_kit.cluster.remote import HostLog, Result
 from areal_kit.console import make_console
 from areal_kit.errors import ExitCode
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim",
                 "running": "cyan", "pending": "dim"}
-
-
-@dataclass
-class Outcome:
-    status: str  # ok | changed | failed | skipped
-    message: str = ""
-    result: Result | None = None  # the failing command, for the recap
-    seconds: float = 0.0
-    blocking: bool = True  # a failure that keeps the host out of later steps (doctor's checks are not)
 
 
 class StepFailed(Exception):
@@ -64,52 +52,6 @@ class Step:
     head_last: bool = False  # e.g. teardown: workers first, then the head
     gate: bool = False  # with head_only/head_first: failed on the head, it stops every host (a preset
     # that cannot run on these nodes makes installing them pointless)
-
-
-class Unconnected:
-    """The connection of a host given none (a plan, a test that runs no command): any use is a bug."""
-
-    def _refuse(self, *args: object, **kwargs: object) -> Any:
-        raise RuntimeError("this host has no connection")
-
-    user = is_root = property(_refuse)
-    connect = run = put_text = put_bytes = close = _refuse
-
-
-@dataclass
-class HostState:
-    """A host as the run sees it: its connection, facts learned, and per-step outcomes."""
-
-    spec: HostSpec
-    index: int
-    remote: Shell = field(default_factory=Unconnected)
-    ip: str = ""  # address Ray uses for this node
-    facts: dict[str, Any] = field(default_factory=dict)
-    outcomes: dict[str, Outcome] = field(default_factory=dict)  # step name -> Outcome
-    log_path: Path | None = None
-
-    @property
-    def name(self) -> str:
-        return self.spec.label
-
-    @property
-    def is_head(self) -> bool:
-        return self.index == 0
-
-    @property
-    def dry(self) -> DryRemote:
-        """The connection of a dry run (setup --dry-run), which lists what would run."""
-        assert isinstance(self.remote, DryRemote), "a dry run's host records its commands"
-        return self.remote
-
-    @property
-    def failed(self) -> bool:
-        """A step failed that the later ones need."""
-        return any(o.status == "failed" and o.blocking for o in self.outcomes.values())
-
-    @property
-    def any_failed(self) -> bool:
-        return any(o.status == "failed" for o in self.outcomes.values())
 
 
 def host_log(h: HostState) -> HostLog | None:

@@ -25,8 +25,9 @@ import shlex
 import time
 
 from areal_kit import logs
-from areal_kit.cluster.options import STOP_GRACE, Cluster, env_prefix, parse_size, q
-from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
+from areal_kit.cluster.context import Cluster, HostState, Outcome
+from areal_kit.cluster.options import STOP_GRACE, env_prefix, parse_size, q
+from areal_kit.cluster.parallel import StepFailed
 from areal_kit.cluster.steps import must
 from areal_kit.config.loader import RUN_ENV
 

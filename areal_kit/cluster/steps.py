@@ -13,8 +13,9 @@ import shlex
 from areal_kit import stack
 from areal_kit.cluster import gpu_stack
 from areal_kit.cluster import image as own_image
-from areal_kit.cluster.options import Cluster, q
-from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
+from areal_kit.cluster.context import Cluster, HostState, Outcome
+from areal_kit.cluster.options import q
+from areal_kit.cluster.parallel import StepFailed
 from areal_kit.cluster.remote import ConnectError, Result
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive"

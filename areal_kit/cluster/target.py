@@ -43,8 +43,7 @@ class Hosts:
                                 "others need passwordless sudo.")
     ssh_port: int | None = flag(None, "--ssh_port", "--ssh-port", help="SSH port (default: the ssh config's Port, "
                                 "else 22).")
-    storage: str | None = flag(None, "--storage", help="Shared storage path, the same on every host (default "
-                               "/storage).")
+    storage: str | None = None  # --storage, declared in areal_kit/options.py (eval and doctor --slurm take it too)
     name: str | None = flag(None, "--name", help="Cluster name: names containers, logs, saved state (default areal).")
     n_gpus_per_node: int | None = flag(None, "--n-gpus-per-node", help="Fail unless every host has this many GPUs.")
 

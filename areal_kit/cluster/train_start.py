@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from areal_kit import logs
-from areal_kit.cluster.options import Cluster, q
-from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
+from areal_kit.cluster.context import Cluster, HostState, Outcome
+from areal_kit.cluster.options import q
+from areal_kit.cluster.parallel import StepFailed
 from areal_kit.cluster.ray_cluster import container_name, host_env, in_head
 from areal_kit.cluster.steps import must
 from areal_kit.config.alloc import parse_allocation
@@ -126,9 +127,10 @@ def driver_pattern(o) -> str:
     return f"areal_kit[.]cli train {o.train_param.replace('.', '[.]')} "
 
 
-def train(c: Cluster, h: HostState, fresh: bool = False) -> Outcome:
+def train(c: Cluster, h: HostState, fresh: bool = False, discard: bool = False) -> Outcome:
     """The head's step after ray_ready (and doctor's checks): start the preset's driver where Ray's
-    head runs, its output appended to train_log_path, unless one runs already (fresh: with --fresh)."""
+    head runs, its output appended to train_log_path, unless one runs already (fresh: with --fresh;
+    discard: and --discard)."""
     o = c.opts
     if not o.train_param:
         return Outcome("skipped", "no --train_param")
@@ -138,7 +140,7 @@ def train(c: Cluster, h: HostState, fresh: bool = False) -> Outcome:
         raise StepFailed(f"doctor's checks failed on {', '.join(checked)} (see FAIL lines): training not started; "
                          "fix them, or setup --skip-doctor")
     log = train_log_path(c)
-    cmd = [o.python, "-m", "areal_kit.cli", "train", o.train_param, *train_overrides(o), *(["--fresh"] * fresh)]
+    cmd = [o.python, "-m", "areal_kit.cli", "train", o.train_param, *train_overrides(o), *(["--fresh"] * fresh), *(["--discard"] * (fresh and discard))]
     logdir = log.rsplit("/", 1)[0]
     sudo = o.runtime == "docker"
     if h.remote.run(in_head(c, h, q("pgrep", "-f", driver_pattern(o))), sudo=sudo, check=True).ok:

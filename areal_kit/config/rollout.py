@@ -8,12 +8,9 @@ to the generations in flight. A section of the training config (config/schema.py
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from areal_kit.config.fields import check, check_choices, opt
-
-if TYPE_CHECKING:
-    from areal_kit.config.schema import TrainConfig
 
 
 @dataclass
@@ -45,6 +42,14 @@ class RolloutConfig:
               f"rollout.max_restarts={self.max_restarts}; expected an integer >= 0")
 
 
-def streaming(cfg: TrainConfig) -> bool:
+class HasRollout(Protocol):
+    """What `streaming` reads of a config: its rollout section (TrainConfig, config/schema.py, which
+    imports this module: typed so, this module needs nothing of schema's)."""
+
+    @property
+    def rollout(self) -> RolloutConfig: ...
+
+
+def streaming(cfg: HasRollout) -> bool:
     """Whether the run's engines stream (rollout.mode=stream)."""
     return cfg.rollout.mode == "stream"

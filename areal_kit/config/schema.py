@@ -337,8 +337,11 @@ class TrainConfig:
         "Weight sync after each update, in memory or through storage. broadcast: rank 0 of the "
         "trainer sends the tensors over a NCCL (GPU) or gloo (CPU) group. auto: the same, except "
         "that on CPU, when every engine is on the trainer's node, it writes them straight into the "
-        "engines' parameters (shared memory). disk: save a checkpoint, engines reload it.",
-        choices=("auto", "broadcast", "disk"))
+        "engines' parameters (shared memory), and on GPUs that generation and training share it is "
+        "ipc. ipc: each trainer rank hands the engine worker on its device a buffer of the new "
+        "weights, a chunk at a time (CUDA IPC on GPUs, shared memory on CPU); shared layouts only. "
+        "disk: save a checkpoint, engines reload it.",
+        choices=("auto", "broadcast", "ipc", "disk"))
     weight_sync_timeout_s: float = opt(600.0,
         "Seconds the weight-sync group waits at its rendezvous and in any one broadcast before it "
         "fails (on GPUs, NCCL's watchdog timeout): a sync stuck on a dead peer becomes an error.")
@@ -389,9 +392,6 @@ class TrainConfig:
         check(not (self.agent.fn and self.ppo.workflow),
               f"agent.fn={self.agent.fn!r} and ppo.workflow={self.ppo.workflow!r} are both set; expected one: "
               "an agent runs as the workflow of its episodes")
-        check(not (self.agent.fn and self.actor.lora.rank),
-              f"agent.fn with actor.lora.rank={self.actor.lora.rank} is not served yet: the chat endpoint samples "
-              "the base model's weights; expected actor.lora.rank=0 with an agent")
         self.agent.fn = _abs_file_spec(self.agent.fn)
 
         parse_allocation(self.allocation_mode).check(self.n_nodes, self.n_gpus_per_node)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from areal_kit.config.fields import check, check_positive, opt
+from areal_kit.config.fields import check, check_choices, check_positive, opt
 
 # vllm.LLM arguments areal-kit sets itself -> where their value comes from (additional_engine_args
 # may not set them: a second source of the same setting).
@@ -50,11 +50,20 @@ class VLLMConfig:
     hybrid_train: bool = opt(False,
         "The guide's switch for generation and training sharing GPUs. Accepted, with no effect: "
         "allocation_mode decides (vllm.GEN+TRAIN keeps them apart, the other forms share).")
+    engine_core: str = opt("auto",
+        "Where each engine's vLLM engine core (its scheduler and model worker) runs. process: in a "
+        "process of its own, as on GPUs, where every call crosses vLLM's engine-core client; inline: "
+        "inside the engine's Ray actor (CPU, one worker; GPUs and tensor-parallel engines keep vLLM's own "
+        "processes). auto: process on GPUs and inline on CPU, "
+        "where a one-worker engine's own processes cost the tiny preset's step and start-up "
+        "(bench/engine_core.py).",
+        choices=("auto", "process", "inline"))
     additional_engine_args: dict[str, Any] = opt({},
         "Any other vllm.LLM argument by its vLLM 0.32 name, e.g. {cpu_offload_gb: 4, kv_cache_dtype: fp8}; "
         "those areal-kit sets itself are refused.")
 
     def __post_init__(self):
+        check_choices(self, "actor.vllm.")
         check(0 < self.gpu_memory_utilization <= 1, f"actor.vllm.gpu_memory_utilization="
               f"{self.gpu_memory_utilization} is not valid; expected a fraction 0 < x <= 1, e.g. 0.85")
         for name in ("max_num_seqs", "max_num_batched_tokens", "swap_space", "max_seq_len_to_capture"):

@@ -238,5 +238,6 @@ class PromptLoader:
     def load_state_dict(self, s: dict) -> None:
         if s["n_rows"] != len(self.rows):
             raise UserError(f"the recover checkpoint's dataset had {s['n_rows']} prompts, this run has "
-                            f"{len(self.rows)}; use the same dataset, or --fresh to start over")
+                            f"{len(self.rows)}; the checkpoint is kept as it is: use the same dataset, or --fresh to "
+                            "start over (it sets the checkpoint aside, deleting nothing)")
         self.epoch, self.position, self.used_ids = s["epoch"], s["position"], list(s["used_ids"])

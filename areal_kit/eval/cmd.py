@@ -25,6 +25,7 @@ from areal_kit.errors import ExitCode, UserError
 from areal_kit.eval.options import DATA_NAMES, EvalConfig, FilterConfig
 from areal_kit.flags import build, command, params
 from areal_kit.interrupts import stops_say_so
+from areal_kit.options import Mirror, Storage
 
 # eval's options that fill EvalConfig, in the order --help lists them after the command's own.
 _EVAL = params(EvalConfig, "prompt_type max_gen_tokens num_samples n_sampling num_sample_nodes samples_per_node "
@@ -32,7 +33,7 @@ _EVAL = params(EvalConfig, "prompt_type max_gen_tokens num_samples n_sampling nu
                            "enforce_eager overwrite")
 
 
-@command(_EVAL, own_first=True)
+@command(_EVAL, params(Storage), params(Mirror), own_first=True)
 def eval_(
     model_path: list[str] = typer.Option(..., "--model_path", "--model-path",
                                          help="Hugging Face model folder to evaluate (a checkpoint). Repeat it, or "
@@ -45,14 +46,8 @@ def eval_(
                                    help="Comma-separated datasets from evaluation/manifest.yaml."),
     data_dir: str = typer.Option(None, "--data_dir", "--data-dir", envvar="AREAL_EVAL_DATA", show_envvar=True,
                                  help="Folder holding <name>/test.jsonl for each dataset (default: "
-                                      "STORAGE_ROOT/datasets/eval, where setup fetches them; a set missing "
+                                      "STORAGE/datasets/eval, where setup fetches them; a set missing "
                                       "there is fetched on first use)."),
-    storage_root: str = typer.Option(DEFAULT_STORAGE, "--storage_root", "--storage-root",
-                                     help="Shared storage root, as setup's --storage: the default --data_dir "
-                                          "is under it."),
-    mirror: str = typer.Option("", "--mirror", envvar="AREAL_KIT_MIRROR", show_envvar=True,
-                               help="Fetch a missing eval set from this mirror (laid out as its origin: "
-                                    "MIRROR/raw.githubusercontent.com/...), as setup --mirror does."),
     **given,
 ) -> None:
     """Evaluate checkpoints with vLLM on math datasets and print the accuracy / pass@k table."""
@@ -68,7 +63,8 @@ def eval_(
                         "use another --output_path")
     names = evdata.parse_data_names(data_names)
     fetch_missing = data_dir is None  # into the storage's folder only, never into a folder the user named
-    data_dir = data_dir or str(evdata.eval_sets_dir(storage_root))
+    data_dir = data_dir or str(evdata.eval_sets_dir(build(Storage, given).storage or DEFAULT_STORAGE))
+    mirror = build(Mirror, given).mirror or ""
     cfgs = [build(EvalConfig, given, model_path=str(m), output_path=str(out / m.name if several else out),
                   data_names=names, data_dir=data_dir)
             for m in models]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import yaml
 
@@ -25,9 +25,6 @@ from areal_kit.data.assets import Asset, FetchError, fetch
 from areal_kit.data.jsonl import iter_objects
 from areal_kit.errors import UserError
 from areal_kit.reward import extract_answer, gsm8k_reference
-
-if TYPE_CHECKING:
-    from areal_kit.eval.options import EvalConfig
 
 # evaluation/ ships inside the package (pyproject.toml maps it to areal_kit.evaluation), so every
 # kind of install finds it; AREAL_EVAL_MANIFEST_DIR points at another folder of the same files.
@@ -194,6 +191,24 @@ def load_questions(data_dir: str | Path, name: str, prompt_type: str,
     return out
 
 
+class Sampling(Protocol):
+    """What `sample_keys` reads of a run's settings: EvalConfig's greedy and num_samples
+    (eval/options.py, which reads this module's templates: typed so, this module needs nothing of it)."""
+
+    @property
+    def greedy(self) -> bool: ...
+
+    @property
+    def num_samples(self) -> int | None: ...
+
+
+def sample_keys(q: Question, cfg: Sampling) -> list[tuple[str, str, int]]:
+    """(key, mode, index) of every sample a question needs, under an EvalConfig's greedy / num_samples."""
+    keys = [(f"{q.dataset}/{q.qid}/greedy", "greedy", 0)] if cfg.greedy else []
+    keys += [(f"{q.dataset}/{q.qid}/s{i}", "sample", i) for i in range(cfg.num_samples or 0)]  # None only before EvalConfig's check
+    return keys
+
+
 if __name__ == "__main__":
     import argparse
 
@@ -204,10 +219,3 @@ if __name__ == "__main__":
     a = ap.parse_args()
     q = load_questions(a.data_dir, a.name, a.prompt_type, max_questions=1)[0]
     print(f"{q.dataset} #{q.qid} reference={q.reference!r}\n{q.prompt}")
-
-
-def sample_keys(q: Question, cfg: EvalConfig) -> list[tuple[str, str, int]]:
-    """(key, mode, index) of every sample a question needs, under an EvalConfig's greedy / num_samples."""
-    keys = [(f"{q.dataset}/{q.qid}/greedy", "greedy", 0)] if cfg.greedy else []
-    keys += [(f"{q.dataset}/{q.qid}/s{i}", "sample", i) for i in range(cfg.num_samples or 0)]  # None only before EvalConfig's check
-    return keys

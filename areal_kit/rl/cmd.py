@@ -36,42 +36,54 @@ def train(
     show_args: bool = typer.Option(False, "--show-args", help="List every option with its value and help."),
     as_json: bool = typer.Option(False, "--json", help="With --show-args: print the options as a JSON array "
                                                       "of {key, value, type, default, help[, choices]}."),
-    fresh: bool = typer.Option(False, "--fresh", help="Ignore (and replace) an existing recover checkpoint "
-                                                      "instead of resuming or stopping on a mismatch."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over instead of resuming or stopping on a mismatch: "
+                                                      "the recover checkpoints are set aside (RECOVER_DIR/set-aside-"
+                                                      "TIME/, the newest kept), not deleted."),
+    discard: bool = typer.Option(False, "--discard", help="With --fresh: delete the run's recover checkpoints, set-"
+                                                          "aside ones included, instead of setting them aside."),
 ) -> None:
     """Train a preset: GRPO/PPO with DeepSpeed trainers and vLLM rollout engines on Ray."""
     from areal_kit.config.loader import load_config
 
     if as_json and not show_args:
         raise UserError("--json goes with --show-args (areal-kit train PRESET --show-args --json)")
+    check_discard(fresh, discard)
     cfg = load_config(preset, overrides or [])
     if show_args:
         _show_args(preset, cfg, as_json)
         return
     console = make_console()
-    if dry_run:
-        from areal_kit import hardware
-        from areal_kit.rl.driver.placement import check_gpu_sharing
-        from areal_kit.rl.plan import memory_refusal, plan_lines
+    from areal_kit import hardware
 
-        plat = hardware.detect()
+    plat = hardware.detect()
+    if dry_run:
+        from areal_kit.rl.driver.placement import check_gpu_sharing
+        from areal_kit.rl.plan import check_memory, plan_lines
+
         check_gpu_sharing(cfg, plat)  # where the run would fail: on this machine's device
         for line in plan_lines(cfg, plat):
             console.out(line, highlight=False)
-        refusal = memory_refusal(cfg, plat)  # after the plan, whose lines show what does not fit
-        if refusal:
-            raise UserError(refusal)
+        check_memory(cfg, plat)  # after the plan, whose lines show what does not fit
         console.print("[green]dry run: configuration is valid[/green]")
         return
-    from areal_kit import hardware
     from areal_kit.interrupts import stops_say_so
     from areal_kit.rl.driver.launch import launch
 
-    if not hardware.detect().is_cpu:  # before Ray and any actor: a node whose CUDA does not start fails in one line
+    if not plat.is_cpu:  # before Ray and any actor, each in one line: the dry run's memory refusal, then
+        from areal_kit.rl.plan import check_memory  # a node whose CUDA does not start (CPU runs skip both)
+
+        check_memory(cfg, plat)
         console.print(f"CUDA: {hardware.check_cuda(cfg.ray_address)}", highlight=False, markup=False, soft_wrap=True)
     with stops_say_so():
-        rc = launch(cfg, fresh=fresh)
+        rc = launch(cfg, fresh=fresh, discard=discard)
     raise typer.Exit(rc)
+
+
+def check_discard(fresh: bool, discard: bool) -> None:
+    """--discard deletes a run's progress: only beside the --fresh it qualifies, never by itself."""
+    if discard and not fresh:
+        raise UserError("--discard goes with --fresh (areal-kit train PRESET --fresh --discard deletes the run's "
+                        "recover checkpoints; --fresh alone sets them aside)")
 
 
 def _show_args(preset: str, cfg: TrainConfig, as_json: bool) -> None:

@@ -50,9 +50,11 @@ def dataset_size(cfg: TrainConfig) -> tuple[int | None, str]:
 
 def weight_sync_line(cfg: TrainConfig, n_workers: int, plat=None) -> str:
     mode = colocated.sync_mode(cfg, plat)
-    if mode == "cuda_ipc":
-        return (f"weight sync: cuda_ipc (auto on shared GPUs): each trainer rank hands the engine worker on its GPU "
-                f"one CUDA IPC buffer of up to {colocated.IPC_BUFFER_BYTES >> 20} MB, a chunk at a time "
+    if mode == "ipc":
+        why = " (auto on shared GPUs)" if cfg.weight_sync == "auto" else ""
+        how = "CUDA IPC buffer" if not (plat or hardware.detect()).is_cpu else "shared-memory buffer"
+        return (f"weight sync: ipc{why}: each trainer rank hands the engine worker beside it "
+                f"one {how} of up to {colocated.IPC_BUFFER_BYTES >> 20} MB, a chunk at a time "
                 f"({n_workers} engine worker(s)); disk if an engine cannot map it")
     if mode == "disk":
         why = " (auto on shared GPUs: a LoRA adapter alone)" if cfg.weight_sync == "auto" else ""
@@ -145,6 +147,29 @@ def memory_refusal(cfg: TrainConfig, plat) -> str:
     plan = None if plat.is_cpu else memory_plan(cfg)
     refusal = plan.refusal() if plan else ""
     return f"the memory plan does not fit: {refusal}" if refusal else ""
+
+
+def memory_figures(cfg: TrainConfig, plat, side: str) -> str:
+    """One line of the memory plan for a trainer GPU (side "trainer") or vLLM's share of a generation
+    GPU ("generation"): its parts and their sum against the GPU's memory, the figures to weigh a
+    lever against when that GPU runs out (retry.py says it past the relaunch bound). '' on CPU
+    (no plan) or where the model's shape is unknown."""
+    plan = None if plat.is_cpu else memory_plan(cfg)
+    if plan is None:
+        return ""
+    gpu = plan.trainer if side == "trainer" else plan.generation
+    held = plan.trainer.total if side == "trainer" else plan.share
+    terms = " + ".join(f"{p.name} {memory.gb(p.nbytes)}" for p in gpu.parts if p.nbytes)
+    return f"{gpu.title}: {terms} = {memory.gb(held)} of {memory.gb(plan.capacity)} ({plan.capacity_note})"
+
+
+def check_memory(cfg: TrainConfig, plat) -> None:
+    """The memory plan enforced: a run whose GPUs cannot hold what the plan says they must is refused in
+    one line (exit 2). The dry run checks it after printing its plan; a plain `areal-kit train` on a GPU
+    platform before Ray starts (rl/cmd.py). On CPU there is no plan, and nothing is computed."""
+    refusal = memory_refusal(cfg, plat)
+    if refusal:
+        raise UserError(refusal)
 
 
 def shared_words(cfg: TrainConfig, plat) -> str:

@@ -35,6 +35,8 @@ class Sample:
     versions: list[int] | None = None  # streaming: the weight version of each output token (None: all `version`)
     n_model_tokens: int | None = None  # the tokens the model sampled (None: all output_ids; a workflow's
     # inserted ones, a tool's result, are not: length metrics and the overlong penalty count these)
+    turns: int = 1  # the model's turns in its episode (api.Trajectory.n_turns)
+    tool_calls: int = 0  # its model turns the environment answered (api.Trajectory.n_tool_calls)
 
     @property
     def model_len(self) -> int:
@@ -60,6 +62,7 @@ class Generated:
     reward_failures: dict = field(default_factory=dict)  # {kind: (count, first message)}
     reward_extras: dict = field(default_factory=dict)  # {"reward/<key>": mean} of the dict rewards' extras
     agent_drops: dict = field(default_factory=dict)  # {kind: (count, first message)}: episodes the agent lost
+    failed_calls: int = 0  # engine calls refused or failed (a workflow's, or an agent's through the endpoint)
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,18 @@ def sleep_level(cfg: TrainConfig) -> int:
 
 
 def check(cfg: TrainConfig, plat: hardware.Platform | None = None) -> None:
-    """Refuse, in one line each, the settings a run on shared GPUs cannot take."""
+    """Refuse, in one line each, the settings a run on shared GPUs cannot take, and weight_sync=ipc
+    where no engine worker has a trainer rank beside it, or generations stream through a sync."""
+    a = parse_allocation(cfg.allocation_mode)
+    if cfg.weight_sync == "ipc" and a.kind == "decoupled":
+        raise UserError(f"weight_sync=ipc hands each engine worker the buffer of the trainer rank on its device, but "
+                        f"allocation_mode={a.text} keeps them apart; use weight_sync=auto, or a shared allocation_mode "
+                        "such as d2p1m1")
+    if cfg.weight_sync == "ipc" and streaming(cfg):
+        raise UserError(f"weight_sync=ipc loads a chunk at a time, which generations must not see: rollout.mode="
+                        f"{cfg.rollout.mode} streams through it; use rollout.mode=batch or weight_sync=auto")
     if not shares_gpus(cfg, plat):
         return
-    a = parse_allocation(cfg.allocation_mode)
     where = f"allocation_mode={a.text} shares GPUs between generation and training (they take turns)"
     split = a.split()
     apart = f", or split the GPUs: allocation_mode={split}" if split else ""

@@ -52,9 +52,16 @@ def run(args: list[str], timeout: float = 60) -> str:
     except subprocess.TimeoutExpired:
         raise RunFailed(f"{' '.join(args[:2])}: no answer from Slurm in {timeout:g} s") from None
     if r.returncode:
-        said = " ".join((r.stderr or r.stdout).split()) or f"exit code {r.returncode}"
-        raise RunFailed(f"{args[0]}: {said}")
+        raise RunFailed(f"{args[0]}: {_why(args[0], r.stderr or r.stdout) or f'exit code {r.returncode}'}")
     return r.stdout
+
+
+def _why(cmd: str, said: str) -> str:
+    """A failed command's reason in one line: its fatal line where it has one (an unconfigured
+    client says several errors first, each a step of its search for a controller), else all it said."""
+    lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
+    fatal = [ln for ln in lines if "fatal:" in ln]
+    return (fatal[-1] if fatal else " ".join(" ".join(lines).split())).removeprefix(f"{cmd}: ")
 
 
 def gpus_of(gres: str) -> int:

@@ -28,7 +28,8 @@ from areal_kit.slurm.script import Job, sbatch_script
 RECORD, SCRIPT, LOG = "slurm.json", "slurm.sbatch", "slurm.log"
 
 
-def submit(preset: str, overrides: list[str], o: SlurmOptions, *, dry_run: bool, fresh: bool) -> int:
+def submit(preset: str, overrides: list[str], o: SlurmOptions, *, dry_run: bool, fresh: bool,
+           discard: bool = False) -> int:
     """Check the preset against the partition, write the sbatch script, submit it; print the job id and log."""
     o.check()
     if Path(preset).suffix in (".yaml", ".yml"):
@@ -40,11 +41,16 @@ def submit(preset: str, overrides: list[str], o: SlurmOptions, *, dry_run: bool,
     what = f"{Path(preset).stem} ({cfg.n_nodes} node(s))"
     try:
         part = cluster.partition(o.partition)
-    except UserError as e:
-        if not (dry_run and "not found" in str(e)):
+    except (UserError, RunFailed) as e:
+        # Slurm absent (UserError: not found), or there but not answering (RunFailed: a client
+        # without a configuration, a controller down or silent): a dry run shows the script as the
+        # preset sizes it, unchecked, with the reason; a partition Slurm named as missing stays an error.
+        if not (dry_run and (isinstance(e, RunFailed) or "not found" in str(e))):
             raise
-        part = None  # a dry run away from Slurm: the script as the preset sizes it, unchecked
-        console.print(f"note: {e}; the script below is not checked against a partition", markup=False, soft_wrap=True)
+        part = None
+        unchecked = str(e) if isinstance(e, UserError) else f"Slurm cannot be asked here ({e})"
+        console.print(f"note: {unchecked}; the script below is not checked against a partition", markup=False,
+                      soft_wrap=True)
     cpu = hardware.detect().is_cpu if part is None else not any(n.gpus for n in part.nodes)
     gpus = 0 if cpu else cfg.n_gpus_per_node
     if part is not None:
@@ -63,7 +69,8 @@ def submit(preset: str, overrides: list[str], o: SlurmOptions, *, dry_run: bool,
     job = Job(preset=preset, overrides=[*overrides, f"fileroot={fileroot}"],
               name=f"areal-{cfg.experiment_name}-{cfg.trial_name}", n_nodes=cfg.n_nodes, gpus_per_node=gpus,
               log=os.path.join(paths.log_dir, LOG), log_dir=paths.log_dir,
-              script=os.path.join(paths.log_dir, SCRIPT), binds=binds, fresh=fresh)
+              script=os.path.join(paths.log_dir, SCRIPT), binds=binds, fresh=fresh,
+              discard=discard)
     text = sbatch_script(job, o)
     if dry_run:
         console.out(text, highlight=False)

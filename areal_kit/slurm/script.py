@@ -47,6 +47,7 @@ class Job:
     script: str  # where the script itself is written
     binds: list[str] = field(default_factory=list)  # storage paths a container must see
     fresh: bool = False  # --fresh on the first start only: a requeued start resumes
+    discard: bool = False  # with fresh: --fresh --discard (deletes the checkpoints instead of setting them aside)
 
 
 def _container(o: SlurmOptions, binds: list[str]) -> tuple[list[str], list[str]]:
@@ -111,7 +112,8 @@ def sbatch_script(job: Job, o: SlurmOptions) -> str:
         workers = (f'srun --overlap --nodes={n} --ntasks={n} --ntasks-per-node=1 --exclude="$head" {extra}{pre}{py} '
                    f'-m areal_kit.slurm.node worker "$head_ip:$port" &\n'
                    f'{step}{pre}{py} -m areal_kit.slurm.node wait "$head_ip:$port" ${{#nodes[@]}} {RAY_WAIT_S} || exit 1')
-    fresh = ('fresh=(); [ "${SLURM_RESTART_COUNT:-0}" = 0 ] && fresh=(--fresh)  # a requeued start resumes'
+    start_over = "--fresh --discard" if job.discard else "--fresh"
+    fresh = (f'fresh=(); [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ] && fresh=({start_over})  # a requeued start resumes'
              if job.fresh else "fresh=()")
     body = BODY.format(preset=shlex.quote(job.preset), script=job.script, fresh=fresh, step=step, pre=pre, py=py,
                        ray=RAY, wait_s=RAY_WAIT_S, workers=workers,

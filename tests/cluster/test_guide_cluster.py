@@ -159,7 +159,7 @@ def test_the_guide_end_to_end(guide, mirror, testbed, tmp_path):
     assert ckpts, "the run saved no HF checkpoint"
     out = tmp_path / "eval"
     ev = subprocess.run([sys.executable, "-m", "areal_kit.cli", "eval", "--model_path", str(ckpts[-1]),
-                         "--output_path", str(out), "--storage_root", str(testbed.storage), "--data_names",
+                         "--output_path", str(out), "--storage", str(testbed.storage), "--data_names",
                          ",".join(SETS), "--max_questions", "3", "--num_samples", "0", "--max_gen_tokens", "4",
                          "--prompt_type", "plain"], capture_output=True, text=True, timeout=600, check=False,
                         env={k: v for k, v in os.environ.items() if k != "AREAL_EVAL_DATA"})  # storage, not a copy

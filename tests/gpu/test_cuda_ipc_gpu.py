@@ -1,19 +1,23 @@
-"""CUDA IPC weight chunks (areal_kit/rl/weight_sync/cuda_ipc.py) between two processes on one GPU,
+"""CUDA IPC weight chunks (areal_kit/rl/weight_sync/ipc.py) between two processes on one GPU,
 as a trainer rank and the engine worker beside it exchange them: the parent fills one exported
 buffer chunk by chunk; a spawned child maps it once (Importer) and reads every chunk's tensors,
 which must equal the parent's bit for bit; then the same through the trainer's mixin
-(colocated.IpcSender), whose buffer must be gone once the sync ends. tests/unit/test_weight_sync_cuda_ipc.py
-and test_weight_sync_colocated.py run the same chunks on CPU up to the handle; the acceptance
-suite's shared one-GPU cases (test_gpu_acceptance.py) run the whole sync by IPC in a real run.
+(colocated.IpcSender), whose buffer must be gone once the sync ends. Every message to the child
+is encoded and decoded by vLLM's engine-core msgpack codec first, as a GPU engine's calls are.
+tests/unit/test_weight_sync_ipc.py and test_weight_sync_colocated.py, and
+tests/integration/test_weight_sync_ipc_ranks.py, run the same chunks on CPU through shared memory; the
+acceptance suite's shared one-GPU cases (test_gpu_acceptance.py) run the whole sync in a real run.
 
     python -m pytest tests/gpu/test_cuda_ipc_gpu.py -v
 """
+
+import dataclasses
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from areal_kit.rl.weight_sync import colocated, cuda_ipc
+from areal_kit.rl.weight_sync import colocated, ipc
 from areal_kit.rl.workers.release import TrainerTurn
 
 pytestmark = [pytest.mark.gpu,
@@ -22,13 +26,16 @@ pytestmark = [pytest.mark.gpu,
 
 def _consumer(requests, replies) -> None:
     """The engine worker's side: map the buffer once, answer each chunk with its tensors' sums."""
-    importer = cuda_ipc.Importer()
+    importer = ipc.Importer()
     uuid = str(torch.cuda.get_device_properties(0).uuid)
+    from vllm.v1.serial_utils import MsgpackDecoder
+
+    decoder = MsgpackDecoder()
     while (msg := requests.get()) is not None:
-        handles, chunk = msg
-        chunk = [s if isinstance(s, cuda_ipc.Slot) else cuda_ipc.Slot(*s) for s in chunk]
+        handles, chunk = decoder.decode(msg)  # as the engine core receives receive_ipc's arguments
+        chunk = [ipc.Slot(*s) for s in chunk]
         buffer = importer.open(handles, uuid, 0)
-        replies.put({name: t.double().sum().item() for name, t in cuda_ipc.views(buffer, chunk)})
+        replies.put({name: t.double().sum().item() for name, t in ipc.views(buffer, chunk)})
         torch.cuda.synchronize()  # read before the producer refills it
     importer.close()
 
@@ -41,17 +48,17 @@ def test_a_spawned_process_maps_the_buffer_and_reads_every_chunk():
         model = {f"layers.{i}.w": torch.randn(256, 512, device="cuda", generator=g).to(torch.bfloat16)
                  for i in range(8)}
         buffer = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
-        handles = {str(torch.cuda.get_device_properties(0).uuid): cuda_ipc.export(buffer)}
+        handles = {str(torch.cuda.get_device_properties(0).uuid): ipc.export(buffer)}
         ctx = mp.get_context("spawn")
         requests, replies = ctx.Queue(), ctx.Queue()
         child = ctx.Process(target=_consumer, args=(requests, replies))
         child.start()
         got = {}
-        chunks = list(cuda_ipc.plan(model.items(), buffer.numel()))
+        chunks = list(ipc.plan(model.items(), buffer.numel()))
         for chunk in chunks:
-            cuda_ipc.fill(buffer, model, chunk)
+            ipc.fill(buffer, model, chunk)
             torch.cuda.synchronize()
-            requests.put((handles, chunk))
+            requests.put(_wire(handles, [dataclasses.astuple(s) for s in chunk]))
             got.update(replies.get(timeout=120))
         requests.put(None)
         child.join(timeout=120)
@@ -60,16 +67,24 @@ def test_a_spawned_process_maps_the_buffer_and_reads_every_chunk():
         info["detail"] = f"{len(chunks)} chunks of {buffer.numel() >> 20} MiB, {len(got)} tensors equal"
 
 
+def _wire(handles, chunk) -> bytes:
+    """receive_ipc's arguments as vLLM's engine-core client sends them (no insecure serialization)."""
+    from vllm.v1.serial_utils import MsgpackEncoder
+
+    return bytes(MsgpackEncoder().encode((handles, chunk))[0])
+
+
 class Rank(colocated.IpcSender, TrainerTurn):
-    """A trainer rank on GPU 0 whose staged weights are `state`."""
+    """Trainer rank 1 on GPU 0 whose staged weights are `state` (a rank other than 0: each stages)."""
 
     device = torch.device("cuda", 0)
+    rank = 1
 
     def __init__(self, state):
         self.state = state
 
-    def _sync_state(self):
-        return self.state
+    def _sync_state(self, every_rank: bool = False):
+        return self.state if every_rank else {}
 
 
 def test_the_trainer_mixin_sends_every_chunk_and_frees_its_buffer(monkeypatch):
@@ -84,14 +99,14 @@ def test_the_trainer_mixin_sends_every_chunk_and_frees_its_buffer(monkeypatch):
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         start = rank.ipc_start()
-        assert start["chunks"] == 2 and list(start["handles"]) == [rank.gpu_uuid()]
+        assert start["chunks"] == 2 and list(start["handles"]) == [rank.ipc_key()]
         ctx = mp.get_context("spawn")
         requests, replies = ctx.Queue(), ctx.Queue()
         child = ctx.Process(target=_consumer, args=(requests, replies))
         child.start()
         got = {}
         for i in range(start["chunks"]):
-            requests.put((start["handles"], rank.ipc_fill(i)))
+            requests.put(_wire(start["handles"], rank.ipc_fill(i)))
             got.update(replies.get(timeout=120))
         requests.put(None)
         child.join(timeout=120)

@@ -246,3 +246,34 @@ def test_an_agent_s_failed_episodes_are_run_again_and_counted(served):
     agent = AgentEpisodes(broken, s, served.url, AgentConfig(fn="pkg:broken", attempts=2))
     with pytest.raises(AgentFailed, match=r"agent pkg:broken failed all 2 tries .*prompt 'p0'.*no such tool"):
         asyncio.run(agent(Engine(), {"id": "p0", "seed": 0}))
+
+
+# A bad call, what it sends, and what its answer must say: (status, words the message must hold).
+LONG = [{"role": "user", "content": " ".join(["What is 2 + 3?"] * 200)}]
+BAD_CALLS = {
+    "a chat over the engine's context": ({"messages": LONG}, 400, ("256",)),
+    "max_tokens zero": ({"messages": USER, "max_tokens": 0}, 400, ("max_tokens",)),
+    "max_completion_tokens negative": ({"messages": USER, "max_completion_tokens": -3}, 400, ("max_completion_tokens",)),
+    "another top_p": ({"messages": USER, "top_p": 0.5}, 400, ("top_p=0.5", "top_p=1.0")),
+    "a message without a role": ({"messages": [{"content": "hi"}]}, 400, ("role",)),
+    "no messages": ({"messages": []}, 400, ()),
+}
+
+
+@pytest.mark.parametrize("what", list(BAD_CALLS))
+def test_a_bad_call_is_a_4xx_that_says_what_was_wrong_and_the_engine_serves_on(served, what):
+    """Each bad call through the `openai` client gets a 4xx naming the field, the value or the limit
+    (vLLM's own validation errors included, which its error handlers turned into bare 500s while
+    the app lacked the server's state), the episode records nothing for it, and a good call after
+    it is served. (A role the template does not know is no error: the template renders it.)"""
+    s = served
+    kwargs, status, words = BAD_CALLS[what]
+    key = s.ep.open_episode()
+    cl = client(s, key)
+    with pytest.raises(openai.APIStatusError) as e:
+        cl.chat.completions.create(model="tiny", **kwargs)
+    assert e.value.status_code == status, (what, e.value.status_code, e.value.message)
+    assert all(w in e.value.message for w in words), (what, e.value.message)
+    assert "Internal" not in e.value.message
+    cl.chat.completions.create(model="tiny", messages=USER)
+    assert len(s.ep.close_episode(key)) == 1  # the good call alone is recorded

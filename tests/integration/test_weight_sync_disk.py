@@ -1,4 +1,6 @@
-"""weight_sync=disk: the trainer saves a Hugging Face folder, the engine loads it in place.
+"""weight_sync=disk: the trainer saves a Hugging Face folder, the engine loads it in place, its path
+and its load report crossing vLLM's engine-core client (actor.vllm.engine_core=process: the core
+in a process of its own, as on GPUs).
 
     .venv/bin/python -m pytest tests/integration/test_weight_sync_disk.py
 """
@@ -10,7 +12,7 @@ from rl_run import Run, _engine_vs_trainer
 @pytest.fixture(scope="module")
 def disk_run(tmp_path_factory):
     run = Run(tmp_path_factory.mktemp("disk"), ["exp_ctrl.total_train_steps=2", "weight_sync=disk",
-                                                "ppo.max_head_offpolicyness=0"])
+                                                "ppo.max_head_offpolicyness=0", "actor.vllm.engine_core=process"])
     yield run
     run.close()
 

@@ -40,12 +40,12 @@ class Trainer(WeightSender):
     """Trainer rank 0 of one rank: the real sender, with a state of two tensors for its weights."""
 
     def __init__(self):
-        self.rank, self.device, self.outbox = 0, torch.device("cpu"), transport.Outbox()
+        self.rank, self.version, self.device, self.outbox = 0, 0, torch.device("cpu"), transport.Outbox()
         self.cfg = run_cfg()
         self.engine = SimpleNamespace(module=SimpleNamespace(config=SimpleNamespace()))
         self.state = {"a": torch.zeros(1000), "b": torch.zeros(3, 4)}
 
-    def full_state(self) -> dict:
+    def full_state(self, adapter_only: bool = False, every_rank: bool = False) -> dict:
         return self.state
 
     def set_weights(self, value: float) -> None:

@@ -21,8 +21,9 @@ import pytest
 from cli_run import assert_one_line_error, cli, dry_run
 
 from areal_kit.cluster import data as data_step
-from areal_kit.cluster.options import Cluster, SetupOptions
-from areal_kit.cluster.parallel import HostState, StepFailed
+from areal_kit.cluster.context import Cluster, HostState
+from areal_kit.cluster.options import SetupOptions
+from areal_kit.cluster.parallel import StepFailed
 from areal_kit.cluster.remote import HostLog, Result
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.config.loader import load_config, load_resolved

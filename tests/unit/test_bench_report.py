@@ -79,7 +79,7 @@ def test_unknown_name_and_registry():
     with pytest.raises(SystemExit, match="unknown benchmark"):
         run_all({"demo": _demo()}, ["nope"])
     assert list(bench_run.MODULES) == ["rollout", "weight_sync", "pipeline", "streaming", "peer", "packing", "learning",
-                                       "faults", "lora", "tool", "cpu"]
+                                       "faults", "lora", "tool", "cpu", "engine_core"]
 
 
 def test_learning_counts_from_the_command_start_to_the_step_that_reached_the_target():
@@ -117,3 +117,16 @@ def test_the_learning_ceiling_is_vllms_own_time_over_our_steps_against_the_peer(
     assert least(floor, 600) == pytest.approx(68.0)
     assert least(floor, None) is None
     assert ratio_to_target({"wall_to_target": least(floor, 600)}, {"wall_to_target": 170.0, "wall": 300.0}) == 2.5
+
+
+def test_the_fault_campaign_counts_each_injected_kind_against_its_own_lines():
+    """Each kind's draws against the run's lines that say that kind fired, whatever the order."""
+    from bench.faults import campaign_checks, draw
+
+    kinds = draw(20, seed=7)
+    fired = {"full_disk_failures": kinds.count("disk-full"), "ooms_at_load": kinds.count("oom-at-load"),
+             "ray_start_timeouts": kinds.count("ray-start-timeout"), "torn_passed_over": kinds.count("torn-checkpoint")}
+    t = {"resumed": 20, "faults": 20, "steps_lost": 0, "steps_twice_in_metrics": 0, "failed_resumes": 0,
+         "exit_code": 0, "steps_unlike_uninterrupted": 0, **fired}
+    assert all(campaign_checks(t, kinds).values())
+    assert not campaign_checks({**t, "torn_passed_over": 0}, kinds)["every injected fault fired"]

@@ -82,7 +82,6 @@ BAD_INPUTS = [
      ("agent.fn='areal_kit.agents.calculator:openai_agent' and ppo.workflow='areal_kit.agents.calculator:calculator' "
       "are both set; expected one")),
     (["train", "tiny", "agent.fn=x:y", "agent.timeout_s=0"], "agent.timeout_s=0.0 is not valid; expected > 0"),
-    (["train", "tiny", "agent.fn=x:y", "actor.lora.rank=8"], "agent.fn with actor.lora.rank=8 is not served yet"),
     (["train", "tiny", "dataset.toy_task=cubes"], "dataset.toy_task='cubes' is not valid; expected one of sums, calc"),
     (["train", "tiny", "recover_mode=always"], "recover_mode='always' is not valid"),
     (["train", "tiny", "actor_train.mb_spec.max_tokens_per_mb=10"], "is smaller than one sequence"),
@@ -309,7 +308,7 @@ def test_a_failed_run_is_one_line_exit_1(capsys, monkeypatch):
     from areal_kit.errors import RunFailed
     from areal_kit.rl.driver import launch
 
-    def failing(cfg, fresh=False):
+    def failing(cfg, fresh=False, discard=False):
         try:
             raise ValueError("kv cache larger than memory")
         except ValueError as e:
@@ -324,6 +323,23 @@ def test_a_failed_run_is_one_line_exit_1(capsys, monkeypatch):
                    "(traceback in /x/train.log)\n")
 
 
+def test_discard_deletes_only_beside_fresh(capsys, monkeypatch):
+    """--discard alone is refused before anything runs (it would delete a run's progress without the
+    --fresh that says to start over); --fresh --discard reaches the launch."""
+    from areal_kit.rl.driver import launch
+
+    got = []
+    monkeypatch.setattr(launch, "launch", lambda cfg, fresh=False, discard=False: got.append((fresh, discard)) or 0)
+    for argv in (["train", "tiny", "--discard"], ["train", "tiny", "--slurm", "--discard"]):
+        code, out, err = run(argv, capsys)
+        assert code == 2 and out == ""
+        assert err.startswith("error: --discard goes with --fresh (areal-kit train PRESET --fresh --discard deletes ")
+        assert len(err.strip().splitlines()) == 1
+    assert got == []
+    code, _, err = run(["train", "tiny", "--fresh", "--discard"], capsys)
+    assert (code, got) == (0, [(True, True)]), err
+
+
 def test_sigterm_and_ctrl_c_exit_codes(capsys, monkeypatch):
     """SIGTERM (Interrupted) exits 143 and Ctrl-C 130, each saying so (typer alone would turn Ctrl-C
     into a silent 130)."""
@@ -332,7 +348,7 @@ def test_sigterm_and_ctrl_c_exit_codes(capsys, monkeypatch):
 
     for exc, code, said in ((Interrupted("SIGTERM", 143), 143, "interrupted (SIGTERM)\n"),
                             (KeyboardInterrupt(), 130, "interrupted (Ctrl-C)\n")):
-        def interrupted(cfg, fresh=False, exc=exc):
+        def interrupted(cfg, fresh=False, discard=False, exc=exc):
             raise exc
 
         monkeypatch.setattr(launch, "launch", interrupted)

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from areal_kit.cluster import ray_cluster
-from areal_kit.cluster.options import Cluster, SetupOptions
-from areal_kit.cluster.parallel import HostState
+from areal_kit.cluster.context import Cluster, HostState
+from areal_kit.cluster.options import SetupOptions
 from areal_kit.cluster.remote import Result
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 

@@ -17,8 +17,8 @@ import pytest
 from areal_kit import hardware
 from areal_kit.cli import main
 from areal_kit.cluster import steps
-from areal_kit.cluster.options import Cluster, SetupOptions
-from areal_kit.cluster.parallel import HostState
+from areal_kit.cluster.context import Cluster, HostState
+from areal_kit.cluster.options import SetupOptions
 from areal_kit.cluster.ray_cluster import docker_run_args, host_env, probe_infiniband
 from areal_kit.cluster.remote import Result
 from areal_kit.config.cluster_spec import load_cluster_spec

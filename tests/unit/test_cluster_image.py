@@ -22,8 +22,9 @@ import pytest
 from cli_run import cli
 
 from areal_kit.cluster import image, steps
-from areal_kit.cluster.options import Cluster, SetupOptions
-from areal_kit.cluster.parallel import HostState, Step, run_steps
+from areal_kit.cluster.context import Cluster, HostState
+from areal_kit.cluster.options import SetupOptions
+from areal_kit.cluster.parallel import Step, run_steps
 from areal_kit.cluster.remote import HostLog, Result
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.console import make_console

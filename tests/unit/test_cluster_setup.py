@@ -11,8 +11,9 @@ import pytest
 
 from areal_kit.cli import main
 from areal_kit.cluster import fetch
-from areal_kit.cluster.options import Cluster, SetupOptions
-from areal_kit.cluster.parallel import HostState, Outcome, Step, StepFailed, run_steps
+from areal_kit.cluster.context import Cluster, HostState, Outcome
+from areal_kit.cluster.options import SetupOptions
+from areal_kit.cluster.parallel import Step, StepFailed, run_steps
 from areal_kit.cluster.remote import HostLog
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.console import make_console

@@ -115,17 +115,22 @@ def test_cpu_kv_cache_is_sized_by_the_model(tmp_path, monkeypatch):
     assert hardware.cpu_env(str(tmp_path))["VLLM_CPU_KVCACHE_SPACE"] == "4"
 
 
-def test_a_cpu_engine_runs_in_process_unless_the_environment_says_otherwise(monkeypatch):
-    """One CPU worker: vLLM's engine core in the actor; VLLM_ENABLE_V1_MULTIPROCESSING, when set,
-    wins (the engine-core death test starts the core in its own process, as on GPUs)."""
+def test_a_cpu_engine_runs_in_process_unless_the_config_or_environment_says_otherwise(monkeypatch):
+    """One CPU worker: vLLM's engine core in the actor under engine_core=auto or inline, unless
+    VLLM_ENABLE_V1_MULTIPROCESSING is set; engine_core=process gives it its own process, as on
+    GPUs, whatever the environment."""
     from areal_kit import hardware
 
-    cpu = hardware.detect("cpu")
+    cpu, gpu = hardware.detect("cpu"), hardware.detect("cuda")
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     assert hardware.vllm_env(cpu)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert hardware.vllm_env(cpu, engine_core="inline")["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert hardware.vllm_env(cpu, engine_core="process")["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in hardware.vllm_env(cpu, tp=2)
+    assert hardware.vllm_env(gpu, engine_core="inline") == {}  # GPUs keep vLLM's own process
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in hardware.vllm_env(cpu)
+    assert hardware.vllm_env(cpu, engine_core="process")["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 _DRIVER = """

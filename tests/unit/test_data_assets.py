@@ -331,7 +331,7 @@ def test_eval_cli_looks_in_the_storage_and_says_what_is_missing(tmp_path, fake_m
     monkeypatch.delenv("AREAL_EVAL_DATA", raising=False)
     monkeypatch.delenv("AREAL_KIT_MIRROR", raising=False)
     code, _, err = run_cli(["eval", "--model_path", str(fake_model), "--output_path", str(tmp_path / "o"),
-                            "--storage_root", str(tmp_path / "st"), "--mirror", "http://127.0.0.1:9",
+                            "--storage", str(tmp_path / "st"), "--mirror", "http://127.0.0.1:9",
                             "--data_names", "amc23"], capsys)
     assert_one_line_error(code, err, "eval set amc23 is missing", f"{tmp_path}/st/datasets/eval/amc23/test.jsonl")
 

@@ -13,8 +13,9 @@ import pytest
 
 from areal_kit import netfigures
 from areal_kit.cluster import doctor
-from areal_kit.cluster.options import Cluster, SetupOptions
-from areal_kit.cluster.parallel import HostState, run_steps
+from areal_kit.cluster.context import Cluster, HostState
+from areal_kit.cluster.options import SetupOptions
+from areal_kit.cluster.parallel import run_steps
 from areal_kit.cluster.remote import Result
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.console import make_console

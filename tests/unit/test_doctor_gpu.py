@@ -16,8 +16,8 @@ import torch
 
 from areal_kit import stack
 from areal_kit.cluster import doctor, gpu_stack, probe
-from areal_kit.cluster.options import Cluster, SetupOptions
-from areal_kit.cluster.parallel import HostState
+from areal_kit.cluster.context import Cluster, HostState
+from areal_kit.cluster.options import SetupOptions
 from areal_kit.cluster.remote import Result
 from areal_kit.cluster.steps import GPU_COUNT
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec

@@ -80,6 +80,8 @@ BUGS = {
     "KeyboardInterrupt inside a worker": lambda: remote(KeyboardInterrupt()),
     "driver-side error": lambda: RuntimeError("sample staleness 3 exceeds max_head_offpolicyness 2"),
     "other Ray error": lambda: rex.GetTimeoutError("timed out"),
+    # The core raised an error of its own (a KV cache that cannot fit): the same on every relaunch.
+    "engine core that exited with an error while it started": lambda: _core_start(1),
 }
 
 
@@ -159,6 +161,8 @@ def test_deaths_beyond_the_retries_raise_the_last_one():
 # -- launch() wiring: each attempt gets a fresh controller, stopped whatever happened -------------
 class FakeController:
     failures: ClassVar[list] = []  # what run() raises, one per attempt
+    restore_failures: ClassVar[list] = []  # what restore() raises, one per attempt that resumes
+    start_failures: ClassVar[list] = []  # what start() raises (the workers' setup), one per attempt
     made: ClassVar[list] = []  # every controller launch() built
 
     dead: ClassVar[int] = 0  # what dead_workers() reports after a failure
@@ -171,7 +175,8 @@ class FakeController:
         return FakeController.dead
 
     def start(self):
-        pass
+        if FakeController.start_failures:
+            raise FakeController.start_failures.pop(0)
 
     def run(self):
         if FakeController.failures:
@@ -180,7 +185,8 @@ class FakeController:
         return Outcome(Ending.FINISHED, 4, last={"task_reward": 0.5})
 
     def restore(self):
-        pass
+        if FakeController.restore_failures:
+            raise FakeController.restore_failures.pop(0)
 
     def stop(self):
         self.stopped = True
@@ -194,15 +200,20 @@ def fake_run(monkeypatch, tmp_path):
     job = SimpleNamespace(cfg=None, total_steps=4, n_dropped=0, rows=[],
                           paths=SimpleNamespace(log_dir=str(tmp_path), log_file=str(tmp_path / "train.log")),
                           loader=SimpleNamespace(steps_per_epoch=4, rows=[1]))
-    fresh_flags = []
+    fresh_flags, discard_flags = [], []
+    resume_from = []  # a recover checkpoint's path: every attempt resumes from it (restore runs)
+    load_errors = []  # what load() raises, one per attempt (a checkpoint refused, say)
 
     class FakeCheckpointer:
         def __init__(self, job, log):
             pass
 
-        def load(self, fresh):
+        def load(self, fresh, discard=False):
             fresh_flags.append(fresh)
-            return RunState()  # a start at global step 1
+            discard_flags.append(discard)
+            if load_errors:
+                raise load_errors.pop(0)
+            return RunState(global_step=2, recover_path=resume_from[0]) if resume_from else RunState()
 
     # launch imports these when it runs (its own imports stay light: Ray starts meanwhile).
     monkeypatch.setattr("areal_kit.rl.driver.job.prepare", lambda cfg: job)
@@ -214,8 +225,11 @@ def fake_run(monkeypatch, tmp_path):
     monkeypatch.setattr(runlog, "RunLogger", lambda *a: log)
     monkeypatch.setattr("areal_kit.rl.driver.retry.time.sleep", lambda s: None)
     FakeController.made = []
+    FakeController.restore_failures = []
+    FakeController.start_failures = []
     FakeController.dead = 0
-    return SimpleNamespace(fresh=fresh_flags, log=log, dir=tmp_path)
+    return SimpleNamespace(fresh=fresh_flags, discard=discard_flags, resume_from=resume_from, load_errors=load_errors,
+                           log=log, dir=tmp_path)
 
 
 def cfg(mode="auto", retries=1, on_sigterm="checkpoint", preset="tiny", more=()):
@@ -240,7 +254,77 @@ def test_launch_relaunches_after_a_death_and_fresh_applies_to_the_first_attempt_
     FakeController.failures = [rex.ActorDiedError()]
     assert launch.launch(cfg(), fresh=True) == 0
     assert fake_run.fresh == [True, False]
+    assert fake_run.discard == [False, False]
     assert [c.stopped for c in FakeController.made] == [True, True]
+
+
+def test_fresh_discard_deletes_on_the_first_attempt_only(fake_run):
+    """A relaunch resumes the run's own checkpoint: --discard, like --fresh, is the first attempt's."""
+    FakeController.failures = [rex.ActorDiedError()]
+    assert launch.launch(cfg(), fresh=True, discard=True) == 0
+    assert (fake_run.fresh, fake_run.discard) == ([True, False], [True, False])
+
+
+def _load_failed(cause: BaseException):
+    """What recover.restore raises when a rank failed to load the checkpoint: RunFailed from Ray's error."""
+    from areal_kit.rl.checkpoint import recover
+
+    class Trainers:
+        def load_recover(self, path):
+            raise remote(cause, "TrainerWorker.load_recover")
+
+    try:
+        recover.restore("/r/globalstep2", Trainers())
+    except RunFailed as e:
+        return e
+    raise AssertionError("restore did not fail")
+
+
+def test_a_checkpoint_that_fails_to_load_fails_the_run_with_exit_1_and_its_line_in_the_log(fake_run):
+    """Loading runs once the workers do: the run has started, so its failure is RunFailed (exit
+    code 1) with the "Run failed" line and traceback in train.log, which `areal-kit logs` reads."""
+    fake_run.resume_from.append("/r/globalstep2")
+    err = _load_failed(OSError(5, "Input/output error"))
+    FakeController.restore_failures = [err]
+    with pytest.raises(RunFailed) as got:
+        launch.launch(cfg(retries=3))
+    assert got.value.exit_code == 1
+    assert len(FakeController.made) == 1 and FakeController.made[0].stopped, "a torn file is no relaunch's to fix"
+    why = ("loading the recover checkpoint /r/globalstep2 failed (TrainerWorker.load_recover: OSError: [Errno 5] "
+           "Input/output error); the checkpoint is kept as it is: re-run the same command to try again, or with "
+           "--fresh to start over (it sets this checkpoint aside in /r/set-aside-<time>/, deleting nothing)")
+    assert str(got.value) == f"run e/t failed: {why} (traceback in {fake_run.dir}/train.log)"
+    assert fake_run.log.failures == [(f"Run failed: {why}", err)]
+    from areal_kit import logs
+
+    assert logs.parse_failed(fake_run.log.failures[0][0]) == why  # what `areal-kit logs` shows as failed (...)
+
+
+def test_an_out_of_memory_while_loading_is_relaunched(fake_run):
+    """The load's RunFailed keeps its cause: an OOM while loading is retried as one in a step is."""
+    import torch
+
+    fake_run.resume_from.append("/r/globalstep2")
+    FakeController.restore_failures = [_load_failed(torch.OutOfMemoryError("CUDA out of memory."))]
+    assert launch.launch(cfg(retries=1)) == 0
+    assert len(FakeController.made) == 2
+    assert fake_run.log.warnings[0].startswith("Worker failure (out of memory: loading the recover checkpoint "
+                                               "/r/globalstep2 failed (TrainerWorker.load_recover: OutOfMemoryError")
+    assert fake_run.log.warnings[0].endswith("(retry 1/1).")
+
+
+def test_a_user_error_once_the_run_has_started_is_the_runs_failure(fake_run):
+    """Bad input is refused before anything runs (exit code 2). The same exception after a
+    relaunch (say, Ray cannot place the workers once a node is gone) ends a run that trained:
+    exit code 1 and the "Run failed" line, as any failure of a started run."""
+    late = UserError("Ray did not place trainer group 0 in 600s")
+    FakeController.failures = [rex.ActorDiedError(), late]
+    with pytest.raises(RunFailed) as got:
+        launch.launch(cfg(retries=3))
+    assert str(got.value) == (f"run e/t failed: Ray did not place trainer group 0 in 600s (traceback in "
+                              f"{fake_run.dir}/train.log)")
+    assert got.value.__cause__ is late
+    assert fake_run.log.failures == [("Run failed: Ray did not place trainer group 0 in 600s", late)]
 
 
 def test_launch_does_not_retry_a_bug_and_names_the_call_it_came_from(fake_run):
@@ -271,7 +355,7 @@ def test_launch_with_recover_disabled_does_not_retry_a_death(fake_run):
 
 def test_launch_passes_bad_input_through_as_it_is(fake_run):
     """A UserError (say, a recover checkpoint of another format) keeps its exit code 2 and text."""
-    FakeController.failures = [UserError("the recover checkpoint has format 9")]
+    fake_run.load_errors.append(UserError("the recover checkpoint has format 9"))
     with pytest.raises(UserError, match="format 9"):
         launch.launch(cfg())
     assert fake_run.log.failures == []
@@ -509,18 +593,70 @@ def test_a_signal_that_comes_back_as_another_error_is_still_a_stop(monkeypatch):
 
 
 def test_a_ray_start_that_failed_on_its_thread_ends_the_run_in_one_line_without_a_relaunch(fake_run, monkeypatch):
-    """Ray starts on a thread while the driver prepares the run; its failure reaches the user as
-    any start failure does: one RunFailed line naming the error, the attempt's workers stopped."""
+    """Ray starts on a thread while the driver prepares the run; its failure (other than a time-out,
+    below) reaches the user as any start failure does: one RunFailed line naming the error, the
+    attempt's workers stopped."""
 
     def no_raylet():
-        raise RuntimeError("The current node timed out during startup.")
+        raise RuntimeError("Failed to start the raylet: /tmp/ray is not writable")
 
     monkeypatch.setattr(launch, "start_ray_early", lambda cfg: launch.raystart.InBackground(no_raylet))
     with pytest.raises(RunFailed) as got:
         launch.launch(cfg(retries=3))
-    assert str(got.value) == ("run e/t failed: RuntimeError: The current node timed out during startup. "
+    assert str(got.value) == ("run e/t failed: RuntimeError: Failed to start the raylet: /tmp/ray is not writable "
                               f"(traceback in {fake_run.dir}/train.log)")
     assert len(FakeController.made) == 1 and FakeController.made[0].stopped
+
+
+# What Ray 2.60's ray/_private/node.py raises when its raylet has not registered in 30 s: a bare Exception.
+RAY_START_TIMEOUT = ("The current node timed out during startup. This could happen because some of the raylet "
+                     "failed to startup or the GCS has become overloaded.")
+
+
+@pytest.mark.parametrize("make", [lambda: Exception(RAY_START_TIMEOUT), lambda: RuntimeError(RAY_START_TIMEOUT)],
+                         ids=["as Ray raises it", "re-raised as a RuntimeError"])
+def test_rays_start_timing_out_is_of_a_retryable_kind(make):
+    assert retry.failure_kind(make()) == retry.RAY_START
+    assert retry.failure_kind(Exception("The current node has no GPU")) is None
+    assert retry.failure_kind(Exception(f"while starting: {RAY_START_TIMEOUT}")) is None, "Ray's own line, not a quote"
+
+
+def test_rays_start_timing_out_is_relaunched_with_ray_started_again(fake_run, monkeypatch):
+    """On a loaded machine Ray's raylet may not register in its 30 s: the relaunch starts Ray again
+    (a new start, not the failed one's error again), within recover_retries, and the log says so."""
+    starts = []
+
+    def start(cfg):
+        starts.append(cfg)
+        if len(starts) == 1:
+            def timed_out():
+                raise Exception(RAY_START_TIMEOUT)  # noqa: TRY002 (Ray's own bare Exception)
+            return launch.raystart.InBackground(timed_out)
+        return launch.raystart.InBackground(lambda: False)
+
+    monkeypatch.setattr(launch, "start_ray_early", start)
+    assert launch.launch(cfg(retries=2)) == 0
+    assert len(starts) == 2
+    assert len(FakeController.made) == 2
+    said = (f"Worker failure (Ray's start timed out: Exception: {RAY_START_TIMEOUT}); relaunching from the last "
+            "recover checkpoint (retry 1/2).")
+    assert fake_run.log.warnings == [said]
+
+
+def test_rays_start_timing_out_at_every_try_stops_at_the_bound_naming_the_lever(fake_run, monkeypatch):
+    def timed_out():
+        raise Exception(RAY_START_TIMEOUT)  # noqa: TRY002 (Ray's own bare Exception)
+
+    starts = []
+    monkeypatch.setattr(launch, "start_ray_early",
+                        lambda cfg: starts.append(cfg) or launch.raystart.InBackground(timed_out))
+    with pytest.raises(RunFailed) as got:
+        launch.launch(cfg(retries=1))
+    assert len(starts) == 2
+    msg = str(got.value)
+    assert msg.startswith("run e/t failed: Ray's start timed out again after 1 relaunch(es), the bound "
+                          "recover_retries=1; a relaunch does not fix it: Ray's processes did not register")
+    assert "ray start --head" in msg and "ray_address=auto" in msg
 
 
 def test_bad_input_found_while_ray_starts_stops_that_ray_and_is_reported(fake_run, monkeypatch):
@@ -568,7 +704,15 @@ TRANSIENT = {
         "[gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete")),
         "NCCL/collective error"),
     "OOM re-raised from": (lambda: _chained(_oom()), "out of memory"),
+    "engine core killed while it started": (lambda: _core_start(-9), "dead vLLM engine core"),
 }
+
+
+def _core_start(code: int, fn="RolloutWorker.setup"):
+    """What vLLM raises in the engine's setup when its engine core process ended while it started
+    (vllm/v1/engine/utils.py): a plain RuntimeError naming each core and its exit code."""
+    return remote(RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): "
+                               f"{{'EngineCore_DP0': {code}}}"), fn)
 
 
 def _chained(cause):
@@ -646,7 +790,74 @@ def test_launch_relaunches_an_oom_and_ends_in_one_line_when_it_comes_back(fake_r
         launch.launch(cfg(retries=1))
     msg = str(got.value)
     assert "\n" not in msg
-    assert msg.startswith("run e/t failed: StillFailing: out of memory at global step 1 again after 1 relaunch(es)")
+    assert msg.startswith("run e/t failed: out of memory at global step 1 again after 1 relaunch(es)")
     assert "actor_train.mb_spec.max_tokens_per_mb" in msg
     assert [c.stopped for c in FakeController.made] == [True, True]
     assert "Worker failure (out of memory in global step 1: " in fake_run.log.warnings[-1]
+
+
+def test_an_engine_core_dead_at_start_is_relaunched_and_the_log_says_which_and_how_often(fake_run):
+    """The engines' setup, before any step: a core killed while it started (the kernel's OOM killer)
+    is retried within recover_retries as a step's dead core is; one that raised is not."""
+    FakeController.start_failures = [_core_start(-9), _core_start(-11)]
+    assert launch.launch(cfg(retries=2)) == 0
+    assert len(FakeController.made) == 3
+    assert [w.split("; relaunching")[0] for w in fake_run.log.warnings] == [
+        "Worker failure (dead vLLM engine core: RolloutWorker.setup: RuntimeError: Engine core initialization "
+        f"failed. See root cause above. Failed core proc(s): {{'EngineCore_DP0': {code}}})" for code in (-9, -11)]
+    assert fake_run.log.warnings[0].endswith("relaunching from the last recover checkpoint (retry 1/2).")
+    assert fake_run.log.warnings[1].endswith("(retry 2/2).")
+
+
+def test_an_engine_core_that_raised_while_it_started_fails_the_run_at_once(fake_run):
+    FakeController.start_failures = [_core_start(1)]
+    with pytest.raises(RunFailed) as got:
+        launch.launch(cfg(retries=2))
+    assert len(FakeController.made) == 1 and fake_run.log.warnings == []
+    assert str(got.value).startswith("run e/t failed: RolloutWorker.setup: RuntimeError: Engine core initialization")
+
+
+def test_an_oom_while_loading_past_the_bound_names_the_memory_plans_figures(fake_run, monkeypatch):
+    """The same OOM at every load: the last line names the levers and the memory plan of the GPU
+    that ran out (what the settings put on a trainer GPU, against what it has), whole."""
+    import torch
+
+    monkeypatch.setenv("AREAL_DEVICE", "cuda")  # the memory plan is a GPU run's
+    fake_run.resume_from.append("/r/globalstep2")
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    FakeController.restore_failures = [_load_failed(oom), _load_failed(oom)]
+    c = cfg(retries=1, preset="1.5B_1gpu", more=["gpu_memory_gb=80"])
+    with pytest.raises(RunFailed) as got:
+        launch.launch(c)
+    msg = str(got.value)
+    assert "\n" not in msg and len(FakeController.made) == 2
+    assert msg.startswith("run e/t failed: out of memory again after 1 relaunch(es), the bound recover_retries=1; a "
+                          "relaunch does not fix it: set ")
+    from areal_kit.rl.plan import memory_plan
+
+    plan = memory_plan(c)
+    trainer = plan.trainer
+    assert f"; the memory plan: {trainer.title}: " in msg
+    assert all(f"{part.name} {part.nbytes / 1e9:.3g} GB" in msg for part in trainer.parts if part.nbytes)
+    assert f"= {trainer.total / 1e9:.3g} GB of 80 GB (gpu_memory_gb)" in msg
+    assert "TrainerWorker.load_recover: OutOfMemoryError: CUDA out of memory" in msg
+    assert msg.endswith(f"(traceback in {fake_run.dir}/train.log)")  # whole: never cut as a long line was
+
+
+def test_an_engine_oom_past_the_bound_names_vllms_share_of_the_gpu(monkeypatch):
+    monkeypatch.setenv("AREAL_DEVICE", "cuda")
+    run_once, _ = attempts_raising(_oom("RolloutWorker.generate"), _oom("RolloutWorker.generate"))
+    c = load_config("1.5B_1gpu", ["gpu_memory_gb=80"])
+    with pytest.raises(retry.StillFailing) as got:
+        launch.relaunching(run_once, retries=1, log=Log(), pause=0, where=lambda: 5, cfg=c)
+    util = c.actor.vllm.gpu_memory_utilization
+    assert f"; the memory plan: generation GPU (vLLM, TP 1, gpu_memory_utilization {util:g}): weights " in str(got.value)
+    assert "KV cache" in str(got.value) and f"= {util * 80:.3g} GB of 80 GB" in str(got.value)
+
+
+def test_on_cpu_an_oom_names_no_memory_plan(monkeypatch):
+    monkeypatch.setenv("AREAL_DEVICE", "cpu")
+    run_once, _ = attempts_raising(_oom(), _oom())
+    with pytest.raises(retry.StillFailing) as got:
+        launch.relaunching(run_once, retries=1, log=Log(), pause=0, where=lambda: 5, cfg=load_config("1.5B_1gpu"))
+    assert "memory plan" not in str(got.value)

@@ -18,8 +18,9 @@ import pytest
 
 from areal_kit import stack
 from areal_kit.cluster import gpu_stack, steps
-from areal_kit.cluster.options import Cluster, SetupOptions
-from areal_kit.cluster.parallel import HostState, StepFailed
+from areal_kit.cluster.context import Cluster, HostState
+from areal_kit.cluster.options import SetupOptions
+from areal_kit.cluster.parallel import StepFailed
 from areal_kit.cluster.remote import Result
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 

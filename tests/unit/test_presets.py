@@ -136,7 +136,8 @@ def test_a_shared_gpu_preset_says_where_it_runs(capsys, monkeypatch):
     out = dry_run(["train", "1.5B_n1", "--dry-run"], capsys)
     assert ("sharing the generation GPUs, taking turns: the engines sleep (vLLM sleep level 2) while the trainer "
             "trains, then wake for the weight sync") in out
-    assert "weight sync: cuda_ipc (auto on shared GPUs): each trainer rank hands the engine worker on its GPU" in out
+    assert ("weight sync: ipc (auto on shared GPUs): each trainer rank hands the engine worker beside it one CUDA IPC "
+            "buffer") in out
     assert "dry run: configuration is valid" in out
     out = dry_run(["train", "1.5B_n1", "--dry-run", "allocation_mode=vllm.d2p1m2+d4p1m1"], capsys)
     assert "dry run: configuration is valid" in out and "taking turns" not in out

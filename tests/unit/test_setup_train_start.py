@@ -19,8 +19,9 @@ from cli_run import cli
 
 from areal_kit import logs, runlog
 from areal_kit.cluster import steps, train_start
-from areal_kit.cluster.options import Cluster, SetupOptions
-from areal_kit.cluster.parallel import HostState, Outcome, Step, StepFailed, run_steps
+from areal_kit.cluster.context import Cluster, HostState, Outcome
+from areal_kit.cluster.options import SetupOptions
+from areal_kit.cluster.parallel import Step, StepFailed, run_steps
 from areal_kit.cluster.remote import HostLog, Result
 from areal_kit.cluster.train_start import Start, classify, train_log_path
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec

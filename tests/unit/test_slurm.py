@@ -58,6 +58,8 @@ def test_a_cpu_job_on_one_node_has_no_gres_and_no_workers():
     assert "slurm.node worker" not in text
     # --fresh on the first start only: a requeued start resumes from its checkpoint
     assert 'fresh=(); [ "${SLURM_RESTART_COUNT:-0}" = 0 ] && fresh=(--fresh)' in text
+    text = sbatch_script(job(n_nodes=1, gpus_per_node=0, fresh=True, discard=True), SlurmOptions(slurm=True))
+    assert 'fresh=(); [ "${SLURM_RESTART_COUNT:-0}" = 0 ] && fresh=(--fresh --discard)' in text
 
 
 @pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
@@ -126,6 +128,39 @@ def test_without_slurm_commands_the_submission_says_so(capsys, monkeypatch, tmp_
                   capsys)
     assert "#SBATCH --nodes=2" in out and "not checked against a partition" in out
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("said", [
+    # Slurm's client installed, never configured: no slurm.conf, no DNS SRV record of a controller.
+    ("sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+     "sinfo: error: fetch_config: DNS SRV lookup failed\n"
+     "sinfo: error: _establish_config_source: failed to fetch config\n"
+     "sinfo: fatal: Could not establish a configuration source"),
+    # Configured, its controller down.
+    "slurm_load_partitions: Unable to contact slurm controller (connect failure)",
+], ids=["unconfigured", "controller down"])
+def test_where_slurm_cannot_be_asked_a_dry_run_prints_the_script_unchecked(said, capsys, monkeypatch, tmp_path):
+    """The fake sinfo on PATH stands for a Slurm that cannot be asked: it says what the real one
+    says unconfigured (or with its controller down) and exits 1. The dry run prints the script
+    marked unchecked, the reason in one line, and writes nothing; a submission stops in one line."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "sinfo").write_text(f"#!/bin/sh\ncat >&2 <<'EOF'\n{said}\nEOF\nexit 1\n")
+    (bin_ / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    out = dry_run(["train", "tiny", "--slurm", "--dry-run"], capsys)
+    reason = said.splitlines()[-1]
+    why = reason.removeprefix("sinfo: ")
+    [note] = [ln for ln in out.splitlines() if ln.startswith("note: ")]
+    assert note == f"note: Slurm cannot be asked here (sinfo: {why}); the script below is not checked against a partition"
+    assert "#SBATCH --nodes=1" in out
+    assert "no partition checked" in out
+    assert not list(work.iterdir())
+    code, _, err = run_cli(["train", "tiny", "--slurm"], capsys)
+    assert (code, err.strip().splitlines()) == (1, [f"error: sinfo: {why}"])  # Slurm's failure, not bad input
 
 
 def test_a_driver_that_ends_without_a_word_after_scancel_is_said_stopped(tmp_path):

@@ -15,8 +15,9 @@ import pytest
 from test_doctor import Head  # the head's connection, answering with the line the check prints
 
 from areal_kit.cluster import cmd, doctor, train_start
-from areal_kit.cluster.options import Cluster, Limits, SetupOptions
-from areal_kit.cluster.parallel import HostState, Outcome, StepFailed
+from areal_kit.cluster.context import Cluster, HostState, Outcome
+from areal_kit.cluster.options import Limits, SetupOptions
+from areal_kit.cluster.parallel import StepFailed
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec
 from areal_kit.rl import preflight
 

@@ -22,8 +22,8 @@ from cli_run import assert_one_line_error, cli
 
 from areal_kit import runlog
 from areal_kit.cluster import cmd as cluster_cmd
-from areal_kit.cluster.options import Cluster, SetupOptions, save_state
-from areal_kit.cluster.parallel import HostState
+from areal_kit.cluster.context import Cluster, HostState
+from areal_kit.cluster.options import SetupOptions, save_state
 from areal_kit.cluster.ray_cluster import docker_run_args
 from areal_kit.cluster.remote import ConnectError, HostLog, Result
 from areal_kit.cluster.target import Hosts
@@ -180,6 +180,15 @@ def run_lines(tmp_path, *messages: str) -> list[str]:
         log.info(msg)
     log.close()
     return Path(log.paths.log_file).read_text().splitlines()
+
+
+def test_fresh_discard_reaches_the_heads_driver(capsys):
+    """--discard (which deletes the run's recover checkpoints) travels with --fresh to the head."""
+    saved("lab", "/mnt/st")
+    code, out, err = cli(capsys, "train", PRESET, "--cluster", "lab", "--dry-run", "--fresh", "--discard")
+    assert code == 0, err
+    [start] = [c for c in commands(out) if c.startswith("[run] docker exec -d areal-lab-head sh -c ")]
+    assert shlex.split(start)[-1].endswith(f"--fresh --discard >> /mnt/st/ray/experiments/logs/lab-{PRESET}.log 2>&1")
 
 
 def test_it_starts_the_driver_on_the_head_and_waits_for_its_sign_of_life(head, capsys):

@@ -103,3 +103,31 @@ def test_missing_dataset_file(tmp_path, capsys, no_ray, what):
     assert (code, len(err)) == (2, 1), err
     assert f"dataset.path={gone} not found" in err[0]
     assert not (tmp_path / "models").exists()
+
+
+def test_a_gpu_run_whose_memory_plan_does_not_fit_is_refused_before_ray(tmp_path, capsys, monkeypatch, no_ray):
+    """A plain `areal-kit train` on a GPU platform checks the dry run's memory plan, with its line, before
+    Ray starts and before the node's CUDA check. No GPU here: AREAL_DEVICE=cuda takes the GPU path and
+    the card is the plan's 80 GB default (as in test_memory_plan.py)."""
+    from areal_kit import hardware
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AREAL_DEVICE", "cuda")
+    monkeypatch.setattr(hardware, "gpu_memory_bytes", lambda: None)
+    checked = []
+    monkeypatch.setattr(hardware, "check_cuda", lambda *a, **k: checked.append(a) or "ok")
+    code, err = _run(["train", "1.5B_1gpu", f"fileroot={tmp_path}", "actor.vllm.gpu_memory_utilization=0.6"], capsys)
+    assert (code, len(err)) == (2, 1), err
+    assert err[0].startswith("error: the memory plan does not fit: shared GPU while generating: vLLM's 51 GB"), err
+    assert "try actor.vllm.gpu_memory_utilization=0.55 or less" in err[0]
+    assert not checked  # refused from the settings, before the node's CUDA is probed
+
+
+def test_a_cpu_run_computes_no_memory_plan(tmp_path, capsys, monkeypatch, no_ray):
+    """On CPU the plain run skips the plan (CPU workers take what the machine has): nothing is computed."""
+    from areal_kit.rl import plan
+
+    monkeypatch.setenv("AREAL_DEVICE", "cpu")
+    monkeypatch.setattr(plan, "memory_plan", lambda cfg: pytest.fail("a memory plan on CPU"))
+    code, err = _run(["train", "tiny", f"fileroot={tmp_path}", f"actor.path={tmp_path}/nope"], capsys)
+    assert (code, len(err)) == (2, 1) and "not a model folder" in err[0]

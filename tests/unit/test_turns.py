@@ -232,8 +232,10 @@ def test_shared_gpus_keep_an_engines_gpus_on_one_node():
     assert one.engine_bundle(0) == (0, 0)
 
 
-def test_an_engine_is_told_its_ranks_gpus():
+def test_an_engine_is_told_its_ranks_and_their_gpus():
     from areal_kit.rl.driver.groups import _on_gpus
 
-    assert _on_gpus({"A": "1"}, ["3", "5", "0", "1"], 1, 2) == {"A": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
-    assert _on_gpus({"A": "1"}, None, 1, 2) == {"A": "1"}
+    assert _on_gpus({"A": "1"}, ["3", "5", "0", "1"], 1, 2, True) == {"A": "1", "CUDA_VISIBLE_DEVICES": "0,1",
+                                                                      "AREAL_SHARED_RANKS": "2,3"}
+    assert _on_gpus({"A": "1"}, None, 1, 2, True) == {"A": "1", "AREAL_SHARED_RANKS": "2,3"}  # CPU slots
+    assert _on_gpus({"A": "1"}, None, 1, 2, False) == {"A": "1"}  # an engine of its own

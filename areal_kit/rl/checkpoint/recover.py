@@ -19,6 +19,12 @@ dataset) stops the run with one line naming each difference, unless --fresh. The
 change (nodes, GPUs, allocation_mode): the trainers load the checkpoint in DeepSpeed's universal
 format when their number changed.
 
+Starting over never deletes a run's progress unless asked in so many words: --fresh (and
+recover_mode=fault's first launch) sets the checkpoints aside (store.set_aside) and the newest
+set-aside folder is kept; --fresh --discard deletes them. So every message that refuses to
+resume may advise --fresh. A run that started and then failed to load or write a checkpoint is
+RunFailed (exit 1, the "Run failed" line in train.log), never bad input: the run had started.
+
 The Checkpointer (checkpointer.py) owns them: its load() resumes, before each launch attempt,
 from what plan() decides here; it calls restore once the workers run, and write when a
 checkpoint is due. Folder-level helpers are in store.py.
@@ -32,27 +38,38 @@ import shutil
 import socket
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ray.exceptions import RayTaskError
 
 from areal_kit import logs
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.durable import fsync_dir, fsync_tree, write_json
-from areal_kit.errors import UserError, describe
+from areal_kit.errors import RunFailed, UserError, describe
 from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.checkpoint.store import (
     FORMAT,
     PREFIX,
+    SET_ASIDE_PREFIX,
     STATE_FILE,
     TMP_PREFIX,
     Checkpoint,
+    file_sizes,
     last_metrics_row,
     latest,
     list_checkpoints,
+    prune_set_asides,
     remove_tmp,
+    set_asides,
+    torn,
+    torn_folders,
+    torn_newer,
     tree_bytes,
 )
 from areal_kit.rl.driver.job import Job, RunState
+
+if TYPE_CHECKING:
+    from areal_kit.rl.driver.groups import TrainerGroup
 
 DRIVER_RNG = "rng_driver.pt"
 
@@ -112,11 +129,17 @@ def differences(saved: dict, current: dict) -> list[tuple[str, object, object]]:
     return [(k, saved.get(k), current.get(k)) for k in SIGNATURE_KEYS if saved.get(k) != current.get(k)]
 
 
+def start_over(path: str) -> str:
+    """How to start over without losing the checkpoint at path: what every refusal to resume it says."""
+    return (f"--fresh to start over (it sets this checkpoint aside in {os.path.dirname(path)}/"
+            f"{SET_ASIDE_PREFIX}<time>/, deleting nothing)")
+
+
 def mismatch_message(ck: Checkpoint, diffs: list[tuple[str, object, object]]) -> str:
     what = "; ".join(f"{k} was {old!r}, now {new!r}" for k, old, new in diffs)
     fixes = [f"{SIGNATURE_KEYS[k]}={_override_value(old)}" for k, old, _ in diffs if SIGNATURE_KEYS.get(k)]
     other = [k for k, _, _ in diffs if not SIGNATURE_KEYS.get(k)]
-    how = "re-run with --fresh to start over (the checkpoint is replaced)"
+    how = f"the checkpoint is kept as it is; re-run with {start_over(ck.path)}"
     if fixes or other:
         same = " ".join(fixes) + (" and " if fixes and other else "") + \
             (f"the same {' and '.join(other)}" if other else "")
@@ -137,7 +160,9 @@ class Plan:
     """What a launch does with the recover folder (Checkpointer.load carries it out)."""
 
     resume: Checkpoint | None = None  # the checkpoint it continues; None: it starts at global step 1
-    discard: bool = False  # delete the existing checkpoints first (--fresh, recover_mode=fault's first launch)
+    start_over: str = ""  # why it starts over from existing checkpoints (--fresh, recover_mode=fault); "": it does not
+    discard: bool = False  # with start_over: delete them (--fresh --discard); else they are set aside
+    torn: tuple[tuple[Checkpoint, str], ...] = ()  # newer checkpoints passed over as torn (moved aside), and why
 
     @property
     def batches(self) -> int:
@@ -150,10 +175,11 @@ def batches_taken(ck: Checkpoint) -> int:
     return ck.state.get("batches", ck.global_step)
 
 
-def plan(job: Job, attempt: int, fresh: bool, log) -> Plan:
-    """Which checkpoint this launch continues, as recover_mode, --fresh and the attempt (0: the
-    first launch, more: a relaunch after a worker failure) decide. It logs the decision and raises
-    UserError for a checkpoint that does not match the run, but changes nothing on disk."""
+def plan(job: Job, attempt: int, fresh: bool, log, discard: bool = False) -> Plan:
+    """Which checkpoint this launch continues, as recover_mode, --fresh (--discard) and the attempt
+    (0: the first launch, more: a relaunch after a worker failure) decide. It logs a decision to
+    resume, raises UserError for a checkpoint that does not match the run, and changes nothing on
+    disk: a start over is carried out (and said) by the Checkpointer."""
     rdir, mode = job.paths.recover_dir, job.cfg.recover_mode
     ck = latest(rdir)
     if mode == "disabled":
@@ -162,22 +188,29 @@ def plan(job: Job, attempt: int, fresh: bool, log) -> Plan:
                      f"(global step {ck.global_step}); starting at global step 1.")
         return Plan()
     if attempt == 0 and (fresh or mode == "fault"):
+        if discard:  # set-aside folders go too, checkpoint or not: asked for in so many words
+            return Plan(start_over="--fresh --discard", discard=True)
         if ck is None:
             return Plan()
-        why = "--fresh" if fresh else "recover_mode=fault (resume only after a failure)"
-        log.info(f"{why}: discarding the recover checkpoint {ck.path} (global step {ck.global_step}); "
-                 "starting at global step 1.")
-        return Plan(discard=True)
+        return Plan(start_over="--fresh" if fresh else "recover_mode=fault (resume only after a failure)")
+    passed = tuple(torn_newer(rdir))
+    if passed and ck is None:
+        newest, why = passed[0]
+        raise UserError(f"the recover checkpoint {newest.path} is torn ({why}) and no earlier whole one is kept; "
+                        f"it is kept as it is: restore the file from a copy, or re-run with {start_over(newest.path)}")
     if ck is None:
         if mode == "resume" and attempt == 0:
-            raise UserError(f"recover_mode=resume but there is no recover checkpoint in {rdir}; expected a run "
-                            "that reached global step 2, or use recover_mode=auto to start over")
+            kept = set_asides(rdir)
+            aside = (f" (one set aside by a start over is in {kept[-1]}: move its globalstep folder back into "
+                     f"{rdir} to resume it)" if kept else "")
+            raise UserError(f"recover_mode=resume but there is no recover checkpoint in {rdir}{aside}; expected a "
+                            "run that reached global step 2, or use recover_mode=auto to start over")
         if attempt > 0:
             log.warning("No recover checkpoint yet (the first is written after global step 2); "
                         "relaunching from global step 1.")
         return Plan()
     _check(job, ck, attempt)
-    return Plan(ck)
+    return Plan(ck, torn=passed)
 
 
 def _check(job: Job, ck: Checkpoint, attempt: int) -> None:
@@ -186,7 +219,8 @@ def _check(job: Job, ck: Checkpoint, attempt: int) -> None:
     cfg = job.cfg
     if ck.state.get("format") != FORMAT:
         raise UserError(f"the recover checkpoint {ck.path} has format {ck.state.get('format')!r}, this version "
-                        f"reads {FORMAT}; re-run with --fresh to start over")
+                        f"reads {FORMAT}; the checkpoint is kept as it is: resume it with the version that wrote it, "
+                        f"or re-run with {start_over(ck.path)}")
     diffs = differences(ck.state["signature"], signature(job))
     expected = job.loader.state_at(batches_taken(ck))
     if not diffs and expected["used_ids"] != ck.state["loader"]["used_ids"]:
@@ -199,8 +233,7 @@ def _check(job: Job, ck: Checkpoint, attempt: int) -> None:
         if done:
             raise UserError(f"{cfg.experiment_name}/{cfg.trial_name} already finished its {job.total_steps} steps "
                             f"(recover checkpoint {ck.path}, model saved in {done}); raise "
-                            "exp_ctrl.total_train_steps or total_train_epochs to continue it, or use --fresh "
-                            "to start over")
+                            f"exp_ctrl.total_train_steps or total_train_epochs to continue it, or use {start_over(ck.path)}")
 
 
 def run_state(ck: Checkpoint) -> RunState:
@@ -249,15 +282,17 @@ def _ago(t) -> str:
 
 
 # ------------------------------------------------------------------ start: workers
-def restore(path: str, trainers) -> dict:
+def restore(path: str, trainers: TrainerGroup) -> dict:
     """Load the checkpoint into every trainer rank: the weight version it holds, how many ranks
     wrote it, whether it went through DeepSpeed's universal format, and the load time."""
     engine = os.path.join(path, "engine")
     try:
         return trainers.load_recover(engine)
-    except RayTaskError as e:
-        raise UserError(f"loading the recover checkpoint {path} failed ({describe(e)}); re-run with --fresh "
-                        "to start over") from None
+    except RayTaskError as e:  # a rank's error (out of memory, a full disk, a torn file), wrapped by Ray
+        # The run has started (Ray, its workers): a failure now is the run's, exit 1, never bad input.
+        # Raised from e: the relaunch loop sees the cause, and retries an out-of-memory within its bound.
+        raise RunFailed(f"loading the recover checkpoint {path} failed ({describe(e)}); the checkpoint is kept as "
+                        f"it is: re-run the same command to try again, or with {start_over(path)}") from e
 
 
 # ------------------------------------------------------------------ after a step
@@ -278,7 +313,8 @@ def write(job: Job, state, timer_state: dict, trainers, log) -> str:
         trainers.save_recover(os.path.join(tmp, "engine"))
         rng.save(os.path.join(tmp, DRIVER_RNG))
         test_pause(job.paths.log_dir, "before_commit", g)
-        write_json(os.path.join(tmp, STATE_FILE), _state_record(job, state, timer_state))
+        # Each file's size as written: a file that later comes up short makes it torn (store.torn).
+        write_json(os.path.join(tmp, STATE_FILE), {**_state_record(job, state, timer_state), "files": file_sizes(tmp)})
         fsync_tree(tmp)
         os.rename(tmp, final)
         fsync_dir(rdir)
@@ -286,15 +322,35 @@ def write(job: Job, state, timer_state: dict, trainers, log) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         prev = latest(rdir)
         kept = f"the previous one ({prev.path}) is intact" if prev else "there is no earlier one"
-        raise UserError(f"writing the recover checkpoint {final} failed ({describe(e)}); {kept}. Free space or "
-                        "fix permissions on fileroot, then re-run the same command to resume") from None
+        # A run that trained and then could not save failed (exit 1, its "Run failed" line): not bad input.
+        raise RunFailed(f"writing the recover checkpoint {final} failed ({describe(e)}{_free(rdir)}); {kept}. Free "
+                        "space or fix permissions on fileroot, then re-run the same command to resume") from e
+    # The newest whole one before this stays: a resume falls back to it should this one be torn on
+    # disk later (a lost write, a copy cut short), retraining the steps since. Older ones go.
+    before = [ck for ck in list_checkpoints(rdir) if ck.path != final and ck.global_step < g and not torn(ck)][-1:]
     for old in list_checkpoints(rdir):
-        if old.path != final:
+        if old.path != final and old not in before:
             shutil.rmtree(old.path, ignore_errors=True)
+    for path in torn_folders(rdir):  # passed over by a resume; the run has written past it now
+        shutil.rmtree(path, ignore_errors=True)
+    # The run has a checkpoint of its own now: set-aside folders older than the newest can go.
+    gone = prune_set_asides(rdir, keep=1)
+    if gone:
+        log.info(f"Deleted {len(gone)} older set-aside folder(s) ({', '.join(os.path.basename(g) for g in gone)}): "
+                 f"this run has a recover checkpoint of its own; the newest set-aside, {set_asides(rdir)[-1]}, is kept.")
     size = tree_bytes(final)
     log.info("Dumped recover info to file.")
     log.info(f"Recover checkpoint {final}: global step {g}, {size / 1e6:.1f} MB in {time.time() - t0:.2f}s.")
     return final
+
+
+def _free(path: str) -> str:
+    """`, N MB free on its filesystem`: torch's own error for a full disk seldom says so."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return ""
+    return f", {st.f_bavail * st.f_frsize / 1e6:.1f} MB free on its filesystem"
 
 
 def _log_layout_change(ck: Checkpoint, job: Job, log) -> None:

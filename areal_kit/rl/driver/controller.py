@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import ray
 
 from areal_kit import logs, runlog
-from areal_kit.rl.algo.batch import Shaped, shape_rewards, step_stats
+from areal_kit.rl.algo.batch import Shaped, episode_stats, shape_rewards, step_stats
 from areal_kit.rl.checkpoint.checkpointer import Checkpointer
 from areal_kit.rl.driver import groups, raystart
 from areal_kit.rl.driver.job import Job, RunState
@@ -203,7 +203,8 @@ class Controller:
         st, outs = self.state, got.outs
         # The means are sums, so their last digit depends on the order: a step that shaped every
         # sample it generated reports them in shaping's order, one of dynamic sampling as they came.
-        row = step_stats(shaped.samples if got.picked is None else got.samples, shaped, stats)
+        samples = shaped.samples if got.picked is None else got.samples
+        row = step_stats(samples, shaped, stats)
         row.update(gen_time=got.gen_time, reward_time=max(o.reward_time for o in outs),
                    load_time=max((x.get("load_time", 0.0) for x in got.loads), default=0.0),
                    send_wait_time=stats.get("send_wait_time", 0.0),
@@ -213,6 +214,8 @@ class Controller:
         if self.cfg.ppo.dynamic_sampling:
             row.update({"dynamic/rounds": got.rounds, "dynamic/dropped_groups": got.dropped,
                         "dynamic/kept_groups": got.kept})
+        if self.cfg.ppo.workflow or self.cfg.agent.fn:  # single-turn answers: one turn, no call, no tool tokens
+            row.update(episode_stats(samples, sum(o.failed_calls for o in outs)))
         row.update(self._plugin_stats(outs))
         row.update(got.metrics)
         return row

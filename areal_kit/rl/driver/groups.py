@@ -23,6 +23,7 @@ from areal_kit.procs import stat_fields
 from areal_kit.rl.driver import placement
 from areal_kit.rl.driver.watchdog import Watchdog
 from areal_kit.rl.sample import TrainerRow
+from areal_kit.rl.weight_sync import ipc
 from areal_kit.rl.workers.rollout import RolloutWorker
 from areal_kit.rl.workers.trainer import TrainerWorker
 
@@ -77,7 +78,8 @@ class TrainerGroup:
     def save_recover(self, path: str) -> None:
         self._all("save_recover", path)
 
-    def load_recover(self, path: str) -> int:
+    def load_recover(self, path: str) -> dict:
+        """Every rank loads; rank 0's report (TrainerWorker.load_recover: version, ranks, universal, load_time)."""
         return self._all("load_recover", path)[0]
 
 
@@ -205,7 +207,8 @@ def create(cfg: TrainConfig, model_path: str, cache_root: str, total_steps: int,
     gpus = placement.trainer_gpus(trainers) if places.layout.shared else None
     # The engines' processes start before anything waits on a trainer's setup: an engine takes longest to set up.
     rollouts = [Rollout.options(**places.engine_options(i)).remote(
-        i, model_path, cfg, _on_gpus(_pinned(env, cores, range(n_train + i * tp, n_train + (i + 1) * tp)), gpus, i, tp),
+        i, model_path, cfg, _on_gpus(_pinned(env, cores, range(n_train + i * tp, n_train + (i + 1) * tp)), gpus, i, tp,
+                 alloc.kind != "decoupled"),
         tp) for i in range(alloc.gen.dp)]
     # An engine sets up longest, and needs no trainer: it starts as soon as its process is up, not
     # after the rendezvous below. On shared GPUs the engines set up alone first (Workers.setup).
@@ -218,11 +221,17 @@ def create(cfg: TrainConfig, model_path: str, cache_root: str, total_steps: int,
     return Workers(TrainerGroup(trainers, dog), EngineGroup(rollouts, dog, tp), dog, places, setups, overhead)
 
 
-def _on_gpus(env: dict[str, str], gpus: list[str] | None, index: int, tp: int) -> dict[str, str]:
-    """An engine's env on shared GPUs: CUDA_VISIBLE_DEVICES the GPUs of its trainer ranks."""
-    if gpus is None:
+def _on_gpus(env: dict[str, str], gpus: list[str] | None, index: int, tp: int, shared: bool) -> dict[str, str]:
+    """An engine's env where generation and training share devices: the trainer ranks beside it
+    (each of its workers maps the IPC buffer of one: ipc.worker_key) and, on GPUs, CUDA_VISIBLE_DEVICES
+    their GPUs."""
+    if not shared:
         return env
-    return {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[index * tp:(index + 1) * tp])}
+    ranks = range(index * tp, (index + 1) * tp)
+    env = {**env, ipc.SHARED_RANKS_ENV: ",".join(map(str, ranks))}
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[r] for r in ranks)
+    return env
 
 
 def core_sets(cfg: TrainConfig, n_train: int, n_engines: int, tp: int) -> list[list[int]] | None:

@@ -6,8 +6,11 @@ NCCL error ends the attempt; the run then relaunches from the last recover check
 recover_retries times, saying so in the log (rl/driver/retry.py says which failures count). Any other
 error, including one our code raises inside a worker, ends the run at once: a relaunch would only
 fail the same way. It reaches the terminal as one line naming the worker
-call it came from (RunFailed, exit code 1), its full traceback in train.log. Bad input raises
-UserError before any actor starts. Ctrl-C stops the run at once, cleanly (workers stopped, the
+call it came from (RunFailed, exit code 1), its full traceback in train.log; so does a recover
+checkpoint that fails to load or to be written (the run had started), and any error once the
+workers have run, a UserError included. Ray's start timing out on a loaded machine is relaunched
+too, Ray started again. Bad input raises UserError before any actor starts.
+Ctrl-C stops the run at once, cleanly (workers stopped, the
 log says so); the same command then resumes it from the last recover checkpoint. SIGTERM during
 training (a scheduler's stop) finishes the step and writes its recover checkpoint first (see
 SigtermStop). One driver per run: a second launch of a running experiment/trial is refused before
@@ -107,7 +110,10 @@ def _prepare(cfg: TrainConfig, ray_up: raystart.InBackground):
         raise
 
 
-def launch(cfg: TrainConfig, fresh: bool = False) -> int:
+def launch(cfg: TrainConfig, fresh: bool = False, discard: bool = False) -> int:
+    """Run cfg to its end (relaunching after transient failures); fresh: start over, setting the
+    recover checkpoints aside (discard: deleting them). The exit code, or an exception: UserError
+    (bad input, refused before any worker ran), RunFailed (the run failed), Interrupted (a signal's stop)."""
     check_paths(cfg)
     ray_up = start_ray_early(cfg)
     job, lock = _prepare(cfg, ray_up)
@@ -123,10 +129,17 @@ def launch(cfg: TrainConfig, fresh: bool = False) -> int:
     retries = 0 if cfg.recover_mode == "disabled" else cfg.recover_retries
     sigterm = SigtermStop(log, graceful=cfg.exp_ctrl.on_sigterm == "checkpoint")
     previous = sigterm.install()
+    failed = _FailedAt()
+    ray = [ray_up]  # the Ray start the next attempt waits for
+
+    def run_once(attempt: int) -> Outcome:
+        if attempt and ray[0].failed():  # its start failed (timed out: a retryable kind), so it is started again
+            ray[0] = start_ray_early(cfg)
+        return _attempt(job, log, progress, sigterm, fresh and attempt == 0, ray[0], failed,
+                        discard=discard and attempt == 0)
+
     try:
-        failed = _FailedAt()
-        end = relaunching(lambda attempt: _attempt(job, log, progress, sigterm, fresh and attempt == 0, ray_up, failed),
-                          retries, log, where=lambda: failed.step, cfg=cfg)
+        end = relaunching(run_once, retries, log, where=lambda: failed.step, cfg=cfg)
         from areal_kit.rl.driver.controller import Ending
 
         if end.ending is Ending.STOPPED:  # as asked: it ends as any stop does, said below, exit code 143
@@ -139,18 +152,26 @@ def launch(cfg: TrainConfig, fresh: bool = False) -> int:
         if stop is e:
             raise
         raise stop from None  # Ctrl-C, or SIGTERM as the KeyboardInterrupt it raises (interrupts.raise_on_sigterm)
-    except UserError:
-        raise
+    except UserError as e:
+        if not failed.started:  # refused before any worker ran: bad input, exit code 2
+            raise
+        raise _run_failed(cfg, job, log, e) from e  # after the workers ran (a relaunch Ray cannot place): the run's
     except Exception as e:
-        log.failure(logs.failed_line(describe(e)), e)
-        raise RunFailed(f"run {cfg.experiment_name}/{cfg.trial_name} failed: {describe(e)} "
-                        f"(traceback in {job.paths.log_file})") from e
+        raise _run_failed(cfg, job, log, e) from e
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         progress.stop()
         log.close()
         os.close(lock)
+
+
+def _run_failed(cfg: TrainConfig, job: Job, log, e: Exception) -> RunFailed:
+    """The "Run failed" line, with e's traceback, into train.log (`areal-kit logs` reads it), and
+    the one line the terminal gets."""
+    log.failure(logs.failed_line(describe(e)), e)
+    return RunFailed(f"run {cfg.experiment_name}/{cfg.trial_name} failed: {describe(e)} "
+                     f"(traceback in {job.paths.log_file})")
 
 
 def hold_run_lock(log_dir: str, name: str) -> int:
@@ -219,13 +240,16 @@ class SigtermStop:
 
 
 class _FailedAt:
-    """The global step the last attempt failed in (None before a failure, or before training ran)."""
+    """The global step the last attempt failed in (None before a failure, or before training ran),
+    and whether the run has started: an attempt's workers ran (from then on every failure, a
+    UserError included, is the run's: exit code 1)."""
 
     step: int | None = None
+    started: bool = False
 
 
 def _attempt(job: Job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: raystart.InBackground,
-             failed: _FailedAt | None = None) -> Outcome:
+             failed: _FailedAt | None = None, discard: bool = False) -> Outcome:
     """One launch: the run state, Ray (up, or the error its start raised), the workers (given the
     recover checkpoint's trainer state when the run state came from one), then training to the end
     or to a stop asked for."""
@@ -233,7 +257,7 @@ def _attempt(job: Job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up:
     from areal_kit.rl.driver.controller import Controller, Ending
 
     checkpoints = Checkpointer(job, log)
-    state = checkpoints.load(fresh)
+    state = checkpoints.load(fresh, discard)
     state.wandb_id = log.resume_at(state.global_step, state.wandb_id)
     ctrl = Controller(job, log, state, progress, should_stop=sigterm.asked, checkpoints=checkpoints)
     training = False  # set once the loop runs: a failure before it (a worker's setup) has no step
@@ -241,6 +265,8 @@ def _attempt(job: Job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up:
         ray_up.wait()
         sigterm.install()  # again: a ray.init on the main thread puts its own handler in place, one that aborts
         ctrl.start()
+        if failed is not None:
+            failed.started = True  # the workers run: what fails from here on is the run, not its input
         if state.resumed:
             ctrl.restore()
         sigterm.armed = training = True

@@ -5,6 +5,10 @@ heavy imports, so launch.py starts it on a thread while the driver prepares the 
     start_ray(cfg)                                      # here and now (controller.start_ray)
     up = InBackground(start_ray, cfg)                   # on its own thread; the caller goes on
     up.wait()                                           # until it is up; raises what it raised
+    up.failed()                                         # whether it ended with an error
+
+A start that timed out (Ray's processes slow to register on a loaded machine) is a failure the
+relaunch loop retries (rl/driver/retry.py); launch.py then starts Ray again, on a new thread.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import ray
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.schema import TrainConfig
+from areal_kit.rl.workers import testhooks
 
 
 def start_ray(cfg: TrainConfig) -> bool:
@@ -29,6 +34,7 @@ def start_ray(cfg: TrainConfig) -> bool:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     if ray.is_initialized():
         return False
+    testhooks.before_ray_start()  # a fault the tests inject (unset: nothing)
     verbose = bool(os.environ.get("AREAL_VERBOSE"))
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, log_to_driver=verbose, logging_level=logging.WARNING)
@@ -89,3 +95,7 @@ class InBackground:
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def failed(self) -> bool:
+        """Whether fn has ended by raising (wait() raises it)."""
+        return self._done.is_set() and self._error is not None

@@ -5,7 +5,8 @@ of the moment rather than of the code: a worker process, actor or node that died
 hung (the watchdog, rl/driver/watchdog.py), an out-of-memory (CUDA's caching allocator
 fragments over a long run; a restart starts clean), a vLLM engine core process that died while
 its actor lives, an NCCL error or a collective that timed out (a flaky link, a peer that
-stalled). Anything else, our own bug included, would fail the same way on every relaunch and
+stalled), Ray's own start timing out (its processes slow to register on a loaded machine; the
+relaunch starts Ray again). Anything else, our own bug included, would fail the same way on every relaunch and
 surfaces at once. The same transient failure at the same step after the bound is not transient:
 the run stops with one line naming it and what to change.
 
@@ -25,14 +26,15 @@ from typing import TYPE_CHECKING
 
 import ray.exceptions as rex
 
-from areal_kit import logs
-from areal_kit.errors import describe
+from areal_kit import hardware, logs
+from areal_kit.errors import RunFailed, describe
 from areal_kit.rl.driver.watchdog import WorkerHang
 
 if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
 
 DEATH, OOM, ENGINE, COLLECTIVE = "worker death", "out of memory", "dead vLLM engine core", "NCCL/collective error"
+RAY_START = "Ray's start timed out"
 # Qualified names of the exception types of each kind (any class in an error's MRO).
 TYPES = {
     OOM: {"torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError"},
@@ -47,14 +49,23 @@ MESSAGES = {
     COLLECTIVE: re.compile(r"NCCL error|Watchdog caught collective operation timeout|"
                            r"gloo/transport/\S+\] Timed out waiting"),
 }
+# A vLLM engine core process that died while the engine started (vllm/v1/engine/utils.py names each
+# failed core with its exit code): killed by a signal (a negative code: the kernel's OOM killer, a
+# segfault) it is of the moment, like a core that dies later; one that exited with a code raised an
+# error of its own (its root cause logged above), which a relaunch would meet again.
+ENGINE_START_DEATH = re.compile(r"Engine core initialization failed\..*Failed core proc\(s\): \{[^}]*: -\d+")
+# Ray's start raises a bare Exception when its raylet has not registered with the GCS in 30 s
+# (ray/_private/node.py): a machine too busy for its processes, not a setting of the run.
+RAY_START_TIMEOUT = re.compile(r"^The current node timed out during startup")
 
 
 class WorkerDied(RuntimeError):
     """A worker of the attempt died while another one's error was what surfaced."""
 
 
-class StillFailing(RuntimeError):
-    """A transient failure that came back after every relaunch the run allows: one line, its fix."""
+class StillFailing(RunFailed):
+    """A transient failure that came back after every relaunch the run allows: one line, its fix
+    (a RunFailed: written whole, as users read it, not cut as another error's first line is)."""
 
 
 def _chain(e: BaseException | None):
@@ -71,7 +82,7 @@ def _names(e: BaseException) -> set[str]:
 
 
 def failure_kind(e: BaseException) -> str | None:
-    """The kind of a failure a relaunch can fix (DEATH, OOM, ENGINE, COLLECTIVE), or None.
+    """The kind of a failure a relaunch can fix (DEATH, OOM, ENGINE, COLLECTIVE, RAY_START), or None.
 
     A RayTaskError only says a remote call raised: its cause may be our own bug (a ValueError in a
     trainer method), which would fail the same way on every relaunch, so only its cause decides.
@@ -85,8 +96,12 @@ def failure_kind(e: BaseException) -> str | None:
         for kind, types in TYPES.items():
             if names & types:
                 return kind
+        if not isinstance(x, rex.RayError) and RAY_START_TIMEOUT.match(str(x)):
+            return RAY_START
         if isinstance(x, RuntimeError) and not isinstance(x, rex.RayError):
             first = str(x)[:2000]
+            if ENGINE_START_DEATH.search(first):
+                return ENGINE
             for kind, pattern in MESSAGES.items():
                 if pattern.search(first):
                     return kind
@@ -108,24 +123,41 @@ def advice(kind: str, e: BaseException, cfg: TrainConfig | None = None) -> str:
     """What to change when `kind` keeps coming back: the memory plan's levers for an OOM (those
     of the side that ran out, with the run's values when cfg is given)."""
     if kind == OOM:
-        if engine_side(e):
+        side = "generation" if engine_side(e) else "trainer"
+        if side == "generation":
             util = f" (now {cfg.actor.vllm.gpu_memory_utilization:g})" if cfg is not None else ""
-            return (f"lower actor.vllm.gpu_memory_utilization{util} or actor.vllm.max_num_seqs, or more tensor "
-                    "parallel in allocation_mode")
-        from areal_kit.rl.memory import trainer_fixes
+            fix = (f"lower actor.vllm.gpu_memory_utilization{util} or actor.vllm.max_num_seqs, or more tensor "
+                   "parallel in allocation_mode")
+        else:
+            from areal_kit.rl.memory import trainer_fixes
 
-        fixes = (trainer_fixes(cfg.actor.zero_stage, cfg.actor.gradient_checkpointing,
-                               cfg.actor_train.mb_spec.max_tokens_per_mb) if cfg is not None else
-                 ["actor.zero_stage=3", "actor.gradient_checkpointing=true",
-                  "a smaller actor_train.mb_spec.max_tokens_per_mb"])
-        return "set " + ", or ".join(fixes)
+            fixes = (trainer_fixes(cfg.actor.zero_stage, cfg.actor.gradient_checkpointing,
+                                   cfg.actor_train.mb_spec.max_tokens_per_mb) if cfg is not None else
+                     ["actor.zero_stage=3", "actor.gradient_checkpointing=true",
+                      "a smaller actor_train.mb_spec.max_tokens_per_mb"])
+            fix = "set " + ", or ".join(fixes)
+        return fix + _plan_figures(cfg, side)
     if kind == ENGINE:
         return ("see the engine core's own error above it in train.log (often an out-of-memory: lower "
                 "actor.vllm.gpu_memory_utilization)")
+    if kind == RAY_START:
+        return ("Ray's processes did not register within its 30 s on this machine: free its CPUs (other jobs, "
+                "a test suite), or start Ray first (ray start --head) and give the run ray_address=auto")
     if kind == COLLECTIVE:
         return ("check the nodes' network (NCCL_DEBUG=INFO names the failing link) or raise "
                 "exp_ctrl.hang_first_s if a slow first step timed out")
     return "see the worker's error in train.log"
+
+
+def _plan_figures(cfg: TrainConfig | None, side: str) -> str:
+    """The memory plan's figures for the GPU that ran out, as `; the memory plan: ...`: what the
+    run's settings put on it, against what it has (rl/plan.py; '' on CPU, or for a model of unknown shape)."""
+    figures = ""
+    if cfg is not None:  # rl/plan.py only then: launch.py imports this module while Ray starts
+        from areal_kit.rl.plan import memory_figures
+
+        figures = memory_figures(cfg, hardware.detect(), side)
+    return f"; the memory plan: {figures}" if figures else ""
 
 
 def gave_up(kind: str, e: BaseException, step: int | None, same: bool, retries: int,

@@ -17,13 +17,15 @@ import torch
 from areal_kit.config.schema import TrainConfig
 from areal_kit.rl import lora
 from areal_kit.rl.weight_sync import transport
+from areal_kit.rl.workers import testhooks
 
 
 class WeightSender:
     """Needs from its host class: rank, cfg, device, outbox (transport.Outbox), engine (DeepSpeed),
-    and full_state() (the unsharded weights)."""
+    version (of the weights it holds) and full_state() (the unsharded weights)."""
 
     rank: int
+    version: int
     cfg: TrainConfig
     device: torch.device
     outbox: transport.Outbox
@@ -31,10 +33,12 @@ class WeightSender:
     full_state: Callable[..., dict[str, torch.Tensor]]
     sync_group = None
 
-    def _sync_state(self) -> dict[str, torch.Tensor]:
+    def _sync_state(self, every_rank: bool = False) -> dict[str, torch.Tensor]:
+        """The weights the engines get: on rank 0 alone (it sends them), or with every_rank on each
+        rank (each feeds the engine beside it: colocated.IpcSender)."""
         if lora.sends_adapter(self.cfg):  # actor.lora.sync=adapter: the engines serve it (vllm_lora.py)
-            return lora.adapter_tensors(self.full_state(adapter_only=True))
-        state = self.full_state()
+            return lora.adapter_tensors(self.full_state(adapter_only=True, every_rank=every_rank))
+        state = self.full_state(every_rank=every_rank)
         if lora.enabled(self.cfg):  # actor.lora.sync=merged: the base weights with the adapter in them
             state = lora.merged_state(state, self.cfg.actor.lora)
         if getattr(self.engine.module.config, "tie_word_embeddings", False):
@@ -55,6 +59,7 @@ class WeightSender:
 
     def stage_weights(self) -> dict:
         """Stage the new weights for the next send (every rank: ZeRO-3 gathers them here)."""
+        testhooks.before_sync(self.rank, self.version)  # a fault the tests inject (unset: nothing)
         state = self._sync_state()
         if self.rank == 0:
             # ZeRO-3's gathered state is a copy; the other stages hand over the parameters.

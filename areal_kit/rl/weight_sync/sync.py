@@ -11,7 +11,7 @@ WeightSync is the only part the loop sees:
     loads = sync.in_flight        # the engines' loads still running (the next generation waits for them)
 
 weight_sync=disk saves a Hugging Face folder instead and the engines reload it. On shared CUDA GPUs
-auto is cuda_ipc (colocated.py: each rank hands the engine worker on its GPU a buffer), with disk as
+auto is ipc (colocated.py: each rank hands the engine worker on its GPU a buffer), with disk as
 the fallback `connect` chooses when an engine cannot map it.
 """
 
@@ -30,7 +30,8 @@ from areal_kit.rl.weight_sync import colocated
 
 if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
-    from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
+    from areal_kit.rl.actor_groups import Engines as EngineGroup
+    from areal_kit.rl.actor_groups import Trainers as TrainerGroup
 
 
 class WeightSync:
@@ -42,12 +43,13 @@ class WeightSync:
 
     def connect(self) -> str:
         """Join trainer rank 0 and every engine worker into the sync group; how weights will travel."""
-        if self.mode == "cuda_ipc":
+        if self.mode == "ipc":
             why = colocated.probe(self.trainers, self.engines)
+            how = "shared memory" if hardware.detect().is_cpu else "CUDA IPC"
             if not why:
-                return "CUDA IPC, each trainer rank's buffer to the engine worker on its GPU"
+                return f"{how}, each trainer rank's buffer to the engine worker on its device"
             self.mode = "disk"
-            return f"save + reload (CUDA IPC cannot serve this layout: {why})"
+            return f"save + reload ({how} cannot serve this layout: {why})"
         if self.mode == "disk":
             return "save + reload"
         # A LoRA adapter is megabytes, and no engine parameter of its own: it is broadcast.
@@ -67,7 +69,7 @@ class WeightSync:
 
         t0 = time.time()
         trainers, engines = self.trainers.actors, self.engines.actors
-        if self.mode == "cuda_ipc":
+        if self.mode == "ipc":
             # The loop waits for every chunk (the buffer is refilled only once each engine read it);
             # on shared GPUs the trainer waits for the sync anyway (turns.after_train).
             self.in_flight = colocated.push(self.trainers, self.engines, version)

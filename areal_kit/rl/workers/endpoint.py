@@ -4,7 +4,10 @@ vLLM's own chat server (OpenAIServingChat, its models and renderer) runs in proc
 engine's AsyncLLM, over HTTP from a uvicorn task on the engine's event loop. Each episode gets an
 API key of its own; the calls made with it are recorded token-exact: the ids vLLM rendered the
 prompt to, the ids it sampled (never re-tokenized text) and their processed logprobs, so an
-agent's episode trains on exactly what the engine saw and sampled.
+agent's episode trains on exactly what the engine saw and sampled. A call answered with an error
+status (refused, or failed in vLLM) is counted (take_failed_calls). Under LoRA each call names the
+adapter of the weight version it is recorded with (vLLM serves an adapter only under a name in
+its models' lora_requests), so the version and the weights that sampled stay one.
 
     ep = ChatEndpoint(llm, model_path, "policy", chat_template=template, temperature=1.0)
     base_url = ep.start()
@@ -25,6 +28,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -66,7 +70,8 @@ _CURRENT: contextvars.ContextVar[tuple[_Episode, int, int]] = contextvars.Contex
 class ChatEndpoint:
     def __init__(self, llm: StreamingLLM, model_path: str, served_name: str, *, chat_template: str | None = None,
                  tool_parser: str | None = None, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-                 max_tokens: int = 1024, host: str = "127.0.0.1", version: Callable[[], int] | None = None):
+                 max_tokens: int = 1024, host: str = "127.0.0.1", version: Callable[[], int] | None = None,
+                 adapter: Callable[[int], Any] | None = None):
         self.llm, self.model_path, self.served_name = llm, model_path, served_name
         self.chat_template, self.tool_parser = chat_template, tool_parser
         # The run's sampling: the logprobs the engine records are those the trainer recomputes.
@@ -74,6 +79,10 @@ class ChatEndpoint:
         self.max_tokens, self.host = max_tokens, host
         # The weight version a call is recorded with: the rollout worker's (the engine's by default).
         self.version = version or (lambda: llm.version)
+        # LoRA: the LoRARequest that serves a weight version (None: the base, as for version 0).
+        self.adapter = adapter
+        self._models: Any = None  # vLLM's OpenAIServingModels: the names it serves
+        self._failed = 0  # calls answered with an error status since the last take_failed_calls
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()  # episodes open and close on callers' threads, record on the loop's
         self._server: Any = None  # uvicorn's Server, serving on the engine's loop
@@ -90,8 +99,8 @@ class ChatEndpoint:
         sock.bind((self.host, 0))
         # log_config None: leave the process's logging as it is; no access log (keys never reach
         # it, but a line per call is noise).
-        self._server = uvicorn.Server(uvicorn.Config(self._auth(app), lifespan="off", log_config=None,
-                                                     access_log=False, log_level="warning"))
+        self._server = app.state.server = uvicorn.Server(uvicorn.Config(
+            self._auth(app), lifespan="off", log_config=None, access_log=False, log_level="warning"))
         task = self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if task.done():
@@ -122,12 +131,18 @@ class ChatEndpoint:
                                   chat_template=template, chat_template_content_format="auto", **tools)
         renderer.warmup()
         app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-        app.state.openai_serving_models = models
+        app.state.openai_serving_models = self._models = models
         app.state.openai_serving_chat = _recording_chat(
             self, engine_client=engine, models=models, response_role="assistant", online_renderer=renderer,
             request_logger=None, chat_template=template, chat_template_content_format="auto", **tools)
         chat_router.attach_router(app)
         models_router.attach_router(app)
+        # vLLM's error handlers read the server's arguments (whether to log the stack), its engine
+        # and its server (stopped once the engine is dead): without them a refused call (a chat over
+        # the context, a malformed message) became a bare 500 from the handler's own AttributeError.
+        app.state.args = SimpleNamespace(log_error_stack=False)
+        app.state.engine_client = engine
+        app.state.server = None  # the uvicorn server, once _start made it
         init_exception_handler(app)
         return app
 
@@ -136,8 +151,17 @@ class ChatEndpoint:
         goes to the handler in the request's state."""
         from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
+        def counting(send):
+            async def counted(message):
+                if message["type"] == "http.response.start" and message["status"] >= 400:
+                    with self._lock:
+                        self._failed += 1
+                await send(message)
+            return counted
+
         async def guarded(scope, receive, send):
             if scope["type"] == "http":
+                send = counting(send)  # a refused or failed call, this key's or an unknown one's
                 headers = dict(scope["headers"])
                 scheme, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
                 with self._lock:
@@ -178,6 +202,12 @@ class ChatEndpoint:
             episode = self._episodes.pop(key)
             return sorted(episode.calls, key=lambda c: (c.call, c.choice))
 
+    def take_failed_calls(self) -> int:
+        """The calls answered with an error status (4xx, 5xx) since the last take."""
+        with self._lock:
+            n, self._failed = self._failed, 0
+        return n
+
     # ------------------------------------------------------------ a call
     def _admit(self, request, episode: _Episode):
         """Set the request up to be recorded and return its index in the episode, or return the
@@ -201,6 +231,10 @@ class ChatEndpoint:
         # only where max_completion_tokens is None, which it no longer is.
         asked = request.max_completion_tokens
         asked = vars(request).get("max_tokens") if asked is None else asked
+        if asked is not None and asked < 1:
+            which = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+            return create_error_response(f"{which}={asked} asked; expected 1 to {self.max_tokens} (this endpoint's "
+                                         "budget a call: ppo.gen.max_new_tokens), or leave it out", param=which)
         request.max_completion_tokens = self.max_tokens if asked is None else min(asked, self.max_tokens)
         # The record needs the prompt's ids and the sampled tokens' logprobs of every call.
         request.return_token_ids = True
@@ -211,6 +245,14 @@ class ChatEndpoint:
         if request.seed is None and episode.seed is not None:
             request.seed = call_seed([episode.seed, index])
         return index
+
+    def _serve_adapter(self, request, version: int) -> None:
+        """Under LoRA, name the adapter of `version`, the version the call is recorded with: vLLM
+        serves an adapter only under a name its models know, and gives any other name the base."""
+        lora = self.adapter(version) if self.adapter is not None else None
+        if lora is not None:
+            self._models.lora_requests[lora.lora_name] = lora
+            request.model = lora.lora_name
 
     async def _tap(self, outputs, call: tuple[_Episode, int, int], stream: bool):
         """Pass the engine's outputs on, and record the call's choices once all are done."""
@@ -263,10 +305,12 @@ def _recording_chat(endpoint: ChatEndpoint, **kwargs):
 
         async def create_chat_completion(self, request, raw_request=None):
             episode = raw_request.state.episode
+            version = endpoint.version()
             admitted = endpoint._admit(request, episode)
             if not isinstance(admitted, int):
                 return admitted  # the error response
-            token = _CURRENT.set((episode, admitted, endpoint.version()))
+            endpoint._serve_adapter(request, version)
+            token = _CURRENT.set((episode, admitted, version))
             try:
                 return await super().create_chat_completion(request, raw_request)
             finally:

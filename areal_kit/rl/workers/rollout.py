@@ -66,7 +66,8 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         t0 = time.time()
 
         plat = hardware.detect()
-        os.environ.update(hardware.vllm_env(plat, self.tp))  # before vLLM reads its settings
+        # Before vLLM reads its settings.
+        os.environ.update(hardware.vllm_env(plat, self.tp, self.cfg.actor.vllm.engine_core))
         kw = engine_kwargs(self.cfg, plat, self.model_path, self.index, self.tp)
         self.streaming = streaming(self.cfg)
         engine: Callable[..., Any]
@@ -97,7 +98,8 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         fn = workflow.load_agent(a.fn)  # the driver imported it first: a bad spec never reaches here
         self.endpoint = ChatEndpoint(self.llm, self.model_path, "policy", tool_parser=a.tool_parser or None,
                                      temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
-                                     max_tokens=g.max_new_tokens, version=lambda: self.version)
+                                     max_tokens=g.max_new_tokens, version=lambda: self.version,
+                                     adapter=lora.request if lora.sends_adapter(self.cfg) else None)
         return AgentEpisodes(fn, self.endpoint, self.endpoint.start(), a)
 
     def _params(self, seed: int | None, n: int, max_tokens: int | None = None,
@@ -149,12 +151,14 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
 
         Each row's `seed` makes its samples reproducible; `priority` orders a streaming engine's
         groups when its slots run short (lower first). Besides the samples: reward_failures
-        {kind: (count, first message)}, reward_extras {key: mean} of the dict rewards, and the
-        agent's dropped episodes {kind: (count, first message)}.
+        {kind: (count, first message)}, reward_extras {key: mean} of the dict rewards, the agent's
+        dropped episodes {kind: (count, first message)}, and the calls refused or failed (the
+        workflow engine's, and the chat endpoint's answered with an error status).
         """
         t0 = time.time()
         version = self.version
-        groups = workflow.run_episodes(self.episode, self._workflow_engine(priority), rows)
+        engine = self._workflow_engine(priority)
+        groups = workflow.run_episodes(self.episode, engine, rows)
         gen_time = time.time() - t0
         t1 = time.time()
         answers = [(gi, t, answer_text(t, self._text)) for gi, group in enumerate(groups) for t in group]
@@ -162,8 +166,9 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         samples = [_sample(rows[gi], gi, t, version, reward, self._format_reward(text))
                    for (gi, t, text), reward in zip(answers, rewards)]
         dropped = self.episode.take_failures() if self.cfg.agent.fn else {}
+        failed = engine.failed_calls + (self.endpoint.take_failed_calls() if self.cfg.agent.fn else 0)
         return Generated(samples, gen_time, time.time() - t1, version, self.index, self.rewards.take_failures(),
-                         extras, dropped)
+                         extras, dropped, failed)
 
     def _task_rewards(self, rows: list[dict], answers: list[tuple]) -> tuple[list[float], dict]:
         """Each answer's task_reward: the workflow's own, else the reward_fns' sum on its text; and
@@ -290,4 +295,5 @@ def _sample(row: dict, group: int, t: Trajectory, version: int, task_reward: flo
                   task_reward=task_reward, format_reward=format_reward,
                   source=row.get("source"),  # dataset.mix: the step's task reward per source
                   loss_mask=None if t.loss_mask is None else [int(bool(x)) for x in t.loss_mask],
-                  n_model_tokens=None if t.loss_mask is None else t.n_model_tokens)
+                  n_model_tokens=None if t.loss_mask is None else t.n_model_tokens,
+                  turns=t.n_turns, tool_calls=t.n_tool_calls)

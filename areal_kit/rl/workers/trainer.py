@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from areal_kit import hardware
+from areal_kit.checkpoints import step_of
 from areal_kit.data.tokenizer import copy_tokenizer_files
 from areal_kit.durable import fsync_tree
 from areal_kit.rl import lora
@@ -246,14 +247,15 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
         return stats
 
     # ---------------------------------------------------------------- weights
-    def full_state(self, adapter_only: bool = False) -> dict[str, torch.Tensor]:
-        """The full (unsharded) weights, or the LoRA adapter's alone; every rank must call it under ZeRO-3."""
+    def full_state(self, adapter_only: bool = False, every_rank: bool = False) -> dict[str, torch.Tensor]:
+        """The full (unsharded) weights, or the LoRA adapter's alone, on rank 0 ({} elsewhere), or
+        with every_rank on each rank; every rank must call it under ZeRO-3."""
         self.outbox.before_collectives()  # ZeRO-3's gathers are collectives of the training world
         m = self.engine.module
         only = lora.is_adapter if adapter_only else None
         if self.cfg.actor.zero_stage == 3:
-            return gathered_state(m, keep=self.rank == 0, only=only)
-        if self.rank != 0:
+            return gathered_state(m, keep=self.rank == 0 or every_rank, only=only)
+        if self.rank != 0 and not every_rank:  # ZeRO 0-2: every rank holds the whole model
             return {}
         return {k: v for k, v in m.state_dict().items() if only(k)} if only else m.state_dict()
 
@@ -302,6 +304,7 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps, release.TrainerTurn):
         DeepSpeed's universal format: rank 0 converts the ZeRO shards once (kept beside them for a
         later resume), and every rank takes its own slice of the merged state. ZeRO-0 keeps whole
         states, which load on any number of ranks as they are."""
+        testhooks.before_load(self.rank, step_of(os.path.dirname(path)))  # a fault the tests inject (unset: nothing)
         self.outbox.wait_sent()  # the load overwrites the weights a send may still be reading
         self.outbox.before_collectives()  # the conversion's barrier is a collective of the training world
         tag, t0 = "deepspeed", time.time()

@@ -36,6 +36,8 @@ class Engine:
 
     `generate_batch(requests) -> list[list[Completion]]` does the real work (one vLLM call);
     requests pile up while workflows await them and are flushed together by run_episodes.
+    `failed_calls` counts the calls it refused (a prompt with no room left) or that failed in vLLM,
+    which a workflow may catch and go on from (the step's episode/failed_calls).
     """
 
     def __init__(self, generate_batch, tokenizer, gen: GenConfig, group_size: int, max_model_len: int):
@@ -43,11 +45,13 @@ class Engine:
         self.tokenizer, self.gen, self.group_size = tokenizer, gen, group_size
         self.max_model_len = max_model_len
         self.pending: list[Request] = []
+        self.failed_calls = 0
 
     async def generate(self, prompt_ids: list[int], n: int = 1, max_tokens: int | None = None,
                        seed: int | None = None, temperature: float | None = None) -> list[Completion]:
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
+            self.failed_calls += 1
             raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room in the engine's "
                              f"{self.max_model_len} positions (dataset.max_prompt_len + ppo.gen.max_new_tokens)")
         max_tokens = min(max_tokens or self.gen.max_new_tokens, room)
@@ -67,6 +71,7 @@ class Engine:
         try:
             results = self._generate_batch(batch)
         except Exception as e:  # noqa: BLE001 - fails the waiting workflows, not the loop
+            self.failed_calls += len(batch)
             for r in batch:
                 r.future.set_exception(e)
             return
