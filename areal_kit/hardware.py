@@ -101,14 +101,19 @@ def check_cuda(ray_address: str | None = None, timeout_s: float = CUDA_CHECK_TIM
     return got["summary"]
 
 
+# What nvidia-smi is asked, here and by doctor's probe (cluster/gpu_stack.py reads its answer):
+# a GPU a line, "name, MiB, driver".
+GPU_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+
+
 def gpu_memory_bytes() -> int | None:
     """The memory of this machine's first GPU, None without one. Asked of nvidia-smi where it is
     installed: the driver checks its memory plan before starting any worker, and torch would start
     CUDA in the driver to answer (the workers need that GPU); else of torch."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout.split()
-        return int(out[0]) << 20  # MiB
+        first = subprocess.run(GPU_QUERY, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()[0]
+        _, mib, _ = first.split(",")
+        return int(mib) << 20
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         pass
     try:

@@ -17,8 +17,6 @@ from __future__ import annotations
 from areal_kit import stack
 from areal_kit.findings import Finding
 
-# What the runtime's nvidia-smi is asked: a GPU a line, "name, MiB, driver".
-GPU_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
 # What the all-reduce sends: a few MB, so the check stays within setup's fast ones; it shows that
 # NCCL runs over every GPU pair, not the links' peak.
 ALL_REDUCE_MB = 32
@@ -26,7 +24,7 @@ NO_GPU = "no GPU on this host (no nvidia-smi in the runtime, none counted on the
 
 
 def parse_gpu_query(text: str) -> list[dict]:
-    """nvidia-smi's GPU_QUERY output -> [{name, memory_gb, driver}], a GPU a line (other lines,
+    """nvidia-smi's hardware.GPU_QUERY output -> [{name, memory_gb, driver}], a GPU a line (other lines,
     such as an error nvidia-smi printed instead, are left out)."""
     gpus = []
     for line in text.strip().splitlines():

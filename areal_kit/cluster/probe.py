@@ -61,7 +61,7 @@ def _free_gb(path: str) -> float:
 def _gpus() -> list[dict]:
     if not shutil.which("nvidia-smi"):
         return []
-    out = subprocess.run(gpu_stack.GPU_QUERY, capture_output=True, text=True, timeout=60, check=False).stdout
+    out = subprocess.run(hardware.GPU_QUERY, capture_output=True, text=True, timeout=60, check=False).stdout
     return gpu_stack.parse_gpu_query(out)
 
 

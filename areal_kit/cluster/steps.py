@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from areal_kit import stack
+from areal_kit import hardware, stack
 from areal_kit.cluster import gpu_stack
 from areal_kit.cluster import image as own_image
 from areal_kit.cluster.context import Cluster, HostState, Outcome
@@ -74,7 +74,7 @@ def parse_gpu_count(stdout: str) -> int:
 
 # nvidia-smi's GPUs, a "smi=name, MiB, driver" line each (doctor's query), and its exit code: a
 # driver that does not answer is told apart from a host without GPUs.
-SMI = (f"if command -v nvidia-smi >/dev/null 2>&1; then out=$({shlex.join(gpu_stack.GPU_QUERY)} 2>&1); "
+SMI = (f"if command -v nvidia-smi >/dev/null 2>&1; then out=$({shlex.join(hardware.GPU_QUERY)} 2>&1); "
        "echo smi_rc=$?; printf '%s\\n' \"$out\" | sed 's/^/smi=/'; fi")
 
 # What setup's own steps need on a host, by the command that provides it: the Debian package the

@@ -24,14 +24,18 @@ class Watch(Protocol):
         ...
 
 
-class Trainers(Protocol):
-    """The trainer ranks: their Ray handles in rank order, their names, the watchdog over them."""
+class Group(Protocol):
+    """Actors of one kind: their Ray handles in order and their names (for the watchdog's reports)."""
 
     @property
     def actors(self) -> list: ...
 
     @property
     def names(self) -> list[str]: ...
+
+
+class Trainers(Group, Protocol):
+    """The trainer ranks (in rank order) and the watchdog over them."""
 
     @property
     def watchdog(self) -> Watch: ...
@@ -39,14 +43,8 @@ class Trainers(Protocol):
     def save_hf(self, path: str, merged: bool | None = None) -> None: ...
 
 
-class Engines(Protocol):
-    """The rollout engines: their Ray handles, their names, each engine's devices (tp)."""
-
-    @property
-    def actors(self) -> list: ...
-
-    @property
-    def names(self) -> list[str]: ...
+class Engines(Group, Protocol):
+    """The rollout engines and each engine's devices (tp)."""
 
     @property
     def tp(self) -> int: ...

@@ -15,7 +15,7 @@ from areal_kit.errors import UserError
 from areal_kit.rl import lora, memory, shapes, sharing
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.driver import placement
-from areal_kit.rl.weight_sync import colocated
+from areal_kit.rl.weight_sync import colocated, ipc
 from areal_kit.rl.weight_sync.sync import weight_sync_dir
 from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
 
@@ -52,9 +52,9 @@ def weight_sync_line(cfg: TrainConfig, n_workers: int, plat=None) -> str:
     mode = colocated.sync_mode(cfg, plat)
     if mode == "ipc":
         why = " (auto on shared GPUs)" if cfg.weight_sync == "auto" else ""
-        how = "CUDA IPC buffer" if not (plat or hardware.detect()).is_cpu else "shared-memory buffer"
+        how = ipc.medium((plat or hardware.detect()).is_cpu)
         return (f"weight sync: ipc{why}: each trainer rank hands the engine worker beside it "
-                f"one {how} of up to {colocated.IPC_BUFFER_BYTES >> 20} MB, a chunk at a time "
+                f"one {how} buffer of up to {colocated.IPC_BUFFER_BYTES >> 20} MB, a chunk at a time "
                 f"({n_workers} engine worker(s)); disk if an engine cannot map it")
     if mode == "disk":
         why = " (auto on shared GPUs: a LoRA adapter alone)" if cfg.weight_sync == "auto" else ""

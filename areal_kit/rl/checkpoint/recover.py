@@ -327,8 +327,9 @@ def write(job: Job, state, timer_state: dict, trainers, log) -> str:
                         "space or fix permissions on fileroot, then re-run the same command to resume") from e
     # The newest whole one before this stays: a resume falls back to it should this one be torn on
     # disk later (a lost write, a copy cut short), retraining the steps since. Older ones go.
-    before = [ck for ck in list_checkpoints(rdir) if ck.path != final and ck.global_step < g and not torn(ck)][-1:]
-    for old in list_checkpoints(rdir):
+    cks = list_checkpoints(rdir)
+    before = [ck for ck in cks if ck.path != final and ck.global_step < g and not torn(ck)][-1:]
+    for old in cks:
         if old.path != final and old not in before:
             shutil.rmtree(old.path, ignore_errors=True)
     for path in torn_folders(rdir):  # passed over by a resume; the run has written past it now

@@ -120,17 +120,20 @@ def move_torn(ck: Checkpoint) -> str:
     return dest
 
 
-def torn_folders(recover_dir: str) -> list[str]:
+def _named(recover_dir: str, prefix: str) -> list[str]:
+    """The entries of recover_dir whose names start with prefix, sorted by name ([] without the folder)."""
     if not os.path.isdir(recover_dir):
         return []
-    return sorted(os.path.join(recover_dir, n) for n in os.listdir(recover_dir) if n.startswith(TORN_PREFIX))
+    return sorted(n for n in os.listdir(recover_dir) if n.startswith(prefix))
+
+
+def torn_folders(recover_dir: str) -> list[str]:
+    return [os.path.join(recover_dir, n) for n in _named(recover_dir, TORN_PREFIX)]
 
 
 def remove_tmp(recover_dir: str) -> None:
-    if os.path.isdir(recover_dir):
-        for name in os.listdir(recover_dir):
-            if name.startswith(TMP_PREFIX):
-                shutil.rmtree(os.path.join(recover_dir, name), ignore_errors=True)
+    for name in _named(recover_dir, TMP_PREFIX):
+        shutil.rmtree(os.path.join(recover_dir, name), ignore_errors=True)
 
 
 def set_aside(recover_dir: str, run_files: list[str]) -> str | None:
@@ -158,10 +161,8 @@ def set_aside(recover_dir: str, run_files: list[str]) -> str | None:
 
 def set_asides(recover_dir: str) -> list[str]:
     """The set-aside folders, oldest first (their names sort by the time they were made)."""
-    if not os.path.isdir(recover_dir):
-        return []
     stamp = len(SET_ASIDE_PREFIX) + len("YYYYmmdd-HHMMSS")
-    names = sorted((n for n in os.listdir(recover_dir) if n.startswith(SET_ASIDE_PREFIX)),
+    names = sorted(_named(recover_dir, SET_ASIDE_PREFIX),
                    key=lambda n: (n[:stamp], len(n), n))  # a second one of the same second, "-2", after it
     return [os.path.join(recover_dir, n) for n in names]
 

@@ -130,12 +130,12 @@ def launch(cfg: TrainConfig, fresh: bool = False, discard: bool = False) -> int:
     sigterm = SigtermStop(log, graceful=cfg.exp_ctrl.on_sigterm == "checkpoint")
     previous = sigterm.install()
     failed = _FailedAt()
-    ray = [ray_up]  # the Ray start the next attempt waits for
 
     def run_once(attempt: int) -> Outcome:
-        if attempt and ray[0].failed():  # its start failed (timed out: a retryable kind), so it is started again
-            ray[0] = start_ray_early(cfg)
-        return _attempt(job, log, progress, sigterm, fresh and attempt == 0, ray[0], failed,
+        nonlocal ray_up  # the Ray start the attempt waits for
+        if attempt and ray_up.failed():  # its start failed (timed out: a retryable kind), so it is started again
+            ray_up = start_ray_early(cfg)
+        return _attempt(job, log, progress, sigterm, fresh and attempt == 0, ray_up, failed,
                         discard=discard and attempt == 0)
 
     try:

@@ -47,7 +47,7 @@ def sync_mode(cfg: TrainConfig, plat: hardware.Platform | None = None) -> str:
     node) or broadcast. weight_sync=auto on shared GPUs is ipc: the broadcast's NCCL group
     would need two ranks on one GPU, which NCCL refuses. A LoRA run that sends its adapter alone
     (megabytes, loaded through vLLM's LoRA manager) goes through disk there."""
-    if cfg.weight_sync in ("auto", "ipc") and sharing.shares_gpus(cfg, plat) or cfg.weight_sync == "ipc":
+    if cfg.weight_sync == "ipc" or (cfg.weight_sync == "auto" and sharing.shares_gpus(cfg, plat)):
         return "disk" if lora.sends_adapter(cfg) else "ipc"
     return cfg.weight_sync
 

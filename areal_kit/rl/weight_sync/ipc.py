@@ -138,6 +138,11 @@ def rebuild_args(args: list, device_index: int) -> list:
     return out
 
 
+def medium(is_cpu: bool) -> str:
+    """What carries the buffers, in the words of the plan and the run's log."""
+    return "shared memory" if is_cpu else "CUDA IPC"
+
+
 def trainer_key(device: torch.device, rank: int) -> str:
     """Which device a trainer rank's buffer is on, as the engine worker beside it names its own:
     a GPU by its UUID (two processes may number it differently), a CPU slot by host and rank."""
@@ -150,9 +155,9 @@ def worker_key(device: torch.device, local_rank: int) -> str:
     """trainer_key of the trainer rank beside an engine's worker `local_rank`: on a GPU its UUID,
     on CPU the rank SHARED_RANKS_ENV names for it ('' outside a shared layout: no rank beside it)."""
     if device.type == "cuda":
-        return str(torch.cuda.get_device_properties(device).uuid)
-    ranks = [r for r in os.environ.get(SHARED_RANKS_ENV, "").split(",") if r]
-    return f"{socket.gethostname()}/rank{ranks[local_rank]}" if local_rank < len(ranks) else ""
+        return trainer_key(device, local_rank)  # the GPU names itself: the rank is not asked
+    ranks = [int(r) for r in os.environ.get(SHARED_RANKS_ENV, "").split(",") if r]
+    return trainer_key(device, ranks[local_rank]) if local_rank < len(ranks) else ""
 
 
 def merge(per_rank: list[dict[str, dict]]) -> dict[str, dict]:

@@ -26,7 +26,7 @@ import ray
 from areal_kit import hardware
 from areal_kit.config.rollout import streaming
 from areal_kit.rl import lora
-from areal_kit.rl.weight_sync import colocated
+from areal_kit.rl.weight_sync import colocated, ipc
 
 if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
@@ -45,7 +45,7 @@ class WeightSync:
         """Join trainer rank 0 and every engine worker into the sync group; how weights will travel."""
         if self.mode == "ipc":
             why = colocated.probe(self.trainers, self.engines)
-            how = "shared memory" if hardware.detect().is_cpu else "CUDA IPC"
+            how = ipc.medium(hardware.detect().is_cpu)
             if not why:
                 return f"{how}, each trainer rank's buffer to the engine worker on its device"
             self.mode = "disk"

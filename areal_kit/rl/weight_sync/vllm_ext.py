@@ -118,7 +118,7 @@ class WeightSyncExtension(LoRAExtension):
         why = ""
         if self.model_runner.model_config.quantization is not None:
             why = "a quantized model reloads whole, not a chunk at a time"
-        return {"uuid": ipc.worker_key(_device(self), int(getattr(self, "local_rank", 0))), "why": why}
+        return {"uuid": _ipc_key(self), "why": why}
 
     def receive_ipc(self, handles: dict, chunk: list, first: bool, last: bool) -> dict:
         """Load one chunk of the IPC buffer of the trainer rank on this worker's device (colocated.push):
@@ -130,8 +130,7 @@ class WeightSyncExtension(LoRAExtension):
             self._areal_ipc_importer = getattr(self, "_areal_ipc_importer", None) or ipc.Importer()
             self._areal_ipc_part = {"last": False}
         stats = _new_stats()
-        key = ipc.worker_key(dev, int(getattr(self, "local_rank", 0)))
-        buffer = self._areal_ipc_importer.open(handles, key, _device_index(self))
+        buffer = self._areal_ipc_importer.open(handles, _ipc_key(self), _device_index(self))
         self._areal_ipc_part["last"] = last
         self._areal_load([ipc.views(buffer, [ipc.Slot(*s) for s in chunk])], stats, self._areal_ipc_part)
         hardware.synchronize(dev)
@@ -287,6 +286,11 @@ def _move_to_region(params: dict, places: dict):
 
 def _device(worker) -> torch.device:
     return torch.device(getattr(worker.model_runner, "device", "cpu"))
+
+
+def _ipc_key(worker) -> str:
+    """The device key of the trainer rank beside this worker (ipc.worker_key), by its local rank."""
+    return ipc.worker_key(_device(worker), int(getattr(worker, "local_rank", 0)))
 
 
 def _device_index(worker) -> int:
