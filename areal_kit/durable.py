@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
+
+AnyPath = str | os.PathLike[str]  # a str or a pathlib.Path
 
 
 def fsync_dir(path: str) -> None:
@@ -32,18 +35,18 @@ def fsync_tree(root: str) -> None:
         fsync_dir(d)
 
 
-def _write(path, mode: str, lines) -> None:
+def _write(path: AnyPath, mode: str, lines: Iterable[str]) -> None:
     with open(path, mode, encoding="utf-8") as f:
         f.writelines(lines)
         f.flush()
         os.fsync(f.fileno())
 
 
-def append_lines(path, lines) -> None:
+def append_lines(path: AnyPath, lines: Iterable[str]) -> None:
     _write(path, "a", lines)
 
 
-def replace_lines(path, lines) -> None:
+def replace_lines(path: AnyPath, lines: Iterable[str]) -> None:
     """path holds exactly lines, or (after a crash) what it held before: never a mix."""
     tmp = f"{path}.tmp"
     _write(tmp, "w", lines)

@@ -6,8 +6,11 @@ gives a typer command the parameters of such fields, `build` makes the dataclass
 typer passed: a default or a help text lives in one place, and `--help` cannot say something the
 code does not do. An option only one command has, and that fills no dataclass, is declared in that
 command's own signature, as typer does. The setup commands (cluster/options.py, cluster/target.py)
-and eval and filter (eval/options.py) are made so; an option several commands take is declared in
-areal_kit/options.py. A spelling an option had before (`old=`) is still accepted: it fills the same
+and eval and filter (eval/options.py) are made so. An option several commands take is declared once,
+in a group they all take: areal_kit/options.py's where the commands live in several packages, else
+the package's own (cluster/target.py's Hosts and Route, eval/options.py's Generation). Where their
+defaults differ, the group declares it without one (None) and build() gives each command's
+dataclass its own. A spelling an option had before (`old=`) is still accepted: it fills the same
 field and says the new name on stderr.
 
     @dataclass
@@ -26,10 +29,19 @@ import inspect
 import sys
 import types
 import typing
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import typer
 
 from areal_kit.errors import UserError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+_D = TypeVar("_D", bound="DataclassInstance")
 
 _KEY = "cli"  # the field metadata that makes a dataclass field a command-line option
 _OLD = "cli_old"  # the field metadata of the option's earlier spellings
@@ -37,7 +49,13 @@ _OLD = "cli_old"  # the field metadata of the option's earlier spellings
 _OLD_SPELLINGS: dict[str, str] = {}
 
 
-def flag(default, *names: str, help: str, old: tuple[str, ...] = (), **typer_kw):
+# flag() returns a dataclasses.Field; typed as the field's value, as dataclasses.field() is, so that
+# `x: int = flag("a", ...)` is an error. A required option (default `...`) has any type.
+@overload
+def flag(default: types.EllipsisType, *names: str, help: str, old: tuple[str, ...] = (), **typer_kw: Any) -> Any: ...
+@overload
+def flag(default: _T, *names: str, help: str, old: tuple[str, ...] = (), **typer_kw: Any) -> _T: ...
+def flag(default: Any, *names: str, help: str, old: tuple[str, ...] = (), **typer_kw: Any) -> Any:
     """A dataclass field that is also the command-line option `names` (typer.Option's keywords:
     min, envvar, show_default, ...); default `...`: a required option, a field without a default.
     old: spellings it had before, still accepted (hidden from --help) with a note of the new one."""
@@ -45,17 +63,17 @@ def flag(default, *names: str, help: str, old: tuple[str, ...] = (), **typer_kw)
     return dataclasses.field(metadata=meta) if default is ... else dataclasses.field(default=default, metadata=meta)
 
 
-def many(*names: str, help: str, **typer_kw):
+def many(*names: str, help: str, **typer_kw: Any) -> list[Any]:
     """A list field given by repeating the option (empty when it is not given)."""
     return dataclasses.field(default_factory=list, metadata={_KEY: ("option", names, help, typer_kw)})
 
 
-def argument(help: str, **typer_kw):
+def argument(help: str, **typer_kw: Any) -> list[Any]:
     """A list field given as the command's positional arguments."""
     return dataclasses.field(default_factory=list, metadata={_KEY: ("argument", (), help, typer_kw)})
 
 
-def _cli_type(hint):
+def _cli_type(hint: Any) -> Any:
     """What typer parses a field as: `X | None` is X (None: the option was not given)."""
     args = typing.get_args(hint)
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
@@ -64,7 +82,7 @@ def _cli_type(hint):
     return hint
 
 
-def params(cls, names: str | None = None) -> list[inspect.Parameter]:
+def params(cls: type[DataclassInstance], names: str | None = None) -> list[inspect.Parameter]:
     """The command parameters of cls's option fields: all of them in field order, or the ones
     names lists (space-separated), in that order."""
     hints = typing.get_type_hints(cls)
@@ -90,7 +108,7 @@ def params(cls, names: str | None = None) -> list[inspect.Parameter]:
     return out
 
 
-def _fold_old_spellings(every: list[inspect.Parameter], kw: dict) -> None:
+def _fold_old_spellings(every: list[inspect.Parameter], kw: dict[str, Any]) -> None:
     """An earlier spelling's value into its field's parameter (in kw), with a note on stderr."""
     decl = {p.name: p.default for p in every}
     for p in every:
@@ -107,10 +125,11 @@ def _fold_old_spellings(every: list[inspect.Parameter], kw: dict) -> None:
         kw[name] = value
 
 
-def command(*groups: list[inspect.Parameter], own_first: bool = False):
+def command(*groups: list[inspect.Parameter],
+            own_first: bool = False) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     """Decorate `fn(own options..., **given)`: typer sees the groups' parameters, in order, then
     fn's own (own_first: fn's own, then the groups'); fn is called with all of them by name."""
-    def wrap(fn):
+    def wrap(fn: Callable[..., _R]) -> Callable[..., _R]:
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
                for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
         hints = typing.get_type_hints(fn)
@@ -121,26 +140,31 @@ def command(*groups: list[inspect.Parameter], own_first: bool = False):
         if len(names) != len(set(names)):
             raise TypeError(f"{fn.__name__}: an option is declared twice: {sorted(n for n in names if names.count(n) > 1)}")
 
-        def run(*args, **kw):
+        def run(*args: Any, **kw: Any) -> _R:
             _fold_old_spellings(every, kw)
             return fn(*args, **kw)
 
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
             setattr(run, attr, getattr(fn, attr))
-        run.__signature__ = inspect.Signature(every, return_annotation=hints.get("return", inspect.Signature.empty))
+        # setattr: a function's type has no __signature__ to assign to.
+        setattr(run, "__signature__",  # noqa: B010
+                inspect.Signature(every, return_annotation=hints.get("return", inspect.Signature.empty)))
         run.__annotations__ = {p.name: p.annotation for p in every} | {"return": hints.get("return")}
         return run
     return wrap
 
 
-def build(cls, given: dict, **more):
+def build(cls: type[_D], given: dict[str, Any], **more: Any) -> _D:
     """cls made from the values typer passed: every field of cls that given (or more, which wins)
-    names; a repeatable option that was not given takes the field's default."""
+    names. An option that was not given (None) takes the field's default: a repeatable option's
+    empty list, or this class's default of an option several commands take, declared once
+    without one (None) in the group they share."""
     values = {}
     for f in dataclasses.fields(cls):
+        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         if f.name in more:
             values[f.name] = more[f.name]
-        elif f.name in given and not (given[f.name] is None and f.default_factory is not dataclasses.MISSING):
+        elif f.name in given and not (given[f.name] is None and has_default):
             v = given[f.name]
             values[f.name] = list(v) if isinstance(v, tuple) else v
     return cls(**values)

@@ -16,9 +16,13 @@ import struct
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from areal_kit.config.vllm_args import VLLMConfig
 from areal_kit.errors import RunFailed
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class Platform:
         return self.device == "cpu"
 
     @property
-    def torch_device(self):
+    def torch_device(self) -> torch.device:
         """The device a worker's tensors live on (one GPU per worker process: its first)."""
         import torch
 
@@ -125,7 +129,7 @@ def gpu_memory_bytes() -> int | None:
     return int(torch.cuda.get_device_properties(0).total_memory)
 
 
-def synchronize(device) -> None:
+def synchronize(device: torch.device) -> None:
     """Block until the work queued on device's current stream is done, collectives it was told to
     wait() for included. On GPUs wait() only orders the caller's stream after a collective, so
     times and "sent" states taken right after it would count queued work as done; the current

@@ -8,7 +8,10 @@ other exceptions; `interruption(e)` finds the stop behind them.
 
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
+from typing import Any, NoReturn
 
 from areal_kit.errors import ExitCode
 
@@ -59,7 +62,11 @@ def note_sigterm() -> None:
     _signalled.append(Interrupted("SIGTERM", ExitCode.TERMINATED))
 
 
-def raise_on_sigterm(signum, frame):
+# What signal.signal takes and returns: a function, SIG_DFL or SIG_IGN, or None (set outside Python).
+Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+def raise_on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
     """SIGTERM's handler: unwind, as Ctrl-C does; a second SIGTERM kills at once. It raises a
     KeyboardInterrupt, the one exception Ray's ray.get lets a signal handler raise (any other it
     swallows, or leaves behind as a SystemError); `interruption` makes it Interrupted("SIGTERM")."""
@@ -68,7 +75,7 @@ def raise_on_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
-def sigterm_interrupts(handler=raise_on_sigterm):
+def sigterm_interrupts(handler: Handler = raise_on_sigterm) -> Handler:
     """Put a SIGTERM handler in place; returns the one it replaced, or None off the main thread,
     where Python cannot take signals. Call it again after ray.init, which puts its own in place,
     one that aborts the process."""
@@ -79,7 +86,7 @@ def sigterm_interrupts(handler=raise_on_sigterm):
 
 
 @contextmanager
-def stops_say_so():
+def stops_say_so() -> Iterator[None]:
     """Ctrl-C or SIGTERM (a scheduler's stop, `kill`) inside the block leaves it as Interrupted
     (exit code 130 / 143): it unwinds, so finally blocks stop the workers, and the CLI says so in
     one line. (typer alone turns Ctrl-C into a silent exit 130; SIGTERM would kill at once.)"""

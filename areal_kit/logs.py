@@ -19,6 +19,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 RPC_KEYS = ("ppo_approx_kl", "actor_loss", "actor_clip_ratio", "importance_weight", "task_reward",
             "kl_reward", "final_reward", "advantage", "avg_seq_len", "avg_prompt_len", "n_tokens",
@@ -156,7 +157,7 @@ def parse_rpc(line: str) -> dict | None:
         return None
 
 
-def _number(node: ast.expr):
+def _number(node: ast.expr) -> Any:  # what the line holds: a number mostly, any literal
     """A literal, or nan / inf as repr writes them (literal_eval reads neither)."""
     inner = node.operand if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) else None
     name = getattr(node if inner is None else inner, "id", None)

@@ -78,6 +78,24 @@ def resolve_run(target: str, fileroot: str = "", user: str = "") -> RunFiles:
     raise UserError(f"{target} is not a run: expected a run's log folder (with train.log) or EXP/TRIAL")
 
 
+def latest_run(fileroot: str = "", user: str = "") -> RunFiles:
+    """The run under fileroot (default ./areal_runs) whose train.log or metrics.jsonl was written last."""
+    root = os.path.abspath(os.path.expanduser(fileroot or os.path.join(os.getcwd(), "areal_runs")))
+    user_dir = os.path.dirname(os.path.dirname(run_paths(root, "_", "_", user or None).log_dir))  # {root}/logs/{user}
+    best: tuple[float, str] | None = None
+    for exp in sorted(os.listdir(user_dir)) if os.path.isdir(user_dir) else []:
+        for trial in sorted(os.listdir(os.path.join(user_dir, exp))) if os.path.isdir(os.path.join(user_dir, exp)) else []:
+            d = os.path.join(user_dir, exp, trial)
+            times = [os.path.getmtime(f) for f in (os.path.join(d, "train.log"), os.path.join(d, "metrics.jsonl"))
+                     if os.path.exists(f)]
+            if times and (best is None or max(times) > best[0]):
+                best = (max(times), f"{exp}/{trial}")
+    if best is None:
+        raise UserError(f"no run under {user_dir}; name one: a run's log folder or EXP/TRIAL (with --fileroot/--user "
+                        "of the run)")
+    return resolve_run(best[1], root, user)
+
+
 # ------------------------------------------------------------------ reading
 def step_rows(metrics_file: str) -> list[dict]:
     """metrics.jsonl rows, one per global step: a resumed run re-does the steps after its
@@ -265,7 +283,7 @@ def logs(
     interval: float = typer.Option(2.0, "--interval", help="Seconds between checks with --follow."),
     samples: bool = typer.Option(False, "--samples", help="Show the latest dumped rollout samples (prompt, answer, "
                                                           "reward, advantage; exp_ctrl.dump_samples_every)."),
-    **given,
+    **given: str,
 ) -> None:
     """Where a run stands, from its files alone: last step, last recover point, ETA, alive or dead."""
     root = build(RunRoot, given)
@@ -344,7 +362,7 @@ def plot(
                                                           "run's log folder)."),
     smooth: int = typer.Option(1, "--smooth", min=1, help="Also draw a moving average over this many steps "
                                                           "(1 = raw values only)."),
-    **given,
+    **given: str,
 ) -> None:
     """Plot task_reward, response length, KL and entropy per step to a PNG (matplotlib).
 

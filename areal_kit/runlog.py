@@ -12,6 +12,7 @@ import getpass
 import json
 import logging
 import os
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -19,6 +20,10 @@ from typing import Any
 
 from areal_kit import durable
 from areal_kit.logs import TIME_FORMAT
+
+# samples.index: one record per dump, appended after its rows are: (global_step, byte offset of its
+# first row in samples.jsonl, bytes of its rows, number of rows), little-endian int64s.
+INDEX_RECORD = struct.Struct("<qqqq")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,16 @@ class RunPaths:
     def samples_file(self) -> str:
         """A few groups' prompts, answers, rewards and advantages, every exp_ctrl.dump_samples_every steps."""
         return os.path.join(self.log_dir, "samples.jsonl")
+
+    @property
+    def samples_index_file(self) -> str:
+        """Where each step's rows of samples.jsonl lie (INDEX_RECORD), so a reader seeks to a step."""
+        return os.path.join(self.log_dir, "samples.index")
+
+    @property
+    def timeline_file(self) -> str:
+        """Each step's spans, wall-clock start and end, per process (RunLogger.timeline): `areal-kit view`'s lanes."""
+        return os.path.join(self.log_dir, "timeline.jsonl")
 
 
 def run_paths(fileroot: str, experiment: str, trial: str, user: str | None = None) -> RunPaths:
@@ -112,6 +127,9 @@ class RunLogger:
         self.metrics.close()
         keep_steps_through(self.paths.metrics_file, global_step)
         keep_steps_through(self.paths.samples_file, global_step)
+        keep_steps_through(self.paths.timeline_file, global_step)
+        if os.path.exists(self.paths.samples_index_file):  # its offsets were of the file before; `view` rebuilds it
+            os.remove(self.paths.samples_index_file)
         self.metrics = open(self.paths.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run)
         if self.tb is not None:
             log_dir = self.tb.log_dir
@@ -147,8 +165,27 @@ class RunLogger:
 
     def samples(self, global_step: int, rows: list[dict]) -> None:
         """Rollout samples for people to read (`areal-kit logs RUN --samples`)."""
-        with open(self.paths.samples_file, "a") as f:
-            f.writelines(json.dumps({"global_step": global_step, **r}) + "\n" for r in rows)
+        data = "".join(json.dumps({"global_step": global_step, **r}) + "\n" for r in rows).encode()
+        with open(self.paths.samples_file, "ab") as f:
+            start = f.seek(0, os.SEEK_END)
+            f.write(data)
+        if rows:  # after the rows: an index record never points past what was written
+            with open(self.paths.samples_index_file, "ab") as f:
+                f.write(INDEX_RECORD.pack(global_step, start, len(data), len(rows)))
+
+    def timeline(self, global_step: int, spans: list[tuple[str, str, float, float]]) -> None:
+        """One line of timeline.jsonl: the step's spans as [lane, what, start, end] (wall-clock
+        seconds, 3 decimals), e.g. ["engine 0", "generate", ...], ["trainer", "train step", ...]."""
+        row = {"global_step": global_step, "spans": [[lane, what, round(a, 3), round(b, 3)] for lane, what, a, b in spans]}
+        with open(self.paths.timeline_file, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def config(self, options: list[dict], origin: dict | None = None) -> None:
+        """config.json in the log folder: every option of the run as `--show-args --json` lists it
+        (key, value, default, help), and where the values came from (config/loader.py's origin: the
+        preset, what it set, the overrides), for `areal-kit view`'s run page; rewritten at each start."""
+        durable.write_json(os.path.join(self.paths.log_dir, "config.json"),
+                           {"time": time.time(), "options": options, **({"origin": origin} if origin else {})})
 
     def close(self) -> None:
         self.metrics.close()
@@ -160,6 +197,19 @@ class RunLogger:
             for h in list(lg.handlers):
                 h.close()
                 lg.removeHandler(h)
+
+
+def token_fields(tokens: list[str], logprobs: list[float], loss_mask: list[int] | None,
+                 versions: list[int] | None) -> dict:
+    """A dumped sample's per-token fields (samples.jsonl, `areal-kit view`'s token view): each output
+    token's text, its sampling logprob (4 decimals), its loss mask (1 = trained on; absent: all 1)
+    and its weight version (absent: all the sample's `version`)."""
+    out: dict = {"tokens": tokens, "logprobs": [round(x, 4) for x in logprobs]}
+    if loss_mask is not None:
+        out["loss_mask"] = list(loss_mask)
+    if versions is not None:
+        out["versions"] = list(versions)
+    return out
 
 
 def keep_steps_through(path: str, global_step: int) -> None:

@@ -48,7 +48,7 @@ def bench_config(model_path: str, fileroot: str, extra: list[str] | None = None)
 def rollout_worker(cfg):
     """A started RolloutWorker in this process, with the env the controller gives its actors."""
     from areal_kit.rl.driver.groups import worker_env
-    from areal_kit.rl.workers.rollout import RolloutWorker
+    from areal_kit.rl.engine.worker import RolloutWorker
 
     env = worker_env(cfg, os.path.join(cfg.fileroot, "cache"))
     w = RolloutWorker(0, cfg.actor.path, cfg, env)

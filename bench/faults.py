@@ -15,7 +15,7 @@ a generation, a train step, a weight sync or a recover checkpoint's write. The k
                      error); the run starts Ray again
   torn-checkpoint    the driver is SIGKILLed and a file of the newest recover checkpoint is cut to
                      half its size; the re-run resumes from the whole one before it
-The injected errors are the AREAL_TEST_* hooks of rl/workers/testhooks.py, armed by removing their
+The injected errors are the AREAL_TEST_* hooks of rl/common/testhooks.py, armed by removing their
 marker file. Counted: faults tried, faults the run resumed from, steps lost (missing from
 metrics.jsonl), steps redone (run again after a resume: the work since the last checkpoint),
 resumes that failed (a corrupt or unreadable checkpoint), and steps whose metrics differ from an

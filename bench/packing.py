@@ -46,7 +46,7 @@ def packed_pass(model, prompts, answers, max_tokens: int = MAX_TOKENS) -> int:
 
     from areal_kit.rl.algo import varlen
     from areal_kit.rl.algo.packing import pack, partition
-    from areal_kit.rl.workers.trainer import TrainerWorker
+    from areal_kit.rl.trainer.worker import TrainerWorker
 
     # The trainer's layout for its own attention; stock SDPA finds the sequences from the positions.
     ours = model.config._attn_implementation == varlen.NAME

@@ -2,7 +2,7 @@
 
 A benchmark is a function returning a `Result`; `run_all` runs the chosen ones in order and is
 what `python bench/run.py` calls. latest.json keeps every benchmark's newest figures, so running
-one benchmark updates its entry and leaves the others; PERFORMANCE.md (the README's
+one benchmark updates its entry and leaves the others; PERFORMANCE.md (docs/performance.md's
 "Performance" section) is regenerated from it after each benchmark. Every record carries the
 machine it ran on (bench/machine.py) under "machine", and PERFORMANCE.md lists the runs of every
 bench/results/*.json per machine.
@@ -163,7 +163,7 @@ def run_all(registry: dict[str, Callable[[], Result]], names: list[str], out_dir
 
 def write_markdown(latest: dict, path: str, about: dict[str, str], intro: str = "",
                    results_dir: str = RESULTS_DIR) -> str:
-    """The README "Performance" section from latest.json: a summary, one part per benchmark, and the
+    """The "Performance" page (docs/performance.md) from latest.json: a summary, one part per benchmark, and the
     runs of every results_dir/*.json per machine."""
     lines = ["## Performance", ""] + ([intro.strip(), ""] if intro else [])
     lines += ["| benchmark | ours vs baseline | ratio | target | machine |", "|---|---|---|---|---|"]

@@ -11,7 +11,7 @@ engine on another node gets them; disk = the trainer saves a Hugging Face folder
 a write to shared storage must be) and the engine reloads it. The raw broadcast is a bare
 torch.distributed (gloo) broadcast of the same bytes, one flat buffer ready on both sides,
 between this process and a child: no Ray call, no loading. All four alternate, 5 of each. The
-colocated row (shared GPUs: CUDA IPC, rl/weight_sync/colocated.py) runs only where a GPU is: the
+colocated row (shared GPUs: CUDA IPC, rl/trainer/weight_send.py) runs only where a GPU is: the
 trainer mixin hands a child on the same GPU its buffer chunk by chunk and the child copies every
 tensor into its own (an engine's load, without vLLM); on CPU the row says it was skipped.
 
@@ -93,11 +93,11 @@ def _ipc_child(requests, replies) -> None:
 
 def colocated(model_path: str, reps: int) -> float | None:
     """Median seconds of a CUDA IPC sync of the model's bf16 weights between a trainer rank
-    (colocated.IpcSender) and a child on the same GPU; None without a GPU."""
+    (IpcSender) and a child on the same GPU; None without a GPU."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from areal_kit.rl.weight_sync.colocated import IpcSender
+    from areal_kit.rl.trainer.weight_send import IpcSender
 
     if not torch.cuda.is_available():
         return None

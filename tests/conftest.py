@@ -11,6 +11,32 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Under `-n 2` (the README's test command) the tests run on two workers, in three kinds of unit:
+# the integration tests one after another on one worker (each takes the machine's cores: Ray,
+# DeepSpeed and vLLM at once); the cluster tests one after another beside them (their time goes to
+# SSH, Docker and Slurm in the testbed's network namespaces, each node with a /tmp/ray of its own);
+# the unit tests, a module at a time, wherever a worker is free. (The cluster tests share one
+# testbed, a session fixture: a worker's own, so they must all run on one.)
+SERIAL_UNITS = ("integration", "cluster")
+
+
+def serial_unit(nodeid: str) -> str | None:
+    """The serial unit a test belongs to (its folder, if one of SERIAL_UNITS), or None."""
+    parts = nodeid.split("::")[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in SERIAL_UNITS else None
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduler by module, with each serial unit one piece of work (on one worker)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByKind(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return serial_unit(nodeid) or super()._split_scope(nodeid)
+
+    return ByKind(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts

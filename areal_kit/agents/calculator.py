@@ -21,14 +21,22 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from typing import TYPE_CHECKING, cast
 
 from openai import AsyncOpenAI
 
 from areal_kit.api import Completion, EpisodeEngine, Trajectory, Turn
 from areal_kit.data.toy_task import CALL, END_CALL, calculate, tool_response
 
+if TYPE_CHECKING:
+    from openai.types.chat import (
+        ChatCompletionAssistantMessageParam,
+        ChatCompletionFunctionToolParam,
+        ChatCompletionMessageParam,
+    )
+
 NAME = "calculator"
-TOOL = {"type": "function", "function": {
+TOOL: ChatCompletionFunctionToolParam = {"type": "function", "function": {
     "name": NAME, "description": "Adds or subtracts two numbers.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string", "description": "a + b"}},
                    "required": ["expression"]}}}
@@ -64,11 +72,13 @@ async def openai_agent(base_url: str, api_key: str, row: dict) -> None:
     """The calculator episode as any OpenAI-client agent is written: ask; where the reply calls the
     tool, run it and ask again with its result. The reward is left to ppo.reward_fns (calc)."""
     client = _client(base_url, api_key)
-    messages: list[dict] = [{"role": "user", "content": row["question"]}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": row["question"]}]
     reply = (await client.chat.completions.create(model="policy", messages=messages, tools=[TOOL])).choices[0]
     if reply.message.tool_calls and reply.finish_reason != "length":
-        messages.append(reply.message.model_dump(exclude_none=True))
+        # The reply as the next request's assistant message: the same fields, as a plain dict.
+        messages.append(cast("ChatCompletionAssistantMessageParam", reply.message.model_dump(exclude_none=True)))
         for call in reply.message.tool_calls:
+            assert call.type == "function", "the request offers one tool, a function"
             result = calculate(json.loads(call.function.arguments).get("expression", ""))
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
         await client.chat.completions.create(model="policy", messages=messages, tools=[TOOL])
@@ -77,7 +87,7 @@ async def openai_agent(base_url: str, api_key: str, row: dict) -> None:
 _local = threading.local()
 
 
-def _client(base_url: str, api_key: str):
+def _client(base_url: str, api_key: str) -> AsyncOpenAI:
     """An AsyncOpenAI client with the episode's key, on one connection pool per thread and event
     loop: building a client builds its pool and an SSL context, ~25 ms, many times an episode's
     cost here (with_options shares the pool)."""

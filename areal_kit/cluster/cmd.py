@@ -26,22 +26,30 @@ import re
 import secrets as secrets_mod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from areal_kit.cluster.options import STOP_GRACE, TRAIN_WAIT, ConnectOptions, Limits, SetupOptions, save_state
-from areal_kit.cluster.target import Hosts, Target
+from areal_kit.cluster.target import Hosts, Route, Target
 from areal_kit.errors import ExitCode, RunFailed, UserError
 from areal_kit.flags import build, command, flag, params
 from areal_kit.home import state_dir
-from areal_kit.options import Mirror, Storage
+from areal_kit.options import Mirror, Output, Python, Storage
 
 if TYPE_CHECKING:  # the run's context brings the SSH connections (fabric), which --help does not need
+    from rich.console import Console
+    from rich.table import Table
+
     from areal_kit.cluster.context import Cluster
+    from areal_kit.cluster.parallel import Step
+    from areal_kit.config.schema import TrainConfig
+    from areal_kit.data.assets import Asset
 
 # status, down and doctor: which cluster, and how this machine reaches it.
-_TARGET = (params(Target), params(ConnectOptions, "known_hosts host_key_policy"))
+_TARGET = (params(Hosts, "name hosts hostnames inventory username ssh_port private_key_file"), params(Route, "runtime"),
+           params(Python), params(Route, "ssh_wait ssh_config gateway"),
+           params(ConnectOptions, "known_hosts host_key_policy"))
 
 
 def _ray_token(cluster_name: str) -> str:
@@ -75,10 +83,10 @@ def _build(opts: SetupOptions, copts: ConnectOptions, secrets: dict[str, str]) -
     return Cluster(opts=opts, hosts=hosts, secrets=secrets)
 
 
-def _reach(target: Target, given: dict, dry_run: bool = False) -> Cluster:
+def _reach(target: Target, given: dict[str, Any], dry_run: bool = False) -> Cluster:
     """The cluster status, down and doctor act on, its hosts ready to connect to."""
     opts = target.options(dry_run)
-    copts = build(ConnectOptions, given, wait=target.ssh_wait, ssh_config=opts.ssh_config, gateway=opts.gateway)
+    copts = build(ConnectOptions, given, ssh_wait=target.ssh_wait, ssh_config=opts.ssh_config, gateway=opts.gateway)
     secrets = {"RAY_AUTH_TOKEN": _ray_token(opts.spec.cluster_name)} if opts.ray_auth_mode == "token" else {}
     return _build(opts, copts, secrets)
 
@@ -88,8 +96,36 @@ def _close(cluster: Cluster) -> None:
         h.remote.close()
 
 
-@command(params(Hosts), params(Storage), params(SetupOptions), params(Mirror), params(ConnectOptions),
-         params(Limits, "min_shm_gb min_nofile"))
+@dataclass
+class OnCluster:
+    """`areal-kit train`'s options for a run on a cluster's head (cli.py adds them to rl/cmd.py's); setup
+    takes its --train-wait too."""
+
+    cluster: str | None = flag(None, "--cluster", help="Run it on the head of the cluster setup saved under this "
+                               "--name (setup's default: areal), in its runtime, with its fileroot and storage, as "
+                               "setup's own start does: resumes a matching recover checkpoint; refused while the "
+                               "run's driver runs there. Give the overrides again: setup's --train-arg are not "
+                               "kept. With --dry-run: the commands it would run there.")
+    # None: not given (train refuses it without --cluster); SetupOptions.train_wait is setup's default.
+    train_wait: float | None = flag(None, "--train-wait", min=0, help=f"Seconds to wait, once training is started "
+                                    f"(setup --train_param; train: with --cluster), for a sign of life in its log "
+                                    f"(workers ready, a step finished); its error or no sign in time fails the "
+                                    f"command. Default {TRAIN_WAIT:g}; 0: start it and do not wait.")
+
+
+# setup's options: its own (SetupOptions) among those it shares with status, down, doctor and train,
+# in the order --help lists them.
+_SETUP = (params(Hosts), params(Storage), params(Route, "ssh_config gateway"), params(SetupOptions, "nas_url"),
+          params(Route, "runtime"), params(SetupOptions, "image image_tar build_args"), params(Python),
+          params(SetupOptions, "mounts env ray_port dashboard num_cpus object_store_memory shm_size ray_auth_mode "
+                               "data train_param train_args"),
+          params(OnCluster, "train_wait"), params(SetupOptions, "ray_wait min_disk_gb log_dir"),
+          params(Output, "dry_run"), params(SetupOptions, "fetch_only"), params(Mirror),
+          params(ConnectOptions, "known_hosts host_key_policy connect_timeout"), params(Route, "ssh_wait"),
+          params(Limits, "min_shm_gb min_nofile"))
+
+
+@command(*_SETUP)
 def setup(
     hf_token: str = typer.Option(None, "--hf-token", envvar="HF_TOKEN", show_default=False, show_envvar=True,
                                  help="Hugging Face token for hf:// data and training; never printed or logged."),
@@ -98,7 +134,7 @@ def setup(
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Skip doctor's fast checks at the end (host "
                                      "limits, shared storage, the GPU stack, versions, Ray, the weight sync's "
                                      "all-reduce across nodes), which otherwise keep a failed cluster from training."),
-    **given,
+    **given: Any,
 ) -> int:
     """Provision bare hosts over SSH into a Ray cluster (containers or host), optionally start training."""
     from areal_kit.cluster import data as data_step
@@ -143,7 +179,8 @@ def setup(
     return ExitCode.OK
 
 
-def _setup_plan(opts: SetupOptions, assets, mirror: str, train_cfg, checks: Limits | None) -> list:
+def _setup_plan(opts: SetupOptions, assets: list[Asset], mirror: str, train_cfg: TrainConfig | None,
+                checks: Limits | None) -> list[Step]:
     """setup's steps in order; with checks, doctor's fast ones before training starts."""
     from areal_kit.cluster import data as data_step
     from areal_kit.cluster import ray_cluster, steps, train_start
@@ -158,6 +195,7 @@ def _setup_plan(opts: SetupOptions, assets, mirror: str, train_cfg, checks: Limi
         plan += doctor_steps(dataclasses.replace(checks, quick_network=True), network=True)
     plan.append(Step("train", train_start.train, head_only=True))
     if opts.train_param:  # the preset against the nodes as soon as preflight knows them; its start, watched
+        assert train_cfg is not None, "setup loads the preset it starts"
         plan.insert(2, Step("preset", functools.partial(train_start.preset, cfg=train_cfg), head_only=True, gate=True))
         plan.append(Step("train_wait", train_start.wait, head_only=True))
     if opts.fetch_only:  # what the data step needs (hosts, storage, the image it fetches in), then it
@@ -165,24 +203,11 @@ def _setup_plan(opts: SetupOptions, assets, mirror: str, train_cfg, checks: Limi
     return plan
 
 
-@dataclass
-class OnCluster:
-    """`areal-kit train`'s options for a run on a cluster's head (cli.py adds them to rl/cmd.py's)."""
-
-    cluster: str | None = flag(None, "--cluster", help="Run it on the head of the cluster setup saved under this "
-                               "--name (setup's default: areal), in its runtime, with its fileroot and storage, as "
-                               "setup's own start does: resumes a matching recover checkpoint; refused while the "
-                               "run's driver runs there. Give the overrides again: setup's --train-arg are not "
-                               "kept. With --dry-run: the commands it would run there.")
-    train_wait: float | None = flag(None, "--train-wait", min=0, help=f"With --cluster: seconds to wait for a sign "
-                                    f"of life in the run's log (default {TRAIN_WAIT:g}); 0: start it, do not wait.")
-
-
 # train's options beyond rl/cmd.py's: the cluster, and how this machine reaches it.
 TRAIN_ON = (params(OnCluster), params(ConnectOptions, "known_hosts host_key_policy"))
 
 
-def train_on(preset: str, overrides: list[str], *, fresh: bool, dry_run: bool, given: dict,
+def train_on(preset: str, overrides: list[str], *, fresh: bool, dry_run: bool, given: dict[str, Any],
              discard: bool = False) -> int:
     """`areal-kit train PRESET --cluster NAME`: setup's train and train_wait steps alone, on the cluster
     saved under NAME, for this preset and these overrides (setup's --train-arg are not carried over):
@@ -197,6 +222,7 @@ def train_on(preset: str, overrides: list[str], *, fresh: bool, dry_run: bool, g
 
     where = build(OnCluster, given)
     name, wait = where.cluster, where.train_wait
+    assert name is not None, "train_on runs a train given --cluster"
     if not state_path(name).exists():
         saved = sorted(p.stem for p in state_path(name).parent.glob("*.json"))
         raise UserError(f"--cluster {name}: no cluster of that name was set up from here ({state_path(name)} "
@@ -239,7 +265,7 @@ def train_on(preset: str, overrides: list[str], *, fresh: bool, dry_run: bool, g
 
 
 @command(*_TARGET)
-def status(**given) -> int:
+def status(**given: Any) -> int:
     """Report, per host, the Ray process and whether Ray counts it as a live node."""
     from areal_kit.cluster import ray_cluster, steps
     from areal_kit.cluster.parallel import Step, run_steps
@@ -265,7 +291,7 @@ def status(**given) -> int:
     return ExitCode.OK if ok else ExitCode.FAILED
 
 
-def _status_table(cluster: Cluster, alive: dict[str, float] | None):
+def _status_table(cluster: Cluster, alive: dict[str, float] | None) -> Table:
     from rich.table import Table
 
     t = Table(title=f"cluster {cluster.opts.spec.cluster_name} ({cluster.opts.runtime})")
@@ -278,12 +304,12 @@ def _status_table(cluster: Cluster, alive: dict[str, float] | None):
     return t
 
 
-@command(*_TARGET, params(SetupOptions, "dry_run"))
+@command(*_TARGET, params(Output, "dry_run"))
 def down(
     grace: float = typer.Option(STOP_GRACE, "--grace", min=0, help="Seconds training may take, after SIGTERM, to "
                                 "finish its step and write that step's recover checkpoint; 0: stop it with Ray at "
                                 "once."),
-    **given,
+    **given: Any,
 ) -> int:
     """Stop training, then Ray and its containers on every host (workers first).
 
@@ -308,12 +334,8 @@ def down(
 
 
 @command(*_TARGET, params(Limits, "preset min_shm_gb min_nofile"), params(SetupOptions, "min_disk_gb"),
-         params(Limits, "net_mb rl_step"))
-def doctor(
-    as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object (the live view goes "
-                                 "to stderr)."),
-    **given,
-) -> int:
+         params(Limits, "net_mb rl_step"), params(Output, "as_json"))
+def doctor(**given: Any) -> int:
     """Check the running cluster: every host's limits and versions, shared storage, Ray, the network.
 
     Every failed check is one line: host, check, what was measured, what it should be, the fix.
@@ -328,6 +350,7 @@ def doctor(
     from areal_kit.cluster.parallel import Step, run_steps
     from areal_kit.console import make_console
 
+    as_json = given["as_json"]
     limits = build(Limits, given)
     if limits.preset:
         from areal_kit.config.loader import load_config
@@ -353,7 +376,7 @@ def doctor(
     return ExitCode.OK if ok else ExitCode.FAILED
 
 
-def _print_doctor(cluster: Cluster, rep: dict, console) -> None:
+def _print_doctor(cluster: Cluster, rep: dict, console: Console) -> None:
     """The link matrix, a FAIL line per finding, and where the figures are."""
     from rich.table import Table
 
@@ -381,12 +404,12 @@ def _print_doctor(cluster: Cluster, rep: dict, console) -> None:
     console.print(f"doctor {name}: {said}", markup=False, soft_wrap=True)
 
 
-def _print_findings(cluster: Cluster, console) -> None:
+def _print_findings(cluster: Cluster, console: Console) -> None:
     for f in cluster.doctor.findings:
         console.print(f"FAIL {f.line()}", markup=False, soft_wrap=True)
 
 
-def doctor_steps(limits: Limits, network: bool) -> list:
+def doctor_steps(limits: Limits, network: bool) -> list[Step]:
     """doctor's checks as steps; setup runs the fast ones (limits.quick_network: no link matrix)."""
     from areal_kit.cluster import doctor as doc
     from areal_kit.cluster.parallel import Step

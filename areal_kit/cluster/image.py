@@ -22,6 +22,7 @@ import shlex
 import sys
 import tarfile
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def version() -> str:
 
 def accelerator(facts: list[dict]) -> str:
     """cuda when any host has a GPU (nvidia-smi, from preflight), else cpu."""
-    def gpus(v) -> int:
+    def gpus(v: int | str) -> int:  # nvidia-smi's count, as JSON gave it
         return v if isinstance(v, int) else int(v) if str(v).isdigit() else 0
     return "cuda" if any(gpus(f.get("gpus", 0)) > 0 for f in facts) else "cpu"
 
@@ -90,7 +91,7 @@ def _generated_top_files() -> dict[str, bytes]:
     return {"pyproject.toml": "\n".join(lines).encode(), "setup.py": setup_py.encode(), "README.md": readme.encode()}
 
 
-def _walk(root: Path, skip_top: set[str]):
+def _walk(root: Path, skip_top: set[str]) -> Iterator[tuple[Path, Path | None]]:
     """(relative path, file or None for a folder) under root, sorted, without caches and venvs."""
     for d, dirs, files in os.walk(root):
         rel = Path(d).relative_to(root)

@@ -2,7 +2,9 @@
 
 `SetupOptions` is everything `areal-kit setup` was told, `ConnectOptions` how this machine reaches
 the hosts, `Limits` what doctor holds them to; each field that is a command-line option carries
-its flag, default and help (areal_kit/flags.py), and the commands' signatures are made of them.
+its flag, default and help (areal_kit/flags.py), and the commands' signatures are made of them;
+an option other commands take as well is declared once where they share it (cluster/target.py,
+areal_kit/options.py), and the field here holds setup's default.
 The run over the hosts they make (connections, facts, secrets, doctor's findings) is `Cluster`
 (cluster/context.py). After a setup, the options are saved to
 ``$AREAL_KIT_HOME/clusters/<cluster_name>.json`` (default ``~/.areal-kit``) so that `areal-kit
@@ -56,17 +58,17 @@ TRAIN_WAIT = 900.0
 @dataclass
 class SetupOptions:
     """What `areal-kit setup` does: each field is the setup option of the same name (its flag, default and
-    help); status, down and doctor read them back from the saved state."""
+    help; an option other commands take too is declared where they share it, and its field here holds
+    setup's default); status, down and doctor read them back from the saved state."""
 
     spec: ClusterSpec  # hosts (first = head), storage, cluster_name, fileroot, GPUs per node (target.py)
-    ssh_config: str | None = flag(None, "--ssh-config", help="OpenSSH client config for host aliases, User, Port, "
-                                  "IdentityFile, ProxyJump (default ~/.ssh/config).")
-    gateway: str | None = flag(None, "--gateway", help="Jump host [user@]host[:port] through which every host is "
-                               "reached (default: the ssh config's ProxyJump, if any).")
+    # --ssh-config, --gateway and --runtime are Route's (target.py), --python is areal_kit/options.py's:
+    # status, down and doctor take them too, defaulting to what setup saved.
+    ssh_config: str | None = None  # OpenSSH client config (None: ~/.ssh/config)
+    gateway: str | None = None  # jump host (None: the ssh config's ProxyJump, if any)
     nas_url: str | None = flag(None, "--nas_url", "--nas-url", help="NFS export (server:/path) to mount at --storage "
                                "where it is not mounted yet.")
-    runtime: str = flag("docker", "--runtime", help="docker: Ray in containers; host: Ray directly on the hosts "
-                        "(no Docker).")
+    runtime: str = "docker"  # one of RUNTIMES
     image: str | None = flag(None, "--image", help="Runtime image to pull from a registry you name, e.g. "
                              "ghcr.io/OWNER/areal-kit:0.1.0-cuda. Default: areal-kit's own, "
                              "areal-kit:VERSION-cpu|cuda-DIGEST (cuda when any host has a GPU), built once on the head "
@@ -78,8 +80,7 @@ class SetupOptions:
     build_args: list[str] = many("--build-arg", help="KEY=VALUE passed to the docker build of areal-kit's own image "
                                  "(repeat), e.g. BASE_IMAGE=IMG, PY_ENV=storage, VENV=PATH, FLASH_ATTN=build; see "
                                  "docker/Dockerfile.")
-    python: str = flag("python3", "--python", help="Python with ray and areal_kit: inside the image (docker) or on "
-                       "the hosts (host).")
+    python: str = "python3"  # inside the image (docker) or on the hosts (host)
     mounts: list[str] = many("--mount", help="Extra bind mount SRC[:DST[:ro]] for the containers (repeat).")
     env: list[str] = many("--env", help="Extra KEY=VALUE for Ray processes (repeat).")
     ray_port: int = flag(6379, "--ray-port", help="Ray GCS port on the head.")
@@ -96,13 +97,11 @@ class SetupOptions:
     train_param: str | None = flag(None, "--train_param", "--train-param", help="Preset to start training in the "
                                    "head container after setup (log on shared storage).")
     train_args: list[str] = many("--train-arg", help="Extra key=value override for that training (repeat).")
-    train_wait: float = flag(TRAIN_WAIT, "--train-wait", min=0, help="Seconds to wait, once training is started, for "
-                             "a sign of life in its log (workers ready, a step finished); its error or no sign in "
-                             "time fails setup. 0: start it and do not wait.")
+    train_wait: float = TRAIN_WAIT  # --train-wait, OnCluster's (cluster/cmd.py): train --cluster takes it too
     ray_wait: float = flag(180.0, "--ray-wait", help="Seconds to wait for every node to join Ray.")
     min_disk_gb: float = flag(20.0, "--min-disk-gb", min=0, help="Free space required on the storage, in GB.")
     log_dir: str | None = flag(None, "--log-dir", help="Per-host log files (default ~/.areal-kit/logs/NAME/TIME).")
-    dry_run: bool = flag(False, "--dry-run", help="Print every command per host; run nothing.")
+    dry_run: bool = False  # --dry-run, areal_kit/options.py's Output
     fetch_only: bool = flag(False, "--fetch-only", help="Run setup's steps up to its data step (connect, storage, "
                             "image, data) and stop: fetch the preset's assets and --data onto the storage, start "
                             "neither Ray nor training.")
@@ -208,8 +207,9 @@ class ConnectOptions:
     host_key_policy: str = flag("accept-new", "--host-key-policy", help="accept-new (record unknown, refuse "
                                 "changed) | strict | off.")
     connect_timeout: float = flag(10.0, "--connect-timeout", help="Seconds for one SSH connection attempt.")
-    # Keep retrying an unreachable host this long: hosts still booting.
-    wait: float = flag(30.0, "--ssh-wait", help="Keep retrying unreachable hosts this many seconds.")
+    # Keep retrying an unreachable host this long: hosts still booting. --ssh-wait, Route's (target.py):
+    # status, down and doctor wait less.
+    ssh_wait: float = 30.0
     ssh_config: str | None = None  # OpenSSH client config (None: ~/.ssh/config and /etc/ssh/ssh_config)
     gateway: str | None = None  # [user@]host[:port] of a jump host for every host (else ProxyJump, if any)
 
@@ -217,7 +217,7 @@ class ConnectOptions:
         if self.host_key_policy not in HOST_KEY_POLICIES:
             raise UserError(f"--host-key-policy: expected one of {', '.join(HOST_KEY_POLICIES)}, "
                             f"got {self.host_key_policy!r}")
-        if self.connect_timeout <= 0 or self.wait < 0:
+        if self.connect_timeout <= 0 or self.ssh_wait < 0:
             raise UserError("--connect-timeout must be > 0 and --ssh-wait >= 0 (seconds)")
         self.known_hosts = os.path.expanduser(self.known_hosts)
         if self.ssh_config is not None:

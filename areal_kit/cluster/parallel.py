@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
 
 from rich.console import Console
 from rich.live import Live
@@ -88,15 +90,16 @@ class Display:
             t.add_row(escape(h.name), *cells)
         return t
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         if self.live:
             self.live.__enter__()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self.live:
             self.live.update(self._table())
-            self.live.__exit__(*exc)
+            self.live.__exit__(exc_type, exc, tb)
 
     def started(self, host: HostState, step: Step) -> None:
         with self.lock:
@@ -137,7 +140,7 @@ def run_steps(cluster: Cluster, steps: list[Step], console: Console | None = Non
             log.write(f"FAILED {step.name}: {o.message}")
         display.finished(h, step, o)
 
-    def skip_all(hs, step, why):
+    def skip_all(hs: list[HostState], step: Step, why: str) -> None:
         for h in hs:
             h.outcomes[step.name] = Outcome("skipped", why)
             display.finished(h, step, h.outcomes[step.name])

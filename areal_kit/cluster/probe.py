@@ -32,7 +32,7 @@ import sys
 import time
 from datetime import timedelta
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,9 @@ from areal_kit import hardware
 from areal_kit.cluster import gpu_stack
 from areal_kit.durable import replace_lines
 from areal_kit.errors import ExitCode
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
 
 TOKEN_FILE = ".areal-kit/doctor-token"
 
@@ -123,7 +126,7 @@ def all_reduce(n: int, nbytes: int, device: str = "cuda", timeout_s: float = ALL
     return gpu_stack.all_reduce_result(n, nbytes, got, lost)
 
 
-def _all_reduce_rank(rank: int, n: int, port: int, nbytes: int, device: str, results) -> None:
+def _all_reduce_rank(rank: int, n: int, port: int, nbytes: int, device: str, results: Queue[dict]) -> None:
     """One rank of the all-reduce, in its own process: a warm-up whose sum is checked, then
     ALL_REDUCE_ITERS timed; reports {rank, seconds, sum_ok, error}."""
     try:

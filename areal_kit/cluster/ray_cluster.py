@@ -23,6 +23,7 @@ import hashlib
 import json
 import shlex
 import time
+from typing import TYPE_CHECKING
 
 from areal_kit import logs
 from areal_kit.cluster.context import Cluster, HostState, Outcome
@@ -30,6 +31,9 @@ from areal_kit.cluster.options import STOP_GRACE, env_prefix, parse_size, q
 from areal_kit.cluster.parallel import StepFailed
 from areal_kit.cluster.steps import must
 from areal_kit.config.loader import RUN_ENV
+
+if TYPE_CHECKING:
+    from areal_kit.cluster.remote import Result
 
 # Runs on the head with the cluster's Python: waits (in one driver connection) until every
 # expected node address is alive with its GPUs, once each, prints {ip: gpus} of alive nodes.
@@ -247,7 +251,7 @@ def nodes_cmd(c: Cluster, want_ips: list[str], gpus: int, wait: float) -> str:
     return f"{host_env(c, head)} {q(*args)}"
 
 
-def parse_nodes(res) -> dict[str, float] | None:
+def parse_nodes(res: Result) -> dict[str, float] | None:
     for line in res.stdout.splitlines():
         if line.startswith("NODES "):
             return json.loads(line[6:].split("  #")[0])
@@ -308,7 +312,7 @@ _STOP_TRAINING = (
     "[ -n \"$said\" ] && echo \"$said\" || echo \"its log's last line: $(tail -n 1 \"$log\")\"; exit 0")
 
 
-def _head_script(c: Cluster, h: HostState, script: str, **fields) -> str:
+def _head_script(c: Cluster, h: HostState, script: str, **fields: object) -> str:
     """`script` as a command where training runs (the head's container, or the head host), run with
     $p the training driver's pid and $log the file its output goes to; exit 3 when none runs."""
     find = f"pgrep -o -f {shlex.quote(TRAIN_DRIVER)}"
@@ -351,7 +355,7 @@ def _how_it_stopped(said: str) -> str:
     return lines[-1] if lines else "its log did not say how"
 
 
-def _no_driver(res) -> bool:
+def _no_driver(res: Result) -> bool:
     """The head script found no training driver (or no head container to look in)."""
     return res.rc == 3 or (res.rc == 1 and "No such container" in res.stderr)
 

@@ -149,12 +149,12 @@ def _known_hosts_entry(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def _accept_new_policy(path: str):
+def _accept_new_policy(path: str) -> paramiko.MissingHostKeyPolicy:
     class AcceptNew(paramiko.MissingHostKeyPolicy):
         # Record the key of a host seen for the first time (OpenSSH's accept-new). paramiko's
         # AutoAddPolicy rewrites the whole file from one client's view, which loses entries
         # when several hosts are first seen in parallel: append under a lock instead.
-        def missing_host_key(self, client, hostname, key):
+        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
             client.get_host_keys().add(hostname, key.get_name(), key)
             with _known_hosts_lock:
                 Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -221,7 +221,7 @@ class Remote:
     def connect(self) -> str:
         """Open the session (retrying while unreachable); return the host's address as seen
         by the SSH server, which is the address Ray should use for this node."""
-        deadline = time.monotonic() + self.opts.wait
+        deadline = time.monotonic() + self.opts.ssh_wait
         last: Exception | None = None
         attempt = 0
         while True:
@@ -242,7 +242,7 @@ class Remote:
             if time.monotonic() + 1 > deadline:
                 raise ConnectError(
                     "unreachable", f"{self.host.label} unreachable{via} after {attempt} attempt(s) over "
-                    f"{self.opts.wait:.0f}s: {last}") from None
+                    f"{self.opts.ssh_wait:.0f}s: {last}") from None
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
         conn = self.run("echo $SSH_CONNECTION", quiet=True)
         parts = conn.stdout.split()

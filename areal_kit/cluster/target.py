@@ -6,7 +6,8 @@ the flags that override the inventory) and makes the ClusterSpec. `Target` is ho
 fills whatever the command line leaves out, runtime, python, storage, route (ssh config, jump
 host), and each host's user, port and key. Naming the same hosts again therefore changes
 nothing: after `setup --runtime host --hostnames A B C`, `doctor --hostnames A B C` probes the
-host runtime too.
+host runtime too. The four commands' shared options are declared once, on Hosts and on Route
+(how the hosts are reached and run Ray), with --python in areal_kit/options.py.
 
     areal-kit doctor                                  # the saved cluster, as set up
     areal-kit doctor --hostnames A B C --username root  # the same, named again
@@ -22,7 +23,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from areal_kit.cluster.options import SetupOptions, load_state, state_path
+from areal_kit.cluster.options import ConnectOptions, SetupOptions, load_state, state_path
 from areal_kit.config.cluster_spec import ClusterSpec, HostSpec, load_cluster_spec
 from areal_kit.errors import UserError
 from areal_kit.flags import argument, flag, many
@@ -30,21 +31,24 @@ from areal_kit.flags import argument, flag, many
 
 @dataclass
 class Hosts:
-    """setup's hosts: from --inventory, or from --hostnames plus positional HOSTS; flags override."""
+    """The hosts a cluster command names: setup's, from --inventory, or from --hostnames plus positional
+    HOSTS (flags override the inventory); status's, down's and doctor's instead of the saved ones (Target)."""
 
-    hosts: list[str] = argument("More hostnames, so the guide's `--hostnames h1 h2 h3` works.")
-    hostnames: list[str] = many("--hostnames", help="Hosts to provision (repeat, or comma-separate); the first is "
-                                "the Ray head.")
+    hosts: list[str] = argument("More hostnames, so the guide's `--hostnames h1 h2 h3` works (status, down, doctor: "
+                                "instead of the saved state of the last setup).")
+    hostnames: list[str] = many("--hostnames", help="Hosts (repeat, or comma-separate): setup provisions them, the "
+                                "first is the Ray head; status, down, doctor: default the saved ones.")
     inventory: str | None = flag(None, "--inventory", "--cluster-spec", help="YAML inventory or JSON cluster spec "
                                  "(cluster_specs/) instead of --hostnames.")
     private_key_file: str | None = flag(None, "--private_key_file", "--private-key-file", help="SSH private key "
-                                        "(must be chmod 600).")
-    username: str | None = flag(None, "--username", help="SSH user (default: the ssh config's User, else root); "
-                                "others need passwordless sudo.")
+                                        "(must be chmod 600; status, down, doctor: default as at setup).")
+    username: str | None = flag(None, "--username", help="SSH user (default: the ssh config's User, else root; "
+                                "status, down, doctor: as at setup); others need passwordless sudo.")
     ssh_port: int | None = flag(None, "--ssh_port", "--ssh-port", help="SSH port (default: the ssh config's Port, "
-                                "else 22).")
+                                "else 22; status, down, doctor: as at setup).")
     storage: str | None = None  # --storage, declared in areal_kit/options.py (eval and doctor --slurm take it too)
-    name: str | None = flag(None, "--name", help="Cluster name: names containers, logs, saved state (default areal).")
+    name: str | None = flag(None, "--name", help="Cluster name: names containers, logs, saved state (default areal; "
+                            "status, down, doctor: the one given at setup).")
     n_gpus_per_node: int | None = flag(None, "--n-gpus-per-node", help="Fail unless every host has this many GPUs.")
 
     @property
@@ -71,24 +75,16 @@ class Hosts:
 
 
 @dataclass
-class Target:
+class Target(Hosts):
     """The cluster status, down and doctor act on: the one saved under --name, with what the command
-    line gives instead; hosts setup never saw, without a saved state, get setup's defaults."""
+    line gives instead (the hosts as Hosts', Route's options, --python); hosts setup never saw, without
+    a saved state, get setup's defaults. None: not given."""
 
-    name: str | None = flag(None, "--name", help="Cluster name given at setup (default areal).")
-    hosts: list[str] = argument("Hosts, instead of the saved state of the last setup.")
-    hostnames: list[str] = many("--hostnames", help="Hosts (repeat or comma-separate); default: saved state.")
-    inventory: str | None = flag(None, "--inventory", "--cluster-spec", help="YAML inventory or JSON cluster spec.")
-    username: str | None = flag(None, "--username", help="SSH user (default: as at setup, else root).")
-    ssh_port: int | None = flag(None, "--ssh_port", "--ssh-port", help="SSH port (default: as at setup).")
-    private_key_file: str | None = flag(None, "--private_key_file", "--private-key-file", help="SSH private key "
-                                        "(default: as at setup).")
-    runtime: str | None = flag(None, "--runtime", help="docker | host (default: as at setup).")
-    python: str | None = flag(None, "--python", help="Python with ray (default: as at setup).")
-    ssh_wait: float = flag(10.0, "--ssh-wait", help="Seconds to keep retrying unreachable hosts.")
-    ssh_config: str | None = flag(None, "--ssh-config", help="OpenSSH client config (default: as at setup, else "
-                                  "~/.ssh/config).")
-    gateway: str | None = flag(None, "--gateway", help="Jump host [user@]host[:port] (default: as at setup).")
+    runtime: str | None = None
+    python: str | None = None
+    ssh_wait: float = 10.0  # less than setup's: the hosts are up
+    ssh_config: str | None = None
+    gateway: str | None = None
 
     def options(self, dry_run: bool = False) -> SetupOptions:
         """The setup options of the cluster: as saved, with what the command line gives instead."""
@@ -121,11 +117,28 @@ class Target:
 
     def _named(self) -> tuple[ClusterSpec | None, str]:
         """The hosts the command line names (None: none), and the cluster's name."""
-        given = Hosts(hosts=self.hosts, hostnames=self.hostnames, inventory=self.inventory,
-                      private_key_file=self.private_key_file, username=self.username, ssh_port=self.ssh_port,
-                      name=self.name)
-        spec = given.spec() if given.named else None
+        spec = self.spec() if self.named else None
         return spec, self.name or (spec.cluster_name if spec else "areal")
+
+
+@dataclass
+class Route:
+    """How the hosts are reached and what runs Ray on them: setup's choice, and for status, down and
+    doctor what they take instead of what setup saved. None: not given (the command's default, on
+    SetupOptions, ConnectOptions or Target)."""
+
+    ssh_config: str | None = flag(None, "--ssh-config", help="OpenSSH client config for host aliases, User, Port, "
+                                  "IdentityFile, ProxyJump (default ~/.ssh/config; status, down, doctor: as at "
+                                  "setup).")
+    # user@host:port, not [user@]host[:port]: --help reads brackets that start with a letter as markup.
+    gateway: str | None = flag(None, "--gateway", help="Jump host user@host:port (user and port optional) through "
+                               "which every host is reached (default: the ssh config's ProxyJump, if any; status, "
+                               "down, doctor: as at setup).")
+    runtime: str | None = flag(None, "--runtime", help="docker: Ray in containers; host: Ray directly on the hosts "
+                               f"(no Docker). Default {SetupOptions.runtime}; status, down, doctor: as at setup.")
+    ssh_wait: float | None = flag(None, "--ssh-wait", help="Keep retrying unreachable hosts this many seconds "
+                                  f"(default: setup {ConnectOptions.ssh_wait:g}, status, down, doctor "
+                                  f"{Target.ssh_wait:g}).")
 
 
 def _as_saved(given: ClusterSpec, saved: ClusterSpec, inventory: bool) -> ClusterSpec:

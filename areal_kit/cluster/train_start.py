@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from areal_kit import logs
 from areal_kit.cluster.context import Cluster, HostState, Outcome
-from areal_kit.cluster.options import q
+from areal_kit.cluster.options import SetupOptions, q
 from areal_kit.cluster.parallel import StepFailed
 from areal_kit.cluster.ray_cluster import container_name, host_env, in_head
 from areal_kit.cluster.steps import must
@@ -44,14 +44,20 @@ DRY_RUN_TIMEOUT_S = 300
 
 
 # -- before: the preset against the nodes ------------------------------------------------------
-def load_preset(o):
+def load_preset(o: SetupOptions) -> TrainConfig:
     """The preset's config as the run will load it (SetupOptions o); UserError (exit 2) when the
     preset does not exist or an override does not parse."""
     try:
-        return load_config(o.train_param, train_overrides(o))
+        return load_config(_preset(o), train_overrides(o))
     except UserError as e:
         given = " ".join(f"--train-arg {a}" for a in o.train_args)
         raise UserError(f"--train_param {o.train_param}{' ' + given if given else ''}: {e}") from None
+
+
+def _preset(o: SetupOptions) -> str:
+    """The preset setup starts: these steps run only when it was given one (--train_param)."""
+    assert o.train_param, "a training step runs with --train_param"
+    return o.train_param
 
 
 def gpu_shortfall(allocation_mode: str, gpus: list[int]) -> str:
@@ -70,8 +76,8 @@ def gpu_shortfall(allocation_mode: str, gpus: list[int]) -> str:
     return ""
 
 
-def dry_run_args(o) -> list[str]:
-    return [sys.executable, "-m", "areal_kit.cli", "train", o.train_param, *train_overrides(o), "--dry-run"]
+def dry_run_args(o: SetupOptions) -> list[str]:
+    return [sys.executable, "-m", "areal_kit.cli", "train", _preset(o), *train_overrides(o), "--dry-run"]
 
 
 def preset(c: Cluster, h: HostState, cfg: TrainConfig) -> Outcome:
@@ -110,21 +116,21 @@ def train_log_path(c: Cluster) -> str:
     return f"{o.spec.fileroot.rstrip('/')}/logs/{o.spec.cluster_name}-{o.train_param}.log"
 
 
-def placement(o) -> list[str]:
+def placement(o: SetupOptions) -> list[str]:
     """Where setup's cluster (SetupOptions o) runs a driver: its Ray, its fileroot, its storage (where the
     data step put the preset's assets)."""
     return ["ray_address=auto", f"fileroot={o.spec.fileroot}", f"storage_root={o.storage}"]
 
 
-def train_overrides(o) -> list[str]:
+def train_overrides(o: SetupOptions) -> list[str]:
     """What the run gets after its preset (SetupOptions o): placement, then --train-arg (later wins)."""
     return [*placement(o), *o.train_args]
 
 
-def driver_pattern(o) -> str:
+def driver_pattern(o: SetupOptions) -> str:
     """`pgrep -f` pattern of the driver setup starts for o.train_param ("[.]": the shell running it
     does not match; the space after the preset: 1.5B_n1 does not match 1.5B_n16)."""
-    return f"areal_kit[.]cli train {o.train_param.replace('.', '[.]')} "
+    return f"areal_kit[.]cli train {_preset(o).replace('.', '[.]')} "
 
 
 def train(c: Cluster, h: HostState, fresh: bool = False, discard: bool = False) -> Outcome:

@@ -34,7 +34,7 @@ FETCHED = ("hf://", "https://", "http://", "file://", "toy://")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
-def asset(name: str, a) -> dict:
+def asset(name: str, a: dict) -> dict:
     """One assets entry, checked: {uri, dest, sha256} with sha256 "" when not given."""
     where = f"assets.{name}"
     check(bool(re.fullmatch(r"[\w.-]+", str(name))), f"{where} is not a valid name; expected letters, digits, _ . -")
@@ -51,7 +51,7 @@ def asset(name: str, a) -> dict:
     return out
 
 
-def source_of(key: str, value) -> str:
+def source_of(key: str, value: object) -> str:
     """The URI a path setting names, "" for a path (or tiny://, built by the run): a URI as given,
     a model's hub id ORG/NAME as hf://ORG/NAME unless a folder of that name is here."""
     v = str(value or "")

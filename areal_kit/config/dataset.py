@@ -43,7 +43,7 @@ class DatasetConfig:
         "Prompts in the eval split: the first N of eval_path (0 = all), or N held out of the "
         'training data when eval_path is "".')
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_choices(self, "dataset.")
         check(not (self.mix and self.path), f"dataset.path={self.path!r} and dataset.mix are both set; expected "
               "one of them (put the path in the mix)")
@@ -62,7 +62,7 @@ class DatasetConfig:
 MIX_KEYS = ("path", "type", "weight", "name", "id2info_path", "question_field", "answer_field")
 
 
-def _mix_source(i: int, m, d: DatasetConfig) -> dict:
+def _mix_source(i: int, m: dict, d: DatasetConfig) -> dict:
     """One dataset.mix entry, checked, with what it leaves unset taken from dataset.*."""
     where = f"dataset.mix[{i}]"
     check(isinstance(m, dict), f"{where}={m!r} is not valid; expected {{path, type, weight, name}}")

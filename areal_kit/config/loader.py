@@ -17,6 +17,7 @@ import difflib
 import os
 import typing
 from pathlib import Path
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -67,14 +68,14 @@ def preset_path(name: str) -> Path:
     return path
 
 
-def all_keys(cls=TrainConfig, prefix: str = "") -> dict[str, dataclasses.Field]:
+def all_keys(cls: type = TrainConfig, prefix: str = "") -> dict[str, dataclasses.Field]:
     """Every dotted key of the schema -> its dataclass field (leaves only)."""
     out = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         t = hints[f.name]
-        if dataclasses.is_dataclass(t):
+        if isinstance(t, type) and dataclasses.is_dataclass(t):  # a section (a hint is a class, never an instance)
             out.update(all_keys(t, key + "."))
         else:
             out[key] = f
@@ -107,13 +108,13 @@ def _parse_override(item: str) -> tuple[str, str]:
     return key, value
 
 
-def _check_fixed(key: str, value, source: str) -> None:
+def _check_fixed(key: str, value: object, source: str) -> None:
     want, why = FIXED[key]
     if value != want:
         raise ConfigError(f"{source}{key}={value!r} is not valid; {why}: expected {want} or no {key}")
 
 
-def _drop_fixed(data, source: str) -> None:
+def _drop_fixed(data: DictConfig, source: str) -> None:
     """Remove the FIXED keys from a loaded preset, each checked."""
     for key in FIXED:
         parent, _, leaf = key.rpartition(".")
@@ -136,7 +137,7 @@ def _expected_type(key: str) -> str:
     return getattr(t, "__name__", str(t)).replace("typing.", "")
 
 
-def _owner(key: str):
+def _owner(key: str) -> type:
     cls = TrainConfig
     for part in key.split(".")[:-1]:
         cls = typing.get_type_hints(cls)[part]
@@ -192,7 +193,37 @@ def load_resolved(preset: str, overrides: list[str] | None = None) -> tuple[Trai
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e, str(path)) from None
     assert isinstance(obj, TrainConfig), "a structured TrainConfig converts to one"
+    vars(obj)[_ORIGIN] = {"preset": preset, "overrides": list(overrides or [])}  # for origin(), not a field
     return finalize(obj), list(got.dropped.values())
+
+
+_ORIGIN = "_origin"
+
+
+def origin(cfg: TrainConfig) -> dict | None:
+    """Where a loaded config's values came from (None: not made by load_config): {"preset": its
+    name, "overrides": the key=value items, "preset_values": {key: what the preset and the presets
+    it inherits set, interpolations as written}}; `areal-kit view` shows it beside each value."""
+    got = vars(cfg).get(_ORIGIN)
+    if got is None:
+        return None
+    flat: dict[str, Any] = {}
+    keys = all_keys()
+
+    def walk(node: dict, prefix: str) -> None:
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict) and key not in keys:
+                walk(v, key + ".")
+            else:
+                flat[key] = v
+
+    try:
+        merged = OmegaConf.to_container(OmegaConf.merge(*_load_chain(preset_path(got["preset"]))), resolve=False)
+    except (ConfigError, OmegaConfBaseException):
+        merged = {}
+    walk(merged if isinstance(merged, dict) else {}, "")
+    return {**got, "preset_values": flat}
 
 
 def _apply(cfg: DictConfig, pairs: list[tuple[str, str]]) -> None:
@@ -204,7 +235,7 @@ def _apply(cfg: DictConfig, pairs: list[tuple[str, str]]) -> None:
             raise ConfigError(f"override {key}={value!r} is not valid; expected {expected}") from None
 
 
-def _select(cfg: DictConfig, key: str, path: Path):
+def _select(cfg: DictConfig, key: str, path: Path) -> Any:  # a config value: YAML's types
     """cfg's value at key, interpolations resolved (a mapping as plain dicts)."""
     try:
         value = OmegaConf.select(cfg, key)
@@ -261,7 +292,7 @@ def finalize(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
-def _yaml_value(text: str):
+def _yaml_value(text: str) -> Any:  # what YAML reads: a number, a string, a list, a mapping, ...
     if not text.strip():  # `key=` or `key= `: the empty string, not YAML's null
         return ""
     try:
@@ -270,13 +301,13 @@ def _yaml_value(text: str):
         return text
 
 
-def _value(cfg: TrainConfig, key: str):
+def _value(cfg: TrainConfig, key: str) -> object:
     for part in key.split("."):
         cfg = getattr(cfg, part)
     return cfg
 
 
-def _default(f: dataclasses.Field):
+def _default(f: dataclasses.Field) -> object:
     if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return f.default

@@ -44,7 +44,7 @@ class LoRAConfig:
         "Persistent saves write the merged model (a plain Hugging Face folder) instead of the PEFT "
         "adapter folder (adapter_config.json + adapter_model.safetensors, the base read from it).")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_positive("actor.lora.rank", self.rank, allow_zero=True)
         check(self.rank <= VLLM_LORA_RANKS[-1], f"actor.lora.rank={self.rank} does not fit vLLM's LoRA "
               f"kernels; expected 0 (off) up to {VLLM_LORA_RANKS[-1]}")

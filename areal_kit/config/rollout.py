@@ -22,7 +22,7 @@ class RolloutConfig:
         "finished and not yet trained, a step trains on the first groups to finish, and new weights reach "
         "the engines while they generate (rollout.interrupt). Stream pays when answer lengths vary widely "
         "(reasoning models: a batch waits for its longest answer); on short, even answers (the tiny preset) "
-        "its per-group calls cost more than they save (README: Streaming rollouts).",
+        "its per-group calls cost more than they save (docs/presets.md: Streaming rollouts).",
         choices=("batch", "stream"))
     interrupt: str = opt("keep",
         "stream mode, when new weights arrive: keep = pause the engine with its requests in flight, load "
@@ -36,7 +36,7 @@ class RolloutConfig:
         "waits for it. So no prompt is regenerated forever (the longest answers would never be trained); "
         "a higher value trades such waits for regenerated work.")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_choices(self, "rollout.")
         check(isinstance(self.max_restarts, int) and self.max_restarts >= 0,
               f"rollout.max_restarts={self.max_restarts}; expected an integer >= 0")

@@ -42,7 +42,7 @@ class GenConfig:
     top_p: float = opt(1.0, "Nucleus sampling mass (1.0 = off).")
     top_k: int = opt(-1, "Top-k sampling (-1 = off).")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_positive("ppo.gen.max_new_tokens", self.max_new_tokens)
         check(0 <= self.min_new_tokens <= self.max_new_tokens,
               f"ppo.gen.min_new_tokens={self.min_new_tokens} is not valid; expected 0..max_new_tokens ({self.max_new_tokens})")
@@ -131,7 +131,7 @@ class PPOConfig:
         "`async arun_episode(engine, row)` (the contract: areal_kit/api.py).")
     gen: GenConfig = section(GenConfig, "Generation settings.")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check(self.group_size >= 1, f"ppo.group_size={self.group_size} is not valid; expected >= 1")
         check(not (self.group_adv_norm and self.group_size < 2),
               f"ppo.group_size={self.group_size} with ppo.group_adv_norm=true (GRPO) is not valid: "
@@ -198,7 +198,7 @@ class ModelConfig:
     vllm: VLLMConfig = section(VLLMConfig, "The rollout engines' vLLM arguments (the guide's actor.vllm).")
     lora: LoRAConfig = section(LoRAConfig, "Train a LoRA adapter instead of the whole model (rank 0 = off).")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check(self.lr > 0, f"actor.lr={self.lr} is not valid; expected > 0")
         check_choices(self, "actor.")
         check(0 <= self.warmup_steps_proportion < 1,
@@ -215,7 +215,7 @@ class RefConfig:
 class MBSpec:
     max_tokens_per_mb: int = opt(19456, "Most tokens in one packed micro-batch (prompt + answer tokens, no padding).")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_positive("mb_spec.max_tokens_per_mb", self.max_tokens_per_mb)
 
 
@@ -232,7 +232,7 @@ _FREQ_KINDS = {"save": ("Persistent HF saves", "a final save always happens"),
 FREQS = tuple(f"{kind}_freq_{unit}" for kind in _FREQ_KINDS for unit in _FREQ_UNITS)
 
 
-def _freq(default: int, kind: str, unit: str):
+def _freq(default: int, kind: str, unit: str) -> int | None:
     """The option `<kind>_freq_<unit>`: N units between two saves of the kind."""
     what, also = _FREQ_KINDS[kind]
     return opt(default, f"{what} every N {_FREQ_UNITS[unit]} (0 or null = off); {also}.")
@@ -261,6 +261,10 @@ class ExpCtrl:
         "Every N steps, write the prompts, answers, rewards and advantages of dump_samples_groups "
         "groups to samples.jsonl in the log folder (`areal-kit logs RUN --samples`; 0 = off).")
     dump_samples_groups: int = opt(2, "Groups written each time samples are dumped.")
+    dump_sample_tokens: bool = opt(True,
+        "Dumped samples carry per-token fields (each token's text, sampling logprob, loss mask and weight "
+        "version) for `areal-kit view`'s token view; false writes the answer's text only, ~17 bytes a token "
+        "less (docs/view.md), and the page shows the text without colours.")
     stop_after_failed_reward_steps: int = opt(3,
         "Stop the run (exit 1, naming the first error) when every sample's reward failed in this many "
         "steps in a row: it cannot learn. No checkpoint is written during such a streak, so the last "
@@ -284,7 +288,7 @@ class ExpCtrl:
         "of a step plus a checkpoint (Slurm: --signal=B:TERM@SECONDS). stop: stop at once; a re-run "
         "resumes from the last periodic checkpoint.", choices=("checkpoint", "stop"))
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in FREQS:  # null (the guide's save_freq_steps=null) is off, as 0 is
             setattr(self, name, getattr(self, name) or 0)
         for name in ("total_train_epochs",):
@@ -364,7 +368,7 @@ class TrainConfig:
     ref_inf: MFCConfig = section(MFCConfig, "Inference pass of the reference model (micro-batching).")
     exp_ctrl: ExpCtrl = section(ExpCtrl, "Run length, saves, recover checkpoints, in-training eval, SIGTERM.")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("experiment_name", "trial_name"):
             value = getattr(self, name)
             check(bool(value) and "/" not in value and not value.startswith("."),

@@ -62,7 +62,7 @@ class VLLMConfig:
         "Any other vllm.LLM argument by its vLLM 0.32 name, e.g. {cpu_offload_gb: 4, kv_cache_dtype: fp8}; "
         "those areal-kit sets itself are refused.")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_choices(self, "actor.vllm.")
         check(0 < self.gpu_memory_utilization <= 1, f"actor.vllm.gpu_memory_utilization="
               f"{self.gpu_memory_utilization} is not valid; expected a fraction 0 < x <= 1, e.g. 0.85")

@@ -282,7 +282,7 @@ def fetch_folder(a: Asset, fill: Callable[[Path], dict | None]) -> str:
     return f"fetched {a.name} {dest} ({len(files)} files, {sum(s for s, _ in files.values())} bytes)"
 
 
-def _open(url: str, offset: int = 0):
+def _open(url: str, offset: int = 0) -> http.client.HTTPResponse:  # http(s) only
     headers = {"User-Agent": "areal-kit"}
     if offset:
         headers["Range"] = f"bytes={offset}-"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 from areal_kit.errors import UserError
 
 
-def iter_objects(path) -> Iterator[tuple[int, dict]]:
+def iter_objects(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line; a bad line is a one-line UserError."""
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

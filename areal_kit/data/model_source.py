@@ -45,7 +45,7 @@ class TinySpec:
     model_seed: int = 0
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"tiny model kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.hidden % self.heads or self.heads % self.kv_heads:

@@ -27,6 +27,9 @@ from areal_kit.data.toy_task import calc_rows, toy_rows
 from areal_kit.errors import UserError
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from areal_kit.config.dataset import DatasetConfig
     from areal_kit.config.schema import TrainConfig
 
 # What each built-in reward reads from a dataset row.
@@ -40,7 +43,7 @@ class RunPrompts:
     loader: PromptLoader  # the training rows, tokenized
     eval_rows: list[dict]  # the in-training eval split, tokenized (rl/driver/validation.py)
     n_dropped: int  # training prompts left out: longer than dataset.max_prompt_len
-    tokenizer: object  # the model's, as load_tokenizer gives it
+    tokenizer: PreTrainedTokenizerBase  # the model's, as load_tokenizer gives it
 
 
 def run_prompts(cfg: TrainConfig, model_path: str) -> RunPrompts:
@@ -77,7 +80,7 @@ def load_rows(cfg: TrainConfig) -> list[dict]:
     return out
 
 
-def _sources(d) -> list:
+def _sources(d: DatasetConfig) -> list[sources.Source]:
     """The datasets d reads: each dataset.mix entry over d's own settings, or d alone."""
     return [SimpleNamespace(**{**vars(d), **m}) for m in d.mix] or [d]
 
@@ -93,7 +96,7 @@ def check_sources(cfg: TrainConfig) -> None:
         sources.check_path(d, d.eval_path)
 
 
-def _rows_of(d, seed: int) -> list[dict]:
+def _rows_of(d: sources.Source, seed: int) -> list[dict]:
     if d.type != "toy":
         return sources.load(d)
     return (calc_rows if d.toy_task == "calc" else toy_rows)(d.toy_size, seed=seed)
@@ -133,7 +136,7 @@ def check_rows(rows: list[dict], reward_fns: list[str]) -> None:
                                 f"reward {name!r} needs; expected every row to carry the reference answer")
 
 
-def tokenize_rows(rows: list[dict], tokenizer, max_prompt_len: int, apply_chat_template: bool = False,
+def tokenize_rows(rows: list[dict], tokenizer: PreTrainedTokenizerBase, max_prompt_len: int, apply_chat_template: bool = False,
                   question_field: str = "question") -> tuple[list[dict], int]:
     """Add prompt_ids (bos + tokens) to each row; drop, and count, prompts over max_prompt_len."""
     kept, dropped = [], 0
@@ -173,7 +176,7 @@ class PromptLoader:
     # The last epoch's order: a batch is a slice of it, not a new shuffle of the whole dataset.
     _order_cache: tuple[int, list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.batch_size > len(self.rows):
             raise UserError(f"dataset.train_bs_n_seqs={self.batch_size} is larger than the dataset "
                             f"({len(self.rows)} prompts); expected <= {len(self.rows)}")

@@ -25,14 +25,22 @@ import json
 import os
 import random
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, TypeAlias
 
 from areal_kit.data.jsonl import iter_objects
 from areal_kit.errors import UserError
 
+if TYPE_CHECKING:
+    from areal_kit.config.dataset import DatasetConfig
+
+# What a dataset is read by: dataset.*, or one dataset.mix entry over it (data/prompts.py's _sources).
+Source: TypeAlias = "DatasetConfig | SimpleNamespace"
+
 _SHOW = 3  # ids quoted in an error about many rows
 
 
-def load(d, path: str | None = None) -> list[dict]:
+def load(d: Source, path: str | None = None) -> list[dict]:
     """Rows of a DatasetConfig (`path` overrides d.path: the eval split uses the same format)."""
     path = check_path(d, path)
     if d.type == "areal":
@@ -44,7 +52,7 @@ def load(d, path: str | None = None) -> list[dict]:
     raise UserError(f"dataset.type={d.type!r} has no file loader; expected areal, jsonl or hf")
 
 
-def check_path(d, path: str | None = None) -> str:
+def check_path(d: Source, path: str | None = None) -> str:
     """d.path (or `path`), a UserError where nothing is there."""
     path = path or d.path
     if not os.path.exists(path):
@@ -81,7 +89,7 @@ def read_id2info(path: str) -> dict:
     return data
 
 
-def _solutions(info) -> list[str] | None:
+def _solutions(info: object) -> list[str] | None:
     sols = info.get("solutions") if isinstance(info, dict) else None
     if isinstance(sols, str):
         sols = [sols]
@@ -182,7 +190,7 @@ def _unique_ids(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def split_eval(rows: list[dict], d, seed: int) -> tuple[list[dict], list[dict]]:
+def split_eval(rows: list[dict], d: DatasetConfig, seed: int) -> tuple[list[dict], list[dict]]:
     """(training rows, eval rows): the eval split is d.eval_path (first eval_size rows, 0 = all),
     or else eval_size rows held out of the training data (seeded, removed from training)."""
     if d.eval_path:

@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
 from areal_kit.data.model_source import TinySpec
@@ -82,7 +83,7 @@ TOOL_CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(spec: TinySpec):
+def build_tokenizer(spec: TinySpec) -> PreTrainedTokenizerFast:
     if spec.kind in ("toy", "tool"):
         words = TOY_WORDS + (TOOL_WORDS if spec.kind == "tool" else [])
         vocab = {t: i for i, t in enumerate(SPECIALS + words)}
@@ -120,7 +121,7 @@ def build_tokenizer(spec: TinySpec):
     return out
 
 
-def format_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float = 3e-3) -> float:
+def format_prior(model: PreTrainedModel, tok: PreTrainedTokenizerBase, steps: int, seed: int, batch: int = 64, lr: float = 3e-3) -> float:
     """Teach the model how the toy task's answers are written, not what they are: supervised
     steps on "a + b = n <eos>" with n drawn independently of a and b. Returns the last loss.
 
@@ -144,7 +145,7 @@ def format_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float =
 
 
 @contextmanager
-def supervised(model, lr: float):
+def supervised(model: PreTrainedModel, lr: float) -> Iterator[torch.optim.Optimizer]:
     """AdamW over the model, in train mode and on one thread while it lasts, in eval mode after.
     One thread: a model this small gains nothing from two, and OpenMP threads that wait for each
     other on a busy machine make every step ten times slower."""
@@ -159,13 +160,13 @@ def supervised(model, lr: float):
         model.eval()
 
 
-def supervised_step(model, opt, pairs: list[tuple[list[int], list[int]]], pad: int) -> float:
+def supervised_step(model: PreTrainedModel, opt: torch.optim.Optimizer, pairs: list[tuple[list[int], list[int]]], pad: int) -> float:
     """One AdamW step on (prompt ids, answer ids) pairs, the loss on the answers; returns it."""
     # The answer only: prompts are the task's, not the model's to write.
     return masked_step(model, opt, [(p + a, [0] * len(p) + [1] * len(a)) for p, a in pairs], pad)
 
 
-def masked_step(model, opt, seqs: list[tuple[list[int], list[int]]], pad: int) -> float:
+def masked_step(model: PreTrainedModel, opt: torch.optim.Optimizer, seqs: list[tuple[list[int], list[int]]], pad: int) -> float:
     """One AdamW step on (ids, loss mask) sequences, the loss on the tokens the mask keeps; returns it."""
     width = max(len(ids) for ids, _ in seqs)
     ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in seqs])
@@ -184,7 +185,7 @@ READS_PROMPT = 0.6
 ARITH_ATTEMPTS = 4
 
 
-def arith_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float = 3e-3) -> float:
+def arith_prior(model: PreTrainedModel, tok: PreTrainedTokenizerBase, steps: int, seed: int, batch: int = 64, lr: float = 3e-3) -> float:
     """Pre-train on number text that is not the toy task, after format_prior: a base model that
     reads the digits of its prompt, as a pretrained one does. A quarter of each batch is the
     format prior's "a + b = n" (n drawn independently of a and b, so "+" stays unlearned: sampled,
@@ -232,7 +233,7 @@ def arith_prior(model, tok, steps: int, seed: int, batch: int = 64, lr: float = 
     return loss
 
 
-def greedy_accuracy(model, pairs: list[tuple[list[int], list[int]]]) -> float:
+def greedy_accuracy(model: PreTrainedModel, pairs: list[tuple[list[int], list[int]]]) -> float:
     """Share of (prompt ids, answer ids) pairs whose answer, eos included, the model writes greedily."""
     right = 0
     with torch.no_grad():
@@ -244,7 +245,7 @@ def greedy_accuracy(model, pairs: list[tuple[list[int], list[int]]]) -> float:
     return right / len(pairs)
 
 
-def tool_prior(model, tok, steps: int, seed: int, call_rate: float = 0.1, batch: int = 64,
+def tool_prior(model: PreTrainedModel, tok: PreTrainedTokenizerBase, steps: int, seed: int, call_rate: float = 0.1, batch: int = 64,
                lr: float = 3e-3) -> float:
     """Teach the tool kind's model how a calculator call and its use are written, not when to call:
     supervised steps on the calculator task's prompts ("4 7 + 3 8 =", data/toy_task.py), half of
@@ -285,7 +286,7 @@ def tool_prior(model, tok, steps: int, seed: int, call_rate: float = 0.1, batch:
     return loss
 
 
-def save_atomic(model, tokenizer, out_dir: str, notes: dict[str, dict]) -> None:
+def save_atomic(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str, notes: dict[str, dict]) -> None:
     """Write model + tokenizer (+ small JSON notes) to a temporary folder, then rename it over
     out_dir: a crash mid-write never leaves a half model behind for the next run to load."""
 

@@ -17,8 +17,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from areal_kit.errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Everything a tokenizer is made of in a Hugging Face folder (fast, slow and template files).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -30,7 +35,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 MAX_BAD_SHARE = 0.01
 
 
-def load_tokenizer(path: str, check: bool = True):
+def load_tokenizer(path: str, check: bool = True) -> PreTrainedTokenizerBase:
     """The tokenizer of the model folder `path`, as saved; with check, refused (UserError) when it
     does not read back text made of its own vocabulary."""
     if os.path.exists(os.path.join(path, "tokenizer.json")):
@@ -46,7 +51,7 @@ def load_tokenizer(path: str, check: bool = True):
     return tok
 
 
-def roundtrip_failures(tok, n: int = 256) -> tuple[int, int, tuple[str, str] | None]:
+def roundtrip_failures(tok: PreTrainedTokenizerBase, n: int = 256) -> tuple[int, int, tuple[str, str] | None]:
     """(failures, checked, first failure as (text, text read back)) over up to n vocabulary
     entries spread over the vocabulary, singly and in runs of three.
 
@@ -57,21 +62,21 @@ def roundtrip_failures(tok, n: int = 256) -> tuple[int, int, tuple[str, str] | N
     special = set(tok.all_special_ids)
     ids = [i for i in range(len(tok)) if i not in special]
     step = max(1, len(ids) // n)
-    pieces = [i for i in ids[::step][:n] if _readable(tok.decode([i]))]
+    pieces = [i for i in ids[::step][:n] if _readable(decode(tok, [i]))]
     cases = [[i] for i in pieces] + [pieces[k:k + 3] for k in range(0, len(pieces) - 2, 3)]
     bad, first = 0, None
     for case in cases:
-        text = tok.decode(case)
+        text = decode(tok, case)
         if not _readable(text):
             continue
-        back = tok.decode(tok(text, add_special_tokens=False)["input_ids"])
+        back = decode(tok, tok(text, add_special_tokens=False)["input_ids"])
         if back != text:
             bad += 1
             first = first or (text, back)
     return bad, len(cases), first
 
 
-def check_roundtrip(tok, path: str) -> None:
+def check_roundtrip(tok: PreTrainedTokenizerBase, path: str) -> None:
     bad, n, first = roundtrip_failures(tok)
     if n and bad / n > MAX_BAD_SHARE and first is not None:  # bad > 0: first is the first failure
         text, back = first
@@ -91,6 +96,13 @@ def copy_tokenizer_files(src: str, dst: str) -> list[str]:
     if not copied:
         raise FileNotFoundError(f"no tokenizer files in {src}")
     return copied
+
+
+def decode(tok: PreTrainedTokenizerBase, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+    """One sequence's text (transformers types decode as str | list[str]: a batch decodes to a list)."""
+    text = tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    assert isinstance(text, str), "one sequence decodes to one text"
+    return text
 
 
 def _readable(text: str) -> bool:

@@ -16,47 +16,43 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from areal_kit.config.cluster_spec import DEFAULT_STORAGE
 from areal_kit.console import make_console
 from areal_kit.errors import ExitCode, UserError
-from areal_kit.eval.options import DATA_NAMES, EvalConfig, FilterConfig
+from areal_kit.eval.options import DATA_NAMES, EVAL_OUT, EvalConfig, FilterConfig, Generation
 from areal_kit.flags import build, command, params
 from areal_kit.interrupts import stops_say_so
 from areal_kit.options import Mirror, Storage
 
-# eval's options that fill EvalConfig, in the order --help lists them after the command's own.
-_EVAL = params(EvalConfig, "prompt_type max_gen_tokens num_samples n_sampling num_sample_nodes samples_per_node "
-                           "temperature top_p greedy seed max_questions tp num_engines grade_timeout_s "
-                           "enforce_eager overwrite")
+# eval's options, in the order --help lists them after the checkpoint and the output folder:
+# EvalConfig's, with the ones filter takes too (Generation's) among them.
+_EVAL = (params(EvalConfig, "prompt_type"), params(Generation, "max_gen_tokens num_samples"),
+         params(EvalConfig, "n_sampling num_sample_nodes samples_per_node"), params(Generation, "temperature top_p"),
+         params(EvalConfig, "greedy seed max_questions tp num_engines grade_timeout_s enforce_eager overwrite"))
 
 
-@command(_EVAL, params(Storage), params(Mirror), own_first=True)
+@command(params(Generation, "model_path output_path"), *_EVAL, params(Storage), params(Mirror))
 def eval_(
-    model_path: list[str] = typer.Option(..., "--model_path", "--model-path",
-                                         help="Hugging Face model folder to evaluate (a checkpoint). Repeat it, or "
-                                              "give a folder of checkpoints (a run's checkpoints/.../actor), to "
-                                              "evaluate each into OUT/<name> and compare them in OUT/compare.md."),
-    output_path: str = typer.Option("eval_out", "--output_path", "--output-path",
-                                    help="Folder for per-sample records, aggregate.json and the "
-                                         "table; a re-run with the same folder resumes."),
     data_names: str = typer.Option(",".join(DATA_NAMES), "--data_names", "--data-names",
                                    help="Comma-separated datasets from evaluation/manifest.yaml."),
     data_dir: str = typer.Option(None, "--data_dir", "--data-dir", envvar="AREAL_EVAL_DATA", show_envvar=True,
                                  help="Folder holding <name>/test.jsonl for each dataset (default: "
                                       "STORAGE/datasets/eval, where setup fetches them; a set missing "
                                       "there is fetched on first use)."),
-    **given,
+    **given: Any,
 ) -> None:
     """Evaluate checkpoints with vLLM on math datasets and print the accuracy / pass@k table."""
     from areal_kit.eval import compare
     from areal_kit.eval import data as evdata
     from areal_kit.eval.evaluation import run
 
+    model_path = list(given["model_path"])
     models = compare.expand(model_path)
-    out = Path(output_path)
+    out = Path(given["output_path"] or EVAL_OUT)
     several = models != [Path(model_path[0])]  # more than one, or a folder of checkpoints
     if (out / ("run_config.json" if several else "compare.json")).exists():
         raise UserError(f"{out} holds the evaluation of {'one checkpoint' if several else 'several'}; "
@@ -84,14 +80,20 @@ def eval_(
         console.print(f"wrote {out}/compare.json, compare.md, compare.csv", markup=False)
 
 
-@command(params(FilterConfig, "model_path dataset type question_field answer_field id2info_path output_path "
-                              "num_samples keep max_gen_tokens temperature top_p seed apply_chat_template "
-                              "max_prompt_len tp num_engines"))
-def filter_(**given) -> None:
+@command(params(Generation, "model_path"),
+         params(FilterConfig, "dataset type question_field answer_field id2info_path"),
+         params(Generation, "output_path num_samples"), params(FilterConfig, "keep"),
+         params(Generation, "max_gen_tokens temperature top_p"),
+         params(FilterConfig, "seed apply_chat_template max_prompt_len tp num_engines"))
+def filter_(**given: Any) -> None:
     """Sample every training prompt, record its pass rate, and keep the prompts within a range."""
     from areal_kit.eval.filter import run
 
-    cfg = build(FilterConfig, given)
+    model_path = list(given["model_path"])  # repeatable for eval, which compares several
+    if len(model_path) > 1:
+        raise UserError(f"filter takes one --model_path, got {len(model_path)}; expected the checkpoint whose "
+                        "pass rates decide")
+    cfg = build(FilterConfig, given, model_path=model_path[0])
     with stops_say_so():  # the records graded so far are on disk: a re-run resumes after them
         run(cfg, make_console())
 

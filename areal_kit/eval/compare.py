@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from areal_kit.checkpoints import step_of
 from areal_kit.errors import UserError
 from areal_kit.eval import report
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 METRICS = ("greedy_acc", "sample_pass@1")
 
@@ -81,5 +85,5 @@ def write(out: Path, cmp: dict) -> None:
     (out / "compare.csv").write_text(report.csv_table(cmp["columns"], cmp["rows"]))
 
 
-def rich_table(cmp: dict):
+def rich_table(cmp: dict) -> Table:
     return report.rich_rows("checkpoints compared (percent)", cmp["columns"], cmp["rows"])

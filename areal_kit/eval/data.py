@@ -46,7 +46,7 @@ class DatasetSpec:
     rows: int | None = None
     url: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.answer_format not in ANSWER_FORMATS:
             raise UserError(f"manifest: dataset {self.name}: answer_format {self.answer_format!r}; "
                             f"expected one of {', '.join(ANSWER_FORMATS)}")
@@ -105,7 +105,7 @@ def template_for(prompt_type: str) -> str:
     return templates[prompt_type]
 
 
-def reference_answer(spec: DatasetSpec, value) -> str:
+def reference_answer(spec: DatasetSpec, value: object) -> str:
     if spec.answer_format == "gsm8k":
         return gsm8k_reference(str(value))
     if spec.answer_format == "boxed":

@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ray
 
 from areal_kit import adapters, hardware
 from areal_kit.config.vllm_args import VLLMConfig
 from areal_kit.interrupts import sigterm_interrupts
+
+if TYPE_CHECKING:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class GenResult:
     finish_reason: str
 
 
-def _sampling_params(r: GenRequest):
+def _sampling_params(r: GenRequest) -> SamplingParams:
     from vllm import SamplingParams
 
     if r.temperature == 0:
@@ -52,8 +57,8 @@ def _sampling_params(r: GenRequest):
                           seed=r.seed, detokenize=False)
 
 
-def _generate(llm, requests: list[GenRequest]) -> list[GenResult]:
-    prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
+def _generate(llm: LLM | adapters.AdapterLLM, requests: list[GenRequest]) -> list[GenResult]:
+    prompts: list[TokensPrompt] = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
     outs = llm.generate(prompts, [_sampling_params(r) for r in requests], use_tqdm=False)
     results = []
     for r, o in zip(requests, outs):
@@ -62,14 +67,14 @@ def _generate(llm, requests: list[GenRequest]) -> list[GenResult]:
     return results
 
 
-def llm_kwargs(platform, model_path: str, max_model_len: int, seed: int, tp: int, enforce_eager: bool) -> dict:
+def llm_kwargs(platform: hardware.Platform, model_path: str, max_model_len: int, seed: int, tp: int, enforce_eager: bool) -> dict:
     """vllm.LLM's arguments for an eval engine on platform (a LoRA checkpoint: its base's)."""
     base = adapters.adapter_base(model_path) if adapters.is_adapter_folder(model_path) else model_path
     return hardware.vllm_kwargs(platform, base, max_model_len, seed=seed, tp=tp,
                                 engine=VLLMConfig(enforce_eager=enforce_eager))
 
 
-def _make_llm(model_path: str, max_model_len: int, seed: int, tp: int, enforce_eager: bool):
+def _make_llm(model_path: str, max_model_len: int, seed: int, tp: int, enforce_eager: bool) -> LLM | adapters.AdapterLLM:
     p = hardware.detect()
     if p.is_cpu:
         # vLLM reads these at import and engine start: set before importing it.
@@ -104,7 +109,7 @@ class _EngineActor:
     def __init__(self, model_path: str, max_model_len: int, seed: int, tp: int, enforce_eager: bool):
         self.llm = _make_llm(model_path, max_model_len, seed, tp, enforce_eager)
 
-    def generate(self, requests):
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         return _generate(self.llm, requests)
 
 
@@ -154,7 +159,7 @@ def available_gpus() -> int:
 
 
 def open_engines(model_path: str, max_model_len: int, seed: int = 0, tp: int = 1,
-                 num_engines: int = 0, enforce_eager: bool = True):
+                 num_engines: int = 0, enforce_eager: bool = True) -> LocalEngine | RayEngines:
     """LocalEngine or RayEngines: num_engines=0 picks GPUs // tp (1 on the CPU)."""
 
     use_gpu = not hardware.detect().is_cpu

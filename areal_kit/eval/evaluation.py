@@ -22,13 +22,15 @@ import hashlib
 import json
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from areal_kit import adapters, durable
 from areal_kit.console import make_console
-from areal_kit.data.tokenizer import load_tokenizer
+from areal_kit.data.tokenizer import decode, load_tokenizer
 from areal_kit.errors import RunFailed, UserError, describe
 from areal_kit.eval import data as evdata
 from areal_kit.eval import engine as evengine
@@ -37,6 +39,10 @@ from areal_kit.eval.engine import GenRequest
 from areal_kit.eval.options import EvalConfig, FilterConfig
 from areal_kit.interrupts import interruption
 from areal_kit.reward.grading import grade_completion
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from transformers import PreTrainedTokenizerBase
 
 
 def clear_records(out: Path) -> int:
@@ -108,7 +114,7 @@ def _model_max_len(model_path: str) -> int | None:
     return cfg.get("max_position_embeddings")
 
 
-def run(cfg: EvalConfig, console=None) -> dict:
+def run(cfg: EvalConfig, console: Console | None = None) -> dict:
     """Evaluate; returns the aggregate (also written to output_path). Prints the table."""
 
 
@@ -153,7 +159,8 @@ def failed(what: str, e: Exception, out: Path, n_new: int) -> RunFailed:
     return RunFailed(f"{what} failed: {describe(e)} (traceback in {log}{kept})")
 
 
-def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None:
+def _generate_all(cfg: EvalConfig, todo: list[tuple[evdata.Question, tuple[str, str, int]]], out: Path,
+                  done: dict[str, dict[str, dict]], console: Console) -> None:
     tok = load_tokenizer(cfg.model_path)
     ids = {}
     for q, _ in todo:
@@ -169,7 +176,9 @@ def _generate_all(cfg: EvalConfig, todo, out: Path, done: dict, console) -> None
     generate(cfg, tok, prompts, record, lambda recs: _store(recs, out, done), console)
 
 
-def generate(cfg: EvalConfig | FilterConfig, tok, prompts: list[tuple[str, tuple[int, ...], bool]], make_record, store, console) -> None:
+def generate(cfg: EvalConfig | FilterConfig, tok: PreTrainedTokenizerBase, prompts: list[tuple[str, tuple[int, ...], bool]],
+             make_record: Callable[[str, str, int, str], dict], store: Callable[[list[dict]], None],
+             console: Console) -> None:
     """Generate each (key, prompt_ids, greedy) prompt on cfg's engines and record it: chunk by
     chunk, the completions decoded with `tok` become make_record(key, text, n_tokens,
     finish_reason) and go to store(records) before the next chunk starts, so a failure or a
@@ -210,7 +219,7 @@ def generate(cfg: EvalConfig | FilterConfig, tok, prompts: list[tuple[str, tuple
                 results = engines.generate(requests[i:i + step])
                 recs = []
                 for r in results:
-                    text = tok.decode(r.token_ids, skip_special_tokens=True)
+                    text = decode(tok, r.token_ids, skip_special_tokens=True)
                     recs.append(make_record(r.key, text, len(r.token_ids), r.finish_reason))
                     n_tokens += len(r.token_ids)
                 store(recs)
@@ -222,7 +231,7 @@ def generate(cfg: EvalConfig | FilterConfig, tok, prompts: list[tuple[str, tuple
                   f"({n_tokens / max(dt, 1e-9):.0f} tokens/s)")
 
 
-def _store(recs: list[dict], out: Path, done: dict) -> None:
+def _store(recs: list[dict], out: Path, done: dict[str, dict[str, dict]]) -> None:
     by_ds: dict[str, list[dict]] = {}
     for r in recs:
         by_ds.setdefault(r["dataset"], []).append(r)

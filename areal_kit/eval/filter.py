@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from areal_kit import durable
 from areal_kit.console import make_console
@@ -48,6 +49,10 @@ from areal_kit.eval.options import FilterConfig
 from areal_kit.interrupts import interruption
 from areal_kit.reward import extract_answer
 from areal_kit.reward.grading import grade_row, references
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from transformers import PreTrainedTokenizerBase
 
 # Upper edges of the summary's histogram bins of pass rates strictly between 0 and 1.
 _BINS = (0.25, 0.5, 0.75, 1.0)
@@ -111,7 +116,7 @@ def _raw_rows(cfg: FilterConfig) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "_line"} for r in raw]
 
 
-def _tokenizer(model_path: str):
+def _tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     try:
         return load_tokenizer(model_path)
     except UserError:
@@ -140,7 +145,7 @@ def _write_outputs(cfg: FilterConfig, out: Path, raw: list[dict], rates: list[di
                           [json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in keep_rows])
 
 
-def run(cfg: FilterConfig, console=None) -> dict:
+def run(cfg: FilterConfig, console: Console | None = None) -> dict:
     """Sample, grade, and write the rates and the filtered dataset; returns {"rates", "summary"}."""
     console = console or make_console()
     out = Path(cfg.output_path)

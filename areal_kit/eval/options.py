@@ -2,11 +2,16 @@
 
 Each field that is a command-line option carries its flag, default and help (areal_kit/flags.py),
 and eval/cmd.py makes the commands' signatures of them: an option is written once. The engine
-options both commands have (--seed, --tp, --num_engines) are Engines', which both configs extend.
+options both commands have (--seed, --tp, --num_engines) are Engines', which both configs extend;
+the others both have (the checkpoint, the output folder, the sampling) are Generation's, declared
+without a default: each config holds its command's.
 Nothing heavy is imported here: `areal-kit --help` reads these fields.
 
     cfg = EvalConfig(model_path="ckpt", output_path="out", data_names=["math_500"], num_samples=8)
 """
+
+# flag() returns dataclasses.field(...); ruff's RUF009 knows only field() by name.
+# ruff: noqa: RUF009
 
 from __future__ import annotations
 
@@ -60,13 +65,11 @@ class EvalConfig(Engines):
     data_dir: str = "evaluation/data"  # folder of <name>/test.jsonl
     prompt_type: str = flag("deepscaler", "--prompt_type", "--prompt-type",
                             help="Prompt template from evaluation/prompts.yaml.")
-    max_gen_tokens: int = flag(32768, "--max_gen_tokens", "--max-gen-tokens",
-                               help="Maximum generated tokens per sample.")
+    # --max_gen_tokens, --num_samples, --temperature and --top_p are Generation's (filter takes them too).
+    max_gen_tokens: int = 32768
     # Sampled generations per question (0: greedy only): None until __post_init__ works it out
     # from these four (sample_count).
-    num_samples: int | None = flag(None, "--num_samples", "--num-samples",
-                                   help="Sampled generations per question (0: greedy only; default "
-                                        f"{NUM_SAMPLES}); pass@k is reported for k in 1, 8, 16 up to this.")
+    num_samples: int | None = None
     n_sampling: int | None = flag(None, "--n_sampling", "--n-sampling",
                                   help="The AReaL guide's name for --num_samples (with --num_sample_nodes: "
                                        "at most their product, as there).")
@@ -77,8 +80,8 @@ class EvalConfig(Engines):
     samples_per_node: int | None = flag(None, "--samples_per_node", "--samples-per-node",
                                         help="The guide's answers per sampling run (see --num_sample_nodes; "
                                              f"default {GUIDE_RUNS[1]}).")
-    temperature: float = flag(0.6, "--temperature", help="Temperature of sampled generations.")
-    top_p: float = flag(0.95, "--top_p", "--top-p", help="Top-p of sampled generations.")
+    temperature: float = 0.6
+    top_p: float = 0.95
     greedy: bool = flag(True, "--greedy/--no_greedy", help="Also make one temperature-0 generation per question.")
     max_questions: int = flag(0, "--max_questions", "--max-questions",
                               help="Evaluate only the first N questions of each dataset (0: all).")
@@ -91,7 +94,7 @@ class EvalConfig(Engines):
                            help="Delete the records of an earlier evaluation in --output_path and "
                                 "evaluate from scratch (without it a re-run resumes).")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.num_samples = sample_count(self.num_samples, self.n_sampling, self.num_sample_nodes,
                                         self.samples_per_node)
         if not self.greedy and self.num_samples <= 0:
@@ -174,8 +177,9 @@ def parse_keep(text: str) -> tuple[float, float]:
 class FilterConfig(Engines):
     """Everything one `areal-kit filter` run needs; its fields in the order `--help` lists them."""
 
-    model_path: str = flag(..., "--model_path", "--model-path",
-                           help="Hugging Face model folder whose pass rates decide (a checkpoint).")
+    # --model_path, --output_path, --num_samples, --max_gen_tokens, --temperature and --top_p are
+    # Generation's (eval takes them too); the defaults here are filter's.
+    model_path: str
     dataset: str = flag(..., "--dataset",
                         help="Training dataset to filter: a jsonl file (--type jsonl, areal) or a "
                              "datasets folder (--type hf), read as training reads dataset.path.")
@@ -186,19 +190,15 @@ class FilterConfig(Engines):
                              help="jsonl/hf: field holding the reference answer.")
     id2info_path: str = flag("", "--id2info_path", "--id2info-path",
                              help="areal: id2info.json (default: beside the dataset).")
-    output_path: str = flag("filter_out", "--output_path", "--output-path",
-                            help="Folder for samples.jsonl, rates.jsonl and filtered.jsonl; a re-run "
-                                 "with the same folder resumes.")
-    num_samples: int = flag(8, "--num_samples", "--num-samples",
-                            help="Sampled completions per prompt; pass rate = correct / num_samples.")
+    output_path: str = "filter_out"
+    num_samples: int = 8  # pass rate = correct / num_samples
     # Pass rates kept, ends included, as written (LO-HI); keep_range is the pair.
     keep: str = flag("0.1-0.9", "--keep",
                      help="Pass rates kept, LO-HI, ends included (0.1-0.9 drops prompts solved by "
                           "fewer than 10% or more than 90% of the samples).")
-    max_gen_tokens: int = flag(16384, "--max_gen_tokens", "--max-gen-tokens",
-                               help="Maximum generated tokens per sample (as ppo.gen.max_new_tokens).")
-    temperature: float = flag(0.6, "--temperature", help="Sampling temperature (as ppo.gen.temperature).")
-    top_p: float = flag(1.0, "--top_p", "--top-p", help="Top-p of the samples (as ppo.gen.top_p).")
+    max_gen_tokens: int = 16384  # as ppo.gen.max_new_tokens
+    temperature: float = 0.6  # as ppo.gen.temperature
+    top_p: float = 1.0  # as ppo.gen.top_p
     apply_chat_template: bool = flag(False, "--apply_chat_template", "--apply-chat-template",
                                      help="Apply the tokenizer's chat template to prompts "
                                           "(as dataset.apply_chat_template).")
@@ -207,7 +207,7 @@ class FilterConfig(Engines):
                                     "training drops them (dataset.max_prompt_len).")
     enforce_eager: bool = False  # CUDA graphs: its pass rates are a filter, not numbers to compare
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.keep_range = parse_keep(self.keep)
         if self.type not in TYPES:
             raise UserError(f"--type {self.type!r} is not a dataset file format; expected one of {', '.join(TYPES)} "
@@ -249,3 +249,38 @@ def _check_output_apart(cfg: FilterConfig) -> None:
     if out in homes or (cfg.type == "hf" and (out == data or data in out.parents)):
         raise UserError(f"--output_path {cfg.output_path} is the dataset's folder; expected another folder "
                         "(filter writes filtered.jsonl and id2info.json there)")
+
+
+EVAL_OUT = "eval_out"  # eval's --output_path when none is given
+
+
+@dataclass
+class Generation:
+    """The options eval and filter both take: the checkpoint that generates, where its records go, how
+    it samples. None: not given, the command's default (EvalConfig's, FilterConfig's)."""
+
+    model_path: list[str] = flag(..., "--model_path", "--model-path",
+                                 help="Hugging Face model folder (a checkpoint): the one eval evaluates, or whose "
+                                      "pass rates filter keeps prompts by. eval: repeat it, or give a folder of "
+                                      "checkpoints (a run's checkpoints/.../actor), to evaluate each into "
+                                      "OUT/<name> and compare them in OUT/compare.md.")
+    output_path: str | None = flag(None, "--output_path", "--output-path",
+                                   help=f"Folder for eval's per-sample records, aggregate.json and the table "
+                                        f"(default {EVAL_OUT}), or filter's samples.jsonl, rates.jsonl and "
+                                        f"filtered.jsonl (default {FilterConfig.output_path}); a re-run with the "
+                                        f"same folder resumes.")
+    num_samples: int | None = flag(None, "--num_samples", "--num-samples",
+                                   help=f"Sampled generations per question. eval: 0 is greedy only, default "
+                                        f"{NUM_SAMPLES}; pass@k is reported for k in 1, 8, 16 up to this. filter: "
+                                        f"default {FilterConfig.num_samples}; pass rate = correct / num_samples.")
+    max_gen_tokens: int | None = flag(None, "--max_gen_tokens", "--max-gen-tokens",
+                                      help=f"Maximum generated tokens per sample (default: eval "
+                                           f"{EvalConfig.max_gen_tokens}; filter {FilterConfig.max_gen_tokens}, as "
+                                           f"ppo.gen.max_new_tokens).")
+    temperature: float | None = flag(None, "--temperature",
+                                     help=f"Temperature of sampled generations (default: eval "
+                                          f"{EvalConfig.temperature:g}; filter {FilterConfig.temperature:g}, as "
+                                          f"ppo.gen.temperature).")
+    top_p: float | None = flag(None, "--top_p", "--top-p",
+                               help=f"Top-p of sampled generations (default: eval {EvalConfig.top_p:g}; filter "
+                                    f"{FilterConfig.top_p:g}, as ppo.gen.top_p).")

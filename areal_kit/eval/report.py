@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,7 +79,7 @@ def aggregate(cfg: EvalConfig, questions: dict, records: dict[str, dict[str, dic
     return {"settings": settings, "columns": COLUMNS, "results": results}
 
 
-def _fmt(v) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -87,13 +88,13 @@ def _fmt(v) -> str:
 
 
 # Tables of rows (dicts) under named columns, as text: shared with eval/compare.py.
-def md_table(columns: list[str], rows) -> str:
+def md_table(columns: list[str], rows: Iterable[dict]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_fmt(r[c]) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
-def csv_table(columns: list[str], rows) -> str:
+def csv_table(columns: list[str], rows: Iterable[dict]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(columns)
@@ -102,7 +103,7 @@ def csv_table(columns: list[str], rows) -> str:
     return buf.getvalue()
 
 
-def rich_rows(title: str, columns: list[str], rows) -> Table:
+def rich_rows(title: str, columns: list[str], rows: Iterable[dict]) -> Table:
     """A rich Table of the rows; printed by areal_kit.console, it is markdown in a pipe."""
     t = Table(title=escape(title))  # a model folder name is text, not markup
     for i, c in enumerate(columns):
@@ -125,7 +126,7 @@ def csv_text(agg: dict) -> str:
     return csv_table(COLUMNS, agg["results"].values())
 
 
-def rich_table(agg: dict):
+def rich_table(agg: dict) -> Table:
     s = agg["settings"]
     return rich_rows(f"{Path(s['model_path']).name}  prompt {s['prompt_type']}, max_gen_tokens "
                      f"{s['max_gen_tokens']}, {s['num_samples']} samples at T={s['temperature']} "

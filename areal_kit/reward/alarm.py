@@ -13,16 +13,18 @@ be a BaseException, so that the code's own `except Exception` blocks cannot swal
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 
 
 @contextmanager
-def alarm(seconds: float, exc: type[BaseException], again: float = 0.05):
+def alarm(seconds: float, exc: type[BaseException], again: float = 0.05) -> Iterator[None]:
     """Raise `exc` in the main thread after `seconds`, and again every `again` seconds until the
     block ends; restores any previous handler and timer."""
     armed = [True]
 
-    def on_alarm(signum, frame):
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
         if armed[0]:
             raise exc()
 
@@ -37,7 +39,7 @@ def alarm(seconds: float, exc: type[BaseException], again: float = 0.05):
             signal.setitimer(signal.ITIMER_REAL, old_delay)
 
 
-def _disarm(armed: list, exc: type[BaseException]) -> None:
+def _disarm(armed: list[bool], exc: type[BaseException]) -> None:
     # A repeat may land while we stop the timer: it raises here, and we stop it again.
     while True:
         try:

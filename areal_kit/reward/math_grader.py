@@ -24,8 +24,11 @@ import logging
 import re
 import sys
 import threading
+from contextlib import AbstractContextManager
 from decimal import Decimal, InvalidOperation
 from functools import cache, lru_cache
+from types import ModuleType
+from typing import Any
 
 from areal_kit.reward.alarm import alarm
 from areal_kit.reward.pool import Pool
@@ -159,13 +162,13 @@ class _Timeout(BaseException):
     own `except Exception` blocks cannot swallow it and keep computing."""
 
 
-def _alarm(seconds: float):
+def _alarm(seconds: float) -> AbstractContextManager[None]:
     """_Timeout after `seconds` (main thread only; see reward/alarm.py)."""
     return alarm(seconds, _Timeout)
 
 
 @cache
-def load():
+def load() -> ModuleType:
     """math-verify, imported on first use. With sympy under it, it took half a second of every
     process that imported this module: the driver and each engine at start-up, though neither
     grades (a grade made off the main thread runs in the pool's processes). Called before any
@@ -177,7 +180,7 @@ def load():
     return math_verify
 
 
-def _mv_parse(text: str):
+def _mv_parse(text: str) -> list[Any]:  # math-verify's parses: sympy expressions and strings
     mv = load()
     # Wrap the bare answer in \boxed{} so the LaTeX extractor takes all of it (unwrapped
     # LaTeX without $...$ is not found); the Expr extractor covers plain "1/2", "3*x".

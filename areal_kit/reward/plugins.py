@@ -17,8 +17,9 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from areal_kit.api import RewardFn
 from areal_kit.errors import UserError
 from areal_kit.reward.registry import get_reward, known_rewards, register
 
@@ -31,7 +32,7 @@ BUILTIN = {"math": "math", "gsm8k": "gsm8k", "toy": "areal_kit.data.toy_task:toy
            "calc": "areal_kit.data.toy_task:calc_reward"}
 
 
-def load_object(spec: str, what: str = "reward"):
+def load_object(spec: str, what: str = "reward") -> Any:  # a user's object: a function, a class, ...
     """The object a `module:attr` or `file.py:attr` spec names; UserError (one line) if none."""
     module, sep, attr = spec.rpartition(":")
     if not sep or not module or not attr:
@@ -76,7 +77,7 @@ def reward_spec(name: str, plugins: dict[str, str]) -> str:
                     "a dotted path pkg.module:function, or name one in ppo.reward_plugins")
 
 
-def load_reward(spec: str):
+def load_reward(spec: str) -> RewardFn:
     """The callable of a spec; plug-ins are also registered under their spec in the registry."""
     if ":" not in spec:
         return get_reward(spec)
@@ -87,7 +88,7 @@ def load_reward(spec: str):
     return register(spec, fn)
 
 
-def call_reward(spec: str, prompt: str, completion: str, sample: dict):
+def call_reward(spec: str, prompt: str, completion: str, sample: dict) -> float | dict | str:
     """One reward call inside a pool worker: what the reward returned, if it can be scored
     (a number or a dict), else its repr, which the scorer reports as a bad return."""
     try:

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import IO, Any, Literal, overload
 
 from areal_kit.reward.alarm import alarm
 
@@ -49,7 +49,7 @@ class CallTimeout(BaseException):
     `except Exception` cannot swallow it."""
 
 
-def _write(stream, obj) -> None:
+def _write(stream: IO[bytes], obj: object) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(struct.pack("<I", len(data)) + data)
     stream.flush()
@@ -65,7 +65,7 @@ def _read_exact(fd: int, n: int) -> bytes:
     return buf
 
 
-def _read(fd: int):
+def _read(fd: int) -> Any:  # whatever the other side pickled
     (n,) = struct.unpack("<I", _read_exact(fd, 4))
     return pickle.loads(_read_exact(fd, n))
 
@@ -218,9 +218,9 @@ class Pool:
         self._idle = queue.Queue()
 
 
-def _resolve(fn: str):
+def _resolve(fn: str) -> Callable[..., Any]:
     module, _, name = fn.partition(":")
-    obj = importlib.import_module(module)
+    obj: Any = importlib.import_module(module)  # then the attributes the name walks
     for part in name.split("."):
         obj = getattr(obj, part)
     return obj

@@ -44,7 +44,7 @@ def known_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def as_reference(ref) -> str | None:
+def as_reference(ref: object) -> str | None:
     """A reference answer from a bare answer or a whole solution text (last \\boxed{})."""
     if ref is None:
         return None

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 CALL = "areal_kit.reward.plugins:call_reward"  # what a pool worker runs for one sample
 
 
-def as_reward(value) -> tuple[float, dict]:
+def as_reward(value: object) -> tuple[float, dict]:
     """(reward, extra numbers) from what a reward returned; ValueError when it is neither."""
     extras = {}
     if isinstance(value, dict):
@@ -71,7 +71,7 @@ class RewardScorer:
         totals = [0.0] * len(items)
         extras: list[dict] = [{} for _ in items]
 
-        def add(i: int, spec: str, value) -> None:
+        def add(i: int, spec: str, value: object) -> None:
             try:
                 r, ex = as_reward(value)
             except ValueError as e:
@@ -90,17 +90,17 @@ class RewardScorer:
                 add(i, spec, value)
         for spec in self.untrusted:
             calls = [(spec, p, c, s) for p, c, s in items]
-            for i, (status, value) in enumerate(self.pool.map(CALL, calls, self.timeout_s)):
+            for i, (status, got) in enumerate(self.pool.map(CALL, calls, self.timeout_s)):
                 if status == "ok":
-                    add(i, spec, value)
+                    add(i, spec, got)
                 else:
-                    self._fail(names[spec], status, str(value))
+                    self._fail(names[spec], status, str(got))
         return list(zip(totals, extras))
 
     def close(self) -> None:
         self.pool.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing left to clean

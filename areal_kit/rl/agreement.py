@@ -3,7 +3,7 @@ trainers' logprobs of the same sequences: after a weight sync it is rounding (1e
 a few 1e-3 in bf16 on GPUs); stale or garbled weights miss by far more. Used by the tests of every
 weight-sync path and by `areal-kit doctor --rl-step`.
 
-    gap = engine_vs_trainer(ctrl.workers, job.loader.rows, ctrl.workers.engines.actors[0])
+    gap = engine_vs_trainer(ctrl.workers, job.loader.rows)
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import ray
+
+from areal_kit.rl.engine.worker import RolloutWorker
+from areal_kit.rl.trainer.worker import TrainerWorker
 
 if TYPE_CHECKING:
     from areal_kit.rl.driver.groups import Workers
@@ -22,12 +25,14 @@ def fixed_sequences(rows: list[dict], n: int = 6) -> tuple[list[list[int]], list
     return [r["prompt_ids"] for r in rows], [[5 + (i % 10), 1] for i in range(len(rows))]
 
 
-def engine_vs_trainer(workers: Workers, rows: list[dict], engine) -> float:
-    """max |trainer logprob - engine logprob| over the answer tokens of fixed_sequences(rows)."""
+def engine_vs_trainer(workers: Workers, rows: list[dict], engine: int = 0) -> float:
+    """max |trainer logprob - engine logprob| over the answer tokens of fixed_sequences(rows), for
+    the engine of that index."""
     prompts, answers = fixed_sequences(rows)
     # Every rank runs the forward: ZeRO-3 gathers each layer's parameters from all of them.
-    trainer_lp = ray.get([t.logprobs.remote(prompts, answers) for t in workers.trainers.actors])[0]
-    engine_lp = ray.get(engine.prompt_logprobs.remote([p + a for p, a in zip(prompts, answers)]))
+    trainer_lp = ray.get(workers.trainers.each(TrainerWorker.logprobs, prompts, answers))[0]
+    engine_lp = ray.get(workers.engines.one(engine, RolloutWorker.prompt_logprobs,
+                                            [p + a for p, a in zip(prompts, answers)]))
     diffs = []
     for p, t, e in zip(prompts, trainer_lp, engine_lp):
         tail = e[len(p) - 1:]  # the engine gives logprobs of tokens 1.., the answer starts at len(p)

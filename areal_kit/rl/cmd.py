@@ -20,30 +20,32 @@ from rich.text import Text
 
 from areal_kit.console import make_console
 from areal_kit.errors import UserError
+from areal_kit.flags import command, params
+from areal_kit.options import Output
 from areal_kit.train_scripts import preset_names
 
 if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
 
 
+@command(params(Output), own_first=True)
 def train(
     preset: str = typer.Argument(..., help=f"Preset name in train_scripts/ ({', '.join(preset_names())}) or a path to a YAML "
                                            "file."),
     overrides: list[str] = typer.Argument(None, help="Config overrides key=value, e.g. actor.lr=2e-6 "
                                                      "ppo.gen.max_new_tokens=8192."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Validate everything checkable without GPUs and "
-                                                          "print the plan; start nothing."),
     show_args: bool = typer.Option(False, "--show-args", help="List every option with its value and help."),
-    as_json: bool = typer.Option(False, "--json", help="With --show-args: print the options as a JSON array "
-                                                      "of {key, value, type, default, help[, choices]}."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of resuming or stopping on a mismatch: "
                                                       "the recover checkpoints are set aside (RECOVER_DIR/set-aside-"
                                                       "TIME/, the newest kept), not deleted."),
     discard: bool = typer.Option(False, "--discard", help="With --fresh: delete the run's recover checkpoints, set-"
                                                           "aside ones included, instead of setting them aside."),
+    **given: bool,
 ) -> None:
     """Train a preset: GRPO/PPO with DeepSpeed trainers and vLLM rollout engines on Ray."""
     from areal_kit.config.loader import load_config
+
+    dry_run, as_json = given["dry_run"], given["as_json"]  # Output's: setup, down and doctor take them too
 
     if as_json and not show_args:
         raise UserError("--json goes with --show-args (areal-kit train PRESET --show-args --json)")

@@ -6,7 +6,7 @@ the weight sync sends of it, and which adapter version each engine request names
   are what a sync sends (actor.lora.sync=adapter | merged).
 - engines: `engine_kwargs` (enable_lora, max_lora_rank) and `serving`, which wraps vllm.LLM so
   that every generate names the `request` of the adapter version loaded last (received in
-  memory by rl/weight_sync/vllm_lora.py), batch and streaming engines alike.
+  memory by rl/vllm_worker/lora_adapter.py), batch and streaming engines alike.
 - driver: `check_targets` refuses, in one line, target modules the model does not have.
 - folders: `merge_folder` turns a saved adapter into a plain Hugging Face model (reading and
   serving adapter folders is areal_kit/adapters.py's, which eval shares).
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,32 +29,30 @@ from areal_kit.data.tokenizer import copy_tokenizer_files
 from areal_kit.errors import ExitCode, UserError
 
 if TYPE_CHECKING:
-    from areal_kit.config.schema import TrainConfig
+    from peft import LoraConfig
+
+    from areal_kit.config.lora import LoRAConfig
 
 # The adapter PEFT creates is named "default"; the files it saves drop the name.
 _ADAPTER = "default"
 __all__ = ["SERVED_ID", "AdapterLLM", "request"]  # re-exported: the engines' side reads them from here
 
 
-def enabled(cfg: TrainConfig) -> bool:
-    # A config without the section (a test's partial stand-in) is a run without LoRA.
-    return getattr(getattr(getattr(cfg, "actor", None), "lora", None), "rank", 0) > 0
-
-
-def sends_adapter(cfg: TrainConfig) -> bool:
+def sends_adapter(lcfg: LoRAConfig) -> bool:
     """The weight sync sends the adapter alone (the engines serve it with vLLM's LoRA support)."""
-    return enabled(cfg) and cfg.actor.lora.sync == "adapter"
+    return lcfg.enabled and lcfg.sync == "adapter"
 
 
 # ---------------------------------------------------------------- trainer
-def peft_config(lcfg):
+def peft_config(lcfg: LoRAConfig) -> LoraConfig:
     from peft import LoraConfig
 
-    return LoraConfig(r=lcfg.rank, lora_alpha=lcfg.alpha, lora_dropout=lcfg.dropout, bias="none",
-                      target_modules=lcfg.target_modules, task_type="CAUSAL_LM")
+    # peft annotates lora_alpha as an int; it only divides it by r, so a float (actor.lora.alpha) scales as well.
+    return LoraConfig(r=lcfg.rank, lora_alpha=lcfg.alpha,  # type: ignore[arg-type]
+                      lora_dropout=lcfg.dropout, bias="none", target_modules=lcfg.target_modules, task_type="CAUSAL_LM")
 
 
-def wrap(model, lcfg):
+def wrap(model: torch.nn.Module, lcfg: LoRAConfig) -> torch.nn.Module:
     """The model with a fresh adapter (its B is zero: the policy starts as the base), only the
     adapter trainable; the model itself when LoRA is off."""
     if not lcfg.enabled:
@@ -63,19 +62,19 @@ def wrap(model, lcfg):
     return get_peft_model(model, peft_config(lcfg))
 
 
-def trainable(model):
+def trainable(model: torch.nn.Module) -> Iterable[torch.nn.Parameter]:
     """What the optimizer holds: the adapter under LoRA, every parameter otherwise."""
     if not hasattr(model, "peft_config"):
         return model.parameters()
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def recover_kwargs(cfg: TrainConfig, save: bool) -> dict:
+def recover_kwargs(lcfg: LoRAConfig, save: bool) -> dict:
     """DeepSpeed's save_checkpoint / load_checkpoint arguments under LoRA: the adapter (and its
     optimizer state), the base coming from actor.path. DeepSpeed leaves frozen parameters out by
     name, so a tied LM head (the embedding under a second name) is still written, and loads back
     as the same values."""
-    if not enabled(cfg):
+    if not lcfg.enabled:
         return {}
     return {"exclude_frozen_parameters": True} if save else {"load_module_strict": False}
 
@@ -84,7 +83,7 @@ def is_adapter(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
-def adapter_tensors(state: dict) -> dict:
+def adapter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter's tensors of a PEFT model's state dict, named as in adapter_model.safetensors
     (and as vLLM reads them): base_model.model.<module>.lora_A.weight."""
     return {k.replace(f".{_ADAPTER}.", "."): v for k, v in state.items() if is_adapter(k)}
@@ -95,7 +94,7 @@ def base_name(name: str) -> str:
     return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
-def merged_state(state: dict, lcfg) -> dict:
+def merged_state(state: dict[str, torch.Tensor], lcfg: LoRAConfig) -> dict[str, torch.Tensor]:
     """A PEFT model's state dict as the base model's, with each adapter merged into its layer
     (W + alpha / r * B @ A, in fp32): what a full-weight sync or a plain HF save holds."""
     out = {base_name(k): v for k, v in state.items() if not is_adapter(k)}
@@ -113,42 +112,37 @@ def merged_state(state: dict, lcfg) -> dict:
 
 
 # ---------------------------------------------------------------- engines
-def engine_kwargs(cfg: TrainConfig) -> dict:
+def engine_kwargs(lcfg: LoRAConfig) -> dict:
     """vllm.LLM's LoRA arguments for the run's engines ({} without LoRA or with merged sync)."""
-    if not sends_adapter(cfg):
+    if not sends_adapter(lcfg):
         return {}
     # One version is served at a time; max_cpu_loras 2 leaves room for the next one's load.
-    return {"enable_lora": True, "max_lora_rank": cfg.actor.lora.engine_rank, "max_loras": 1, "max_cpu_loras": 2}
+    return {"enable_lora": True, "max_lora_rank": lcfg.engine_rank, "max_loras": 1, "max_cpu_loras": 2}
 
 
-def engine_buffers(cfg: TrainConfig) -> tuple[int, int]:
+def engine_buffers(lcfg: LoRAConfig) -> tuple[int, int]:
     """(max_lora_rank, max_loras) of the run's engines, whose LoRA buffers the memory plan counts;
     (0, 0) when they serve no adapter."""
-    kw = engine_kwargs(cfg)
+    kw = engine_kwargs(lcfg)
     return (kw["max_lora_rank"], kw["max_loras"]) if kw else (0, 0)
 
 
-def engine_peft_config(lcfg) -> dict:
+def engine_peft_config(lcfg: LoRAConfig) -> dict[str, Any]:
     """What vLLM's PEFTHelper needs of the adapter the trainer sends."""
     return {"r": lcfg.rank, "lora_alpha": lcfg.alpha, "target_modules": lcfg.target_modules}
 
 
-def serving(llm, cfg: TrainConfig):
-    """The engine the rollout worker generates with: llm itself unless the adapter is synced."""
-    return AdapterLLM(llm) if sends_adapter(cfg) else llm
+def serving(llm: Any, lcfg: LoRAConfig) -> Any:
+    """The engine the rollout worker generates with: llm itself unless the adapter is synced.
+    Any: vllm.LLM or StreamingLLM, whose calls are vLLM's (AdapterLLM passes them through)."""
+    return AdapterLLM(llm) if sends_adapter(lcfg) else llm
 
 
 # ---------------------------------------------------------------- driver
-def check_run(cfg: TrainConfig, model_path: str) -> None:
-    """Refuse (UserError, one line) what LoRA cannot run with, before any worker starts."""
-    if not enabled(cfg):
-        return
-    check_targets(model_path, cfg.actor.lora)
-
-
-def check_targets(model_path: str, lcfg) -> None:
-    """Raise UserError (one line) when target_modules names no layer of the model, or the rank
-    exceeds a targeted layer's size; built on the meta device, so no weight is read."""
+def check_targets(model_path: str, lcfg: LoRAConfig) -> None:
+    """Before any worker starts: raise UserError (one line) when target_modules names no layer of
+    the model, or the rank exceeds a targeted layer's size; built on the meta device, so no weight
+    is read. Nothing to check without LoRA."""
     if not lcfg.enabled:
         return
     from peft import get_peft_model

@@ -15,8 +15,8 @@ from areal_kit.errors import UserError
 from areal_kit.rl import lora, memory, shapes, sharing
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.driver import placement
-from areal_kit.rl.weight_sync import colocated, ipc
-from areal_kit.rl.weight_sync.sync import weight_sync_dir
+from areal_kit.rl.weight_sync import ipc, mode
+from areal_kit.rl.weight_sync.mode import weight_sync_dir
 from areal_kit.rl.weight_sync.transport import DEFAULT_BUCKET_BYTES, first_bucket_bytes
 
 if TYPE_CHECKING:
@@ -48,15 +48,15 @@ def dataset_size(cfg: TrainConfig) -> tuple[int | None, str]:
     return len(rows), note
 
 
-def weight_sync_line(cfg: TrainConfig, n_workers: int, plat=None) -> str:
-    mode = colocated.sync_mode(cfg, plat)
-    if mode == "ipc":
+def weight_sync_line(cfg: TrainConfig, n_workers: int, plat: hardware.Platform | None = None) -> str:
+    chosen = mode.sync_mode(cfg, plat)
+    if chosen == "ipc":
         why = " (auto on shared GPUs)" if cfg.weight_sync == "auto" else ""
         how = ipc.medium((plat or hardware.detect()).is_cpu)
         return (f"weight sync: ipc{why}: each trainer rank hands the engine worker beside it "
-                f"one {how} buffer of up to {colocated.IPC_BUFFER_BYTES >> 20} MB, a chunk at a time "
+                f"one {how} buffer of up to {mode.IPC_BUFFER_BYTES >> 20} MB, a chunk at a time "
                 f"({n_workers} engine worker(s)); disk if an engine cannot map it")
-    if mode == "disk":
+    if chosen == "disk":
         why = " (auto on shared GPUs: a LoRA adapter alone)" if cfg.weight_sync == "auto" else ""
         return (f"weight sync: disk{why}: trainer rank 0 saves a Hugging Face folder in {weight_sync_dir(cfg)}, "
                 f"{n_workers} engine worker(s) reload it")
@@ -79,7 +79,7 @@ def sync_estimate(cfg: TrainConfig) -> list[str]:
     return [line] if line else []
 
 
-def device_lines(cfg: TrainConfig, plat) -> list[str]:
+def device_lines(cfg: TrainConfig, plat: hardware.Platform) -> list[str]:
     """What the run uses on plat's device: the exact versions of its stack (on GPUs, the image's),
     the trainer's attention, and the placement groups it requests on the configured cluster."""
     hint = "" if os.environ.get("AREAL_DEVICE") or not plat.is_cpu else " (no GPU here; AREAL_DEVICE=cuda plans for GPUs)"
@@ -128,10 +128,10 @@ def memory_plan(cfg: TrainConfig) -> memory.MemoryPlan | None:
         tp=a.gen.tp, utilization=cfg.actor.vllm.gpu_memory_utilization,
         max_model_len=cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens, shared=a.kind != "decoupled",
         lora_params=shape.lora_params(cfg.actor.lora.rank, cfg.actor.lora.target_modules),
-        engine_lora=lora.engine_buffers(cfg))
+        engine_lora=lora.engine_buffers(cfg.actor.lora))
 
 
-def memory_lines(cfg: TrainConfig, plat) -> list[str]:
+def memory_lines(cfg: TrainConfig, plat: hardware.Platform) -> list[str]:
     """The memory plan on GPUs (CPU workers take what the machine has)."""
     if plat.is_cpu:
         return []
@@ -142,14 +142,14 @@ def memory_lines(cfg: TrainConfig, plat) -> list[str]:
     return plan.lines()
 
 
-def memory_refusal(cfg: TrainConfig, plat) -> str:
+def memory_refusal(cfg: TrainConfig, plat: hardware.Platform) -> str:
     """'' when the run's GPUs hold what the plan says they must; else one line with the arithmetic."""
     plan = None if plat.is_cpu else memory_plan(cfg)
     refusal = plan.refusal() if plan else ""
     return f"the memory plan does not fit: {refusal}" if refusal else ""
 
 
-def memory_figures(cfg: TrainConfig, plat, side: str) -> str:
+def memory_figures(cfg: TrainConfig, plat: hardware.Platform, side: str) -> str:
     """One line of the memory plan for a trainer GPU (side "trainer") or vLLM's share of a generation
     GPU ("generation"): its parts and their sum against the GPU's memory, the figures to weigh a
     lever against when that GPU runs out (retry.py says it past the relaunch bound). '' on CPU
@@ -163,7 +163,7 @@ def memory_figures(cfg: TrainConfig, plat, side: str) -> str:
     return f"{gpu.title}: {terms} = {memory.gb(held)} of {memory.gb(plan.capacity)} ({plan.capacity_note})"
 
 
-def check_memory(cfg: TrainConfig, plat) -> None:
+def check_memory(cfg: TrainConfig, plat: hardware.Platform) -> None:
     """The memory plan enforced: a run whose GPUs cannot hold what the plan says they must is refused in
     one line (exit 2). The dry run checks it after printing its plan; a plain `areal-kit train` on a GPU
     platform before Ray starts (rl/cmd.py). On CPU there is no plan, and nothing is computed."""
@@ -172,7 +172,7 @@ def check_memory(cfg: TrainConfig, plat) -> None:
         raise UserError(refusal)
 
 
-def shared_words(cfg: TrainConfig, plat) -> str:
+def shared_words(cfg: TrainConfig, plat: hardware.Platform) -> str:
     """How training shares the generation GPUs on plat: cores on CPU, turns on GPUs."""
     if plat.is_cpu:
         return " sharing the generation GPUs (on CPU: worker slots on the same cores)"
@@ -201,7 +201,7 @@ def recipe_lines(cfg: TrainConfig) -> list[str]:
     return lines
 
 
-def plan_lines(cfg: TrainConfig, plat=None) -> list[str]:
+def plan_lines(cfg: TrainConfig, plat: hardware.Platform | None = None) -> list[str]:
     plat = plat or hardware.detect()
     a = parse_allocation(cfg.allocation_mode)
     p, d = cfg.ppo, cfg.dataset

@@ -164,7 +164,7 @@ def rl_step(fileroot: str) -> dict:
         controller.start_ray(cfg)
         ctrl.start()
         ctrl.run()
-        gap = engine_vs_trainer(ctrl.running, job.loader.rows, ctrl.running.engines.actors[0])
+        gap = engine_vs_trainer(ctrl.running, job.loader.rows)
         row = runlog.read_metrics(job.paths.metrics_file)[-1]
         where = _actor_ips()
         return {"rl_step": "", "logprob_gap": gap, "trainer_ips": where["trainer"], "engine_ips": where["engine"],
@@ -202,7 +202,7 @@ class _Peer:
             return os.environ.get("NCCL_SOCKET_IFNAME") or "NCCL's choice (NCCL_SOCKET_IFNAME unset)"
         return f"{hardware.interface_of(ip) or '?'} ({ip})"  # gloo binds the node's cluster address
 
-    def _buf(self, nbytes: int):
+    def _buf(self, nbytes: int) -> torch.Tensor:
         return torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
 
     def send(self, dst: int, nbytes: int) -> float:

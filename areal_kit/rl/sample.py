@@ -1,12 +1,12 @@
 """One answer on its way from a rollout engine to the trainer, and who writes each part of it.
 
-    rollout engine  (rl/workers/rollout.py, generate)    Sample: the tokens, behaviour logprobs,
+    rollout engine  (rl/engine/worker.py, generate)    Sample: the tokens, behaviour logprobs,
                     weight version, loss_mask (a workflow's), task_reward and format_reward
     controller      (rl/driver/rollout.py, gather)       fresh `group` numbers for the groups it
                                                          keeps (dynamic sampling, streaming)
     reward shaping  (rl/algo/batch.py, shape_rewards)    final_reward and seq_reward; an all-zero
                     loss_mask for a truncated answer under ppo.overlong_filter
-    trainer         (rl/workers/trainer.py, train_step)  reads trainer_rows(samples)
+    trainer         (rl/trainer/worker.py, train_step)  reads trainer_rows(samples)
 
 A Sample is frozen: each stage returns new ones (dataclasses.replace) and never changes one it was
 given, so what a stage received is still what the stage before it made.
@@ -14,6 +14,7 @@ given, so what a stage received is still what the stage before it made.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 
@@ -63,6 +64,13 @@ class Generated:
     reward_extras: dict = field(default_factory=dict)  # {"reward/<key>": mean} of the dict rewards' extras
     agent_drops: dict = field(default_factory=dict)  # {kind: (count, first message)}: episodes the agent lost
     failed_calls: int = 0  # engine calls refused or failed (a workflow's, or an agent's through the endpoint)
+    # Wall-clock time the engine made the reply (its rewards done): its generation ran from
+    # done - reward_time - gen_time to done - reward_time (`areal-kit view`'s time lanes).
+    done: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.done:
+            self.done = time.time()
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ class ModelShape:
         layer = attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
         return self.layers * layer + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
-    def lora_params(self, rank: int, targets="all-linear") -> int:
+    def lora_params(self, rank: int, targets: str | list[str] = "all-linear") -> int:
         """Parameters of a rank-`rank` LoRA adapter on the blocks' linear layers named in targets
         ("all-linear": all of them; the LM head never has one): rank x (in + out) each."""
         kv, q, h, i = self.kv_heads * self.dim, self.heads * self.dim, self.hidden, self.intermediate

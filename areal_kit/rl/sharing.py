@@ -1,8 +1,8 @@
 """Which runs share GPUs between generation and training, and what such a run may not ask for.
 
 A config-level fact both sides read: the driver's placement and turns (rl/driver/), the engines'
-sleep mode (rl/workers/rollout.py) and the weight sync's choice of CUDA IPC
-(rl/weight_sync/colocated.py). The switch itself is rl/driver/turns.py.
+sleep mode (rl/engine/worker.py) and the weight sync's choice of CUDA IPC
+(rl/weight_sync/mode.py). The switch itself is rl/driver/turns.py.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def sleep_mode(cfg: TrainConfig, plat: hardware.Platform | None = None) -> bool:
 
 
 def sleep_level(cfg: TrainConfig) -> int:
-    return ADAPTER_SLEEP_LEVEL if lora.sends_adapter(cfg) else SLEEP_LEVEL
+    return ADAPTER_SLEEP_LEVEL if lora.sends_adapter(cfg.actor.lora) else SLEEP_LEVEL
 
 
 def check(cfg: TrainConfig, plat: hardware.Platform | None = None) -> None:

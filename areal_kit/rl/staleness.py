@@ -2,10 +2,10 @@
 only samples whose first token was sampled at version v - k or later (k = 0: strictly on-policy).
 
 One policy answers every place that decides it: the batch and stream rollouts (rl/driver/rollout.py)
-and the streaming engines' aborts at a weight update (rl/weight_sync/receiver.py, inside the engine
+and the streaming engines' aborts at a weight update (rl/engine/weight_receive.py, inside the engine
 actor, which is why it lives here and imports nothing).
 
-    policy = Staleness.of(cfg)
+    policy = Staleness.of(cfg.ppo)
     policy.too_stale(sample.version, at=state.version)   # never trained: generated again
     policy.oldest(version)                               # the engines abort requests begun before it
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from areal_kit.config.schema import TrainConfig
+    from areal_kit.config.schema import PPOConfig
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,8 @@ class Staleness:
     k: int  # ppo.max_head_offpolicyness
 
     @classmethod
-    def of(cls, cfg: TrainConfig) -> Staleness:
-        return cls(cfg.ppo.max_head_offpolicyness)
+    def of(cls, ppo: PPOConfig) -> Staleness:
+        return cls(ppo.max_head_offpolicyness)
 
     @property
     def batches_in_flight(self) -> int:

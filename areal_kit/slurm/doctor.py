@@ -13,10 +13,14 @@ import secrets
 import shlex
 import tempfile
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from areal_kit.errors import RunFailed
 from areal_kit.findings import Finding
 from areal_kit.slurm import cluster
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 PROBE_WAIT_S = 120  # srun --immediate: how long the probe may wait for the partition's nodes
 _PROBE = ('echo "AKNODE $SLURMD_NODENAME $(cat {token} 2>/dev/null || echo -) '
@@ -100,7 +104,7 @@ def _probe(rep: Report, partition: str, nodes: list[str], storage: str, python: 
                                         "shared storage, or --container"))
 
 
-def print_report(rep: Report, console) -> None:
+def print_report(rep: Report, console: Console) -> None:
     for node, facts in rep.nodes.items():
         py = facts.get("python")
         console.out(f"{node}: {facts['state']}, {facts['cpus']} CPUs, {facts['gpus']} GPUs"

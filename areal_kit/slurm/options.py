@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from areal_kit.errors import UserError
 from areal_kit.flags import flag, many
+from areal_kit.options import Python
 
 # many() returns dataclasses.field(...); ruff's RUF009 knows only field() by name.
 # ruff: noqa: RUF009
@@ -17,12 +18,17 @@ _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^UNLIMITED$|^INFINITE$", re.IGNOREC
 
 
 @dataclass
-class SlurmOptions:
-    """Where and how a run is submitted to Slurm."""
+class SlurmOptions(Python):
+    """Where and how a run is submitted to Slurm; its --python (Python's) is the one doctor --slurm and
+    the cluster commands take."""
 
-    slurm: bool = flag(False, "--slurm", help="Submit the run to Slurm with sbatch instead of running it here: Ray's "
-                       "head and the driver on the job's first node, the others join through srun; prints the job id "
-                       "and its log. With --dry-run: the sbatch script, nothing submitted.")
+    slurm: bool = flag(False, "--slurm", help="Work through Slurm. train: submit the run with "
+                       "sbatch instead of running it here: Ray's head and the driver on the job's first node, the "
+                       "others join through srun; prints the job id and its log (with --dry-run: the sbatch script, "
+                       "nothing submitted). status: this user's areal-kit jobs in Slurm's queue: state, nodes, each "
+                       "run's last step and ETA. doctor: check a Slurm partition (--partition): its nodes' state, "
+                       "their GPUs against --preset, and through srun on each node the shared storage (--storage) "
+                       "and areal-kit's Python (--python; default: this one).")
     partition: str | None = flag(None, "--partition", help="With --slurm: the partition (default: Slurm's default "
                                  "partition).")
     account: str | None = flag(None, "--account", help="With --slurm: the account to charge.")
@@ -36,9 +42,6 @@ class SlurmOptions:
                                  "environment of --python.")
     container_runtime: str = flag("apptainer", "--container-runtime", help="With --container: apptainer (apptainer "
                                   "exec --nv; also Singularity's) or pyxis (srun --container-image).")
-    python: str | None = flag(None, "--python", help="With --slurm: the Python on the nodes that has areal-kit "
-                              "(default: this one, which must be on storage every node mounts); in the container: "
-                              "python3.")
     sbatch_args: list[str] = many("--sbatch-arg", help="With --slurm: one more sbatch option, as written on an "
                                   "#SBATCH line (e.g. --qos=high, --constraint=a100); repeatable.")
 

@@ -56,7 +56,7 @@ MpiDefault=none
 ReturnToService=2
 SlurmctldTimeout=30
 SlurmdTimeout=30
-KillWait=30
+KillWait=120
 MinJobAge=600
 JobRequeue=1
 {nodes}

@@ -1,7 +1,7 @@
 """tests/gpu: acceptance on a CUDA GPU node (marker `gpu`), skipped with the reason elsewhere.
 
 In the GPU image the package is installed and the mounted checkout brings the tests only. The
-README's `docker run -v $PWD:/w -w /w ... python -m pytest tests/gpu` puts /w first on sys.path,
+docs/tests.md's `docker run -v $PWD:/w -w /w ... python -m pytest tests/gpu` puts /w first on sys.path,
 and the checkout's areal_kit lacks train_scripts and evaluation, which pyproject maps into the
 installed package from the top of the repository. So where an installed areal_kit exists elsewhere
 on sys.path, the checkout leaves sys.path before any test imports the package. A checkout

@@ -2,7 +2,7 @@
 as a trainer rank and the engine worker beside it exchange them: the parent fills one exported
 buffer chunk by chunk; a spawned child maps it once (Importer) and reads every chunk's tensors,
 which must equal the parent's bit for bit; then the same through the trainer's mixin
-(colocated.IpcSender), whose buffer must be gone once the sync ends. Every message to the child
+(IpcSender, rl/trainer/weight_send.py), whose buffer must be gone once the sync ends. Every message to the child
 is encoded and decoded by vLLM's engine-core msgpack codec first, as a GPU engine's calls are.
 tests/unit/test_weight_sync_ipc.py and test_weight_sync_colocated.py, and
 tests/integration/test_weight_sync_ipc_ranks.py, run the same chunks on CPU through shared memory; the
@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from areal_kit.rl.weight_sync import colocated, ipc
-from areal_kit.rl.workers.release import TrainerTurn
+from areal_kit.rl.trainer.weight_send import IpcSender
+from areal_kit.rl.weight_sync import ipc, mode
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU (torch.cuda.device_count() is 0)")]
@@ -74,7 +74,7 @@ def _wire(handles, chunk) -> bytes:
     return bytes(MsgpackEncoder().encode((handles, chunk))[0])
 
 
-class Rank(colocated.IpcSender, TrainerTurn):
+class Rank(IpcSender):
     """Trainer rank 1 on GPU 0 whose staged weights are `state` (a rank other than 0: each stages)."""
 
     device = torch.device("cuda", 0)
@@ -91,7 +91,7 @@ def test_the_trainer_mixin_sends_every_chunk_and_frees_its_buffer(monkeypatch):
     from acceptance import TABLE
 
     with TABLE.check("cuda_ipc", "the trainer's IPC buffer lives one sync") as info:
-        monkeypatch.setattr(colocated, "IPC_BUFFER_BYTES", 1 << 20)  # 4 of the 8 tensors a chunk
+        monkeypatch.setattr(mode, "IPC_BUFFER_BYTES", 1 << 20)  # 4 of the 8 tensors a chunk
         g = torch.Generator(device="cuda").manual_seed(1)
         model = {f"layers.{i}.w": torch.randn(256, 512, device="cuda", generator=g).to(torch.bfloat16)
                  for i in range(8)}

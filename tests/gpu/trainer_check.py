@@ -25,7 +25,7 @@ from areal_kit import hardware
 from areal_kit.config.loader import load_config
 from areal_kit.rl import memory, shapes
 from areal_kit.rl.sample import TrainerRow
-from areal_kit.rl.workers.trainer import TrainerWorker
+from areal_kit.rl.trainer.worker import TrainerWorker
 
 PROMPT, ANSWER_MIN, ANSWER_MAX, SEQS = 64, 128, 512, 16
 

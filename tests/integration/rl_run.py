@@ -35,7 +35,9 @@ class Run:
 
 
 def _engine_vs_trainer(run, engine):
-    return engine_vs_trainer(run.ctrl.workers, run.job.loader.rows, engine)
+    """The gap for one engine, given by its actor handle."""
+    index = next(i for i, a in enumerate(run.ctrl.workers.engines.actors) if a is engine)
+    return engine_vs_trainer(run.ctrl.workers, run.job.loader.rows, index)
 
 
 # Run on the actors: Ray workers cannot import this module, so its functions travel by value.

@@ -19,13 +19,13 @@ from areal_kit.config.loader import load_config
 from areal_kit.config.schema import ExpCtrl
 from areal_kit.data.prompts import PromptLoader
 from areal_kit.rl.algo.batch import sample_seed
+from areal_kit.rl.common.stacks import StackDumps
 from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup, Workers
 from areal_kit.rl.driver.job import RunState
 from areal_kit.rl.driver.rollout import BatchRollout, make_rollout
 from areal_kit.rl.driver.watchdog import Watchdog, WorkerHang
+from areal_kit.rl.driver.weight_sync import WeightSync
 from areal_kit.rl.sample import Generated, Sample
-from areal_kit.rl.weight_sync.sync import WeightSync
-from areal_kit.rl.workers.stacks import StackDumps
 
 
 class Worker(StackDumps):
@@ -119,7 +119,8 @@ def test_a_call_past_its_bound_is_a_hang_with_every_workers_stacks(ray_local, tm
     S = ray.remote(num_cpus=0)(Stuck)
     a, b = S.remote(), S.remote()
     dog = Watchdog(ExpCtrl(hang_factor=10, hang_floor_s=3, hang_first_s=30, hang_warmup=2), str(tmp_path / "stacks"))
-    dog.arm({"trainer rank 0": a, "rollout engine 0": b})
+    names = ["trainer rank 0", "rollout engine 0"]
+    dog.arm(dict(zip(names, ray.get([h.arm_stacks.remote(dog.stacks_dir, n) for h, n in zip((a, b), names)]))))
     for _ in range(2):
         dog.wait("step", dog.label([a.step.remote(0.2), b.step.remote(0.2)], ["trainer rank 0", "rollout engine 0"]))
     assert dog.bound("step") == 3  # 10 x 0.2 s is below the floor

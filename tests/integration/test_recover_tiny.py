@@ -9,7 +9,7 @@
    fails the run (exit code 1, the run had trained) with one line, the "Run failed" line in
    train.log that `areal-kit logs` shows, and the earlier save is intact.
 
-Exact moments come from the AREAL_TEST_PAUSE hook in rl/checkpoint/recover.py (the driver waits there
+Exact moments come from the AREAL_TEST_PAUSE hook in rl/driver/recover.py (the driver waits there
 until the test removes a marker file). Each launch spends ~60-180 s starting workers.
 
     .venv/bin/python -m pytest tests/integration/test_recover_tiny.py -v

@@ -30,8 +30,8 @@ from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
 from areal_kit.rl.driver.job import RunState
 from areal_kit.rl.driver.rollout import StreamRollout
 from areal_kit.rl.driver.watchdog import Watchdog
+from areal_kit.rl.driver.weight_sync import WeightSync
 from areal_kit.rl.sample import Generated, Sample
-from areal_kit.rl.weight_sync.sync import WeightSync
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGINS = os.path.join(HERE, "toy_plugins.py")

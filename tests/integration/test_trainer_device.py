@@ -31,7 +31,7 @@ from strict_device import HostTensorRefused, strict_collectives
 from areal_kit.rl.sample import TrainerRow
 from areal_kit.config.loader import load_config
 from areal_kit.rl.driver.groups import shard_batch
-from areal_kit.rl.workers.trainer import TrainerWorker
+from areal_kit.rl.trainer.worker import TrainerWorker
 
 rank, zero, root, model, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 cfg = load_config("tiny", [f"fileroot={root}", f"actor.zero_stage={zero}", "ppo.adv_norm=true", "ppo.kl_ctl=0.01"])

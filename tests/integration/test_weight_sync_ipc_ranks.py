@@ -46,7 +46,7 @@ def test_every_rank_exported_a_buffer_and_freed_it(shared):
     keys = ray.get([t.ipc_key.remote() for t in trainers])
     assert len(set(keys)) == 2
     workers = [w for e in shared.ctrl.workers.engines.actors for w in ray.get(e.ipc_probe.remote())]
-    assert [w["uuid"] for w in workers] == keys  # engine i beside rank i
+    assert [w.uuid for w in workers] == keys  # engine i beside rank i
     assert ray.get([t.__ray_call__.remote(lambda self: self._ipc is None) for t in trainers]) == [True, True]
 
 

@@ -22,10 +22,10 @@ from areal_kit.config.loader import load_config
 from areal_kit.config.schema import ExpCtrl
 from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
 from areal_kit.rl.driver.watchdog import Watchdog
+from areal_kit.rl.driver.weight_sync import WeightSync
+from areal_kit.rl.engine.weight_receive import WeightReceiver
+from areal_kit.rl.trainer.weight_send import WeightSender
 from areal_kit.rl.weight_sync import transport
-from areal_kit.rl.weight_sync.receiver import WeightReceiver
-from areal_kit.rl.weight_sync.sender import WeightSender
-from areal_kit.rl.weight_sync.sync import WeightSync
 
 TIMEOUT_S = 3.0
 SLOW_S = 8.0  # the slow engine's generation: well past the timeout

@@ -101,7 +101,7 @@ def test_the_eval_manifest_and_prompts_load(installed, elsewhere):
 
 
 def test_the_gpu_tests_collect_in_the_image_way_against_the_installed_copy(installed):
-    """The README's in-image acceptance command: the package installed from a wheel, the checkout
+    """The in-image acceptance command (docs/tests.md): the package installed from a wheel, the checkout
     mounted as the working directory, `python -m pytest tests/gpu` (which puts the working
     directory first on sys.path). The checkout's areal_kit has no train_scripts/evaluation
     subpackages (pyproject maps them in at install), so it must not shadow the installed one."""

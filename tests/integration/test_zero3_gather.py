@@ -13,7 +13,7 @@ CHILD = r"""
 import json, sys, torch, deepspeed
 from transformers import AutoModelForCausalLM
 from areal_kit.data.tiny_model import TinySpec, build
-from areal_kit.rl.workers.deepspeed_zero import gathered_state
+from areal_kit.rl.trainer.deepspeed_zero import gathered_state
 
 path = build(sys.argv[1], TinySpec(kind="bpe", heads=2, kv_heads=1))
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from areal_kit.api import Trajectory, Turn
-from areal_kit.rl.workers.workflow import single_turn
+from areal_kit.rl.workflow import single_turn
 
 INSERTED = "="
 

@@ -12,7 +12,7 @@ from areal_kit.agents.calculator import TOOL, calculator, called
 from areal_kit.api import Completion, Trajectory
 from areal_kit.data.tiny_model import TinySpec, build_tokenizer
 from areal_kit.data.toy_task import calc_reward, calc_rows, calculate, spell, tool_call, tool_response
-from areal_kit.rl.workers.rollout import turn_fields
+from areal_kit.rl.engine.worker import turn_fields
 
 
 def test_rows_are_two_digit_sums():

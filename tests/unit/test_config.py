@@ -213,7 +213,7 @@ def test_the_guides_null_frequency_is_off(kind, tmp_path):
     never finds an HF save (save) or a recover checkpoint (ckpt) due."""
     from types import SimpleNamespace
 
-    from areal_kit.rl.checkpoint.checkpointer import Checkpointer
+    from areal_kit.rl.driver.checkpointer import Checkpointer
 
     keys = [f"{kind}_freq_{u}" for u in ("epochs", "steps", "secs")]
     cfg = load_config("1.5B_n4", [f"exp_ctrl.{k}=null" for k in keys])

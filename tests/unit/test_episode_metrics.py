@@ -16,9 +16,9 @@ import pytest
 from areal_kit.api import Completion, Trajectory, Turn
 from areal_kit.config.schema import GenConfig
 from areal_kit.curves import extra_panels, write_png
+from areal_kit.rl import workflow
 from areal_kit.rl.algo.batch import episode_stats
-from areal_kit.rl.workers import workflow
-from areal_kit.rl.workers.rollout import _sample
+from areal_kit.rl.engine.worker import _sample
 
 pytestmark = pytest.mark.unit
 
@@ -83,7 +83,7 @@ def test_the_workflow_engine_counts_the_calls_it_refused_or_that_failed():
 @pytest.mark.slow  # vLLM's imports: its error response and LoRARequest
 def test_the_endpoint_counts_error_answers_and_names_the_version_s_adapter():
     from areal_kit.rl import lora
-    from areal_kit.rl.workers.endpoint import ChatEndpoint
+    from areal_kit.rl.engine.endpoint import ChatEndpoint
 
     ep = ChatEndpoint(SimpleNamespace(version=0), "/m", "policy", adapter=lora.request)
     key = ep.open_episode()

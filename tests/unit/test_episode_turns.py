@@ -9,7 +9,7 @@ import pytest
 from areal_kit.api import Completion, Trajectory, Turn
 from areal_kit.config.schema import GenConfig, PPOConfig
 from areal_kit.rl.algo.batch import shape_rewards, step_stats
-from areal_kit.rl.workers.rollout import _sample, answer_text, turn_fields
+from areal_kit.rl.engine.worker import _sample, answer_text, turn_fields
 
 pytestmark = pytest.mark.unit
 

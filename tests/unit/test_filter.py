@@ -89,6 +89,7 @@ def test_records_to_rates_use_the_first_num_samples_and_mark_skipped_prompts():
     (["--dataset", "MISSING"], ["not found"]),
     (["--dataset", "NOANSWER"], ["no reference answer in field 'answer'", ":2:"]),
     (["--type", "areal"], ["id2info"]),
+    (["--model_path", "MISSING"], ["filter takes one --model_path, got 2"]),  # eval's repeats it, filter's does not
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(extra, needles, fake_model, tmp_path, capsys):
     (tmp_path / "data").mkdir()

@@ -22,7 +22,7 @@ from areal_kit.config.loader import load_config
 from areal_kit.rl import memory, shapes, sharing
 from areal_kit.rl.algo.functional import gather_logprobs
 from areal_kit.rl.driver import placement
-from areal_kit.rl.workers.rollout import RolloutWorker, engine_kwargs
+from areal_kit.rl.engine.worker import RolloutWorker, engine_kwargs
 
 pytestmark = pytest.mark.unit
 CUDA = hardware.Platform("cuda", "nccl", "vllm")

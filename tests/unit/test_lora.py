@@ -40,9 +40,9 @@ def test_bad_lora_settings_are_one_line_errors(override, message):
 
 def test_lora_is_off_by_default_and_the_preset_turns_it_on():
     assert load_config("tiny").actor.lora.rank == 0
-    assert not lora.enabled(load_config("tiny"))
+    assert not load_config("tiny").actor.lora.enabled
     cfg = load_config("tiny_lora")
-    assert lora.sends_adapter(cfg)
+    assert lora.sends_adapter(cfg.actor.lora)
     assert cfg.actor.lora.target_modules == "all-linear"
     listed = load_config("tiny", ["actor.lora.rank=4", "actor.lora.target_modules=[q_proj,v_proj]"]).actor.lora
     assert listed.target_modules == ["q_proj", "v_proj"]
@@ -50,9 +50,9 @@ def test_lora_is_off_by_default_and_the_preset_turns_it_on():
 
 @pytest.mark.slow  # imports vLLM / PEFT: a second or two the first time
 def test_engine_arguments_hold_the_rank_at_a_size_vllm_serves():
-    assert lora.engine_kwargs(load_config("tiny")) == {}
-    assert lora.engine_kwargs(load_config("tiny", ["actor.lora.rank=4", "actor.lora.sync=merged"])) == {}
-    kw = lora.engine_kwargs(load_config("tiny", ["actor.lora.rank=12"]))
+    assert lora.engine_kwargs(load_config("tiny").actor.lora) == {}
+    assert lora.engine_kwargs(load_config("tiny", ["actor.lora.rank=4", "actor.lora.sync=merged"]).actor.lora) == {}
+    kw = lora.engine_kwargs(load_config("tiny", ["actor.lora.rank=12"]).actor.lora)
     assert kw["enable_lora"] and kw["max_lora_rank"] == 16
     assert [vllm_rank(r) for r in (1, 2, 8, 9, 320, 512)] == [1, 8, 8, 16, 320, 512]
     assert lora.request(0) is None  # version 0: the fresh adapter is zero, the base serves
@@ -147,7 +147,7 @@ def test_memory_plan_counts_the_adapters_state_and_no_reference():
 def test_a_lora_run_has_its_own_recover_signature():
     from types import SimpleNamespace
 
-    from areal_kit.rl.checkpoint.recover import differences, signature
+    from areal_kit.rl.driver.recover import differences, signature
 
     def sig(*over):
         cfg = load_config("tiny", list(over))

@@ -143,7 +143,7 @@ def test_deepspeed_gets_the_buckets_and_overlap_the_plan_prints():
     fixed all-reduce bucket, ZeRO-3 its default overlap."""
     import torch
 
-    from areal_kit.rl.workers.deepspeed_zero import deepspeed_config
+    from areal_kit.rl.trainer.deepspeed_zero import deepspeed_config
 
     actor = load_config("1.5B_n1").actor
     assert deepspeed_config(actor, torch.bfloat16)["zero_optimization"] == {

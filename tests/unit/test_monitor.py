@@ -78,9 +78,19 @@ def test_dead_run_shows_last_step_recover_point_eta_and_how_to_resume(tmp_path):
     assert "resumes at global step 5" in text
 
 
-def test_failed_run_names_its_error_and_how_to_resume(tmp_path):
+@pytest.fixture
+def driver_pid():
+    """A live Python process to stand for a run's driver (this test's own process may be titled
+    otherwise, as a pytest-xdist worker is, and a driver is told from a recycled pid by its command)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield child.pid
+    child.kill()
+    child.wait()
+
+
+def test_failed_run_names_its_error_and_how_to_resume(tmp_path, driver_pid):
     error = "TrainerWorker.train_step: ValueError: packed batch has 3 rows, expected 4"
-    p = make_run(tmp_path, failed=error, pid=os.getpid())  # even while the driver is still exiting
+    p = make_run(tmp_path, failed=error, pid=driver_pid)  # even while the driver is still exiting
     st = monitor.read_status(monitor.resolve_run(p.log_dir))
     assert (st.state, st.why) == ("failed", error)
     text = "\n".join(monitor.summary_lines(st, now=T0 + 200))
@@ -92,15 +102,15 @@ def test_failed_run_names_its_error_and_how_to_resume(tmp_path):
     assert monitor.read_status(monitor.resolve_run(p.log_dir)).state == "running"
 
 
-def test_interrupted_run_says_by_what(tmp_path):
-    p = make_run(tmp_path, interrupted="SIGTERM", pid=os.getpid())
+def test_interrupted_run_says_by_what(tmp_path, driver_pid):
+    p = make_run(tmp_path, interrupted="SIGTERM", pid=driver_pid)
     st = monitor.read_status(monitor.resolve_run(p.log_dir))
     assert (st.state, st.why) == ("interrupted", "SIGTERM")
     assert "it resumes at global step 5" in "\n".join(monitor.summary_lines(st, now=T0 + 200))
 
 
-def test_running_and_finished(tmp_path):
-    p = make_run(tmp_path / "a", pid=os.getpid())
+def test_running_and_finished(tmp_path, driver_pid):
+    p = make_run(tmp_path / "a", pid=driver_pid)
     assert monitor.read_status(monitor.resolve_run(p.log_dir)).state == "running"
     p = make_run(tmp_path / "b", finished=True)
     st = monitor.read_status(monitor.resolve_run(p.log_dir))

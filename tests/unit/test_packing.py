@@ -243,7 +243,7 @@ def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_path):
     import functools
 
     from areal_kit.rl.algo import varlen
-    from areal_kit.rl.workers.trainer import TrainerWorker
+    from areal_kit.rl.trainer.worker import TrainerWorker
 
     model = _load(tiny_path, varlen.register())
     w = TrainerWorker.__new__(TrainerWorker)

@@ -14,8 +14,8 @@ from areal_kit.api import Completion, Trajectory, Turn
 from areal_kit.config.schema import PPOConfig
 from areal_kit.rl.algo.packing import Answers, min_bins, partition
 from areal_kit.rl.algo.ppo import PPOActor
+from areal_kit.rl.engine.worker import _sample
 from areal_kit.rl.sample import TrainerRow, trainer_rows
-from areal_kit.rl.workers.rollout import _sample
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,9 @@ from areal_kit import runlog
 from areal_kit.config.loader import load_config
 from areal_kit.data.prompts import PromptLoader
 from areal_kit.errors import ExitCode, RunFailed, UserError
-from areal_kit.rl.checkpoint import recover, store
-from areal_kit.rl.checkpoint.checkpointer import Checkpointer
+from areal_kit.rl.checkpoint import store
+from areal_kit.rl.driver import recover
+from areal_kit.rl.driver.checkpointer import Checkpointer
 from areal_kit.rl.driver.job import Job, RunState
 from areal_kit.rl.driver.schedule import Every
 
@@ -290,7 +291,7 @@ def test_fresh_sets_the_checkpoint_aside_and_starts_at_step_one(tmp_path):
     [line] = [m for m in log.lines if m.startswith("--fresh: ")]
     assert line == (f"--fresh: starting at global step 1; the recover checkpoint {p2} (global step 2) is set aside "
                     f"in {aside}, not deleted (the newest set-aside is kept; --fresh --discard deletes instead).")
-    os.rename(os.path.join(aside, "globalstep2"), p2)  # what the README says to do to resume it
+    os.rename(os.path.join(aside, "globalstep2"), p2)  # what docs/recover.md says to do to resume it
     assert load(make_job(tmp_path)).global_step == 2
 
 

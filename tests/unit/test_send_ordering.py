@@ -21,8 +21,8 @@ import torch
 from areal_kit import hardware
 from areal_kit.config.loader import load_config
 from areal_kit.rl.sample import TrainerRow
+from areal_kit.rl.trainer.worker import TrainerWorker
 from areal_kit.rl.weight_sync import transport
-from areal_kit.rl.workers.trainer import TrainerWorker
 
 HELD = 0.3  # seconds a blocked thread is given to (wrongly) get through
 

@@ -173,7 +173,7 @@ def test_a_driver_that_ends_without_a_word_after_scancel_is_said_stopped(tmp_pat
         "scontrol": 'case "$1 $2" in "show hostnames") echo n1;; "show node") echo NodeAddr=127.0.0.1;; esac',
         "srun": 'while [ $# -gt 0 ]; do case "$1" in -w) shift 2;; -*) shift;; *) break;; esac; done; exec "$@"',
         "python": ('case "$*" in *"scripts start"*) exec sleep 30;; *"node wait"*) exit 0;; *"cli train"*)\n'
-                   f'  touch {tmp_path}/driver; sleep 30 & trap \'kill $!; exit 1\' INT; wait; exit 1;; esac'),
+                   f'  sleep 30 & trap \'kill $!; exit 1\' INT; touch {tmp_path}/driver; wait; exit 1;; esac'),
     }
     for name, body in stubs.items():
         (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")

@@ -6,9 +6,9 @@ the policy calls too stale."""
 import pytest
 
 from areal_kit.config.loader import load_config
+from areal_kit.rl.engine.streaming_llm import stale_requests
+from areal_kit.rl.engine.weight_receive import WeightReceiver
 from areal_kit.rl.staleness import Staleness
-from areal_kit.rl.weight_sync.receiver import WeightReceiver
-from areal_kit.rl.workers.streaming_llm import stale_requests
 
 
 @pytest.mark.parametrize("k", [0, 1, 3])
@@ -24,8 +24,8 @@ def test_too_stale_and_last_chance_follow_the_bound(k):
 
 
 def test_the_policy_comes_from_max_head_offpolicyness():
-    assert Staleness.of(load_config("tiny", ["ppo.max_head_offpolicyness=2"])) == Staleness(2)
-    assert Staleness.of(load_config("tiny")).k == load_config("tiny").ppo.max_head_offpolicyness
+    assert Staleness.of(load_config("tiny", ["ppo.max_head_offpolicyness=2"]).ppo) == Staleness(2)
+    assert Staleness.of(load_config("tiny").ppo).k == load_config("tiny").ppo.max_head_offpolicyness
 
 
 class _LLM:

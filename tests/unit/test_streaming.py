@@ -10,9 +10,9 @@ import pytest
 from areal_kit.config.loader import load_config
 from areal_kit.data.prompts import PromptLoader
 from areal_kit.errors import UserError
-from areal_kit.rl.checkpoint import recover
+from areal_kit.rl.driver import recover
+from areal_kit.rl.engine.streaming_llm import stale_requests, token_versions
 from areal_kit.rl.sample import Sample
-from areal_kit.rl.workers.streaming_llm import stale_requests, token_versions
 
 
 def test_token_versions_follow_vllms_spans():

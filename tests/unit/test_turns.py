@@ -1,4 +1,4 @@
-"""Generation and training taking turns on shared GPUs (rl/driver/turns.py, rl/workers/sleeper.py).
+"""Generation and training taking turns on shared GPUs (rl/driver/turns.py, rl/engine/sleeper.py).
 
 vLLM's sleep mode is CUDA-only, so no engine here can sleep: these tests fake the engine at that
 edge, a stand-in for vllm.LLM's sleep(level) / wake_up(tags) that refuses what a real engine
@@ -20,7 +20,8 @@ from areal_kit.config.loader import load_config
 from areal_kit.errors import UserError
 from areal_kit.rl import sharing
 from areal_kit.rl.driver import placement, turns
-from areal_kit.rl.workers.sleeper import Sleeper
+from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
+from areal_kit.rl.engine.sleeper import Sleeper
 
 pytestmark = pytest.mark.unit
 
@@ -78,11 +79,9 @@ class Dog:
         return refs
 
 
-class Group:
-    def __init__(self, engines):
-        self.actors = [Handle(e) for e in engines]
-        self.names = [f"rollout engine {i}" for i in range(len(engines))]
-        self.watchdog = Dog()
+def Group(engines):
+    """The driver's own EngineGroup over in-process handles."""
+    return EngineGroup([Handle(e) for e in engines], Dog())
 
 
 def a_step(t: turns.Turns, engines: list[FakeEngine], log: list, version: int) -> float:
@@ -135,7 +134,7 @@ def test_the_trainer_returns_its_cached_memory_before_each_engine_wake():
     log: list = []
     engines = [FakeEngine("e0", log)]
     ranks = [FakeTrainerRank("t0", log), FakeTrainerRank("t1", log)]
-    trainers = Group(ranks)
+    trainers = TrainerGroup([Handle(r) for r in ranks], Dog())
     t = turns.Turns(load_config("1.5B_n1", []), Group(engines), plat=CUDA, trainers=trainers)
     a_step(t, engines, log, 1)
     assert log == [("e0", "sleep 2"), ("trainer", "train"), ("t0", "release"), ("t1", "release"),
@@ -145,8 +144,8 @@ def test_the_trainer_returns_its_cached_memory_before_each_engine_wake():
 
 
 def test_the_trainer_worker_has_the_release():
-    from areal_kit.rl.workers.release import TrainerTurn
-    from areal_kit.rl.workers.trainer import TrainerWorker
+    from areal_kit.rl.trainer.release import TrainerTurn
+    from areal_kit.rl.trainer.worker import TrainerWorker
 
     assert issubclass(TrainerWorker, TrainerTurn)
     # On CPU (no CUDA started) there is nothing to give back.

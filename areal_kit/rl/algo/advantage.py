@@ -65,7 +65,8 @@ def seq_of_token(seq_lens: list[int]) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(seq_lens)), torch.as_tensor(seq_lens, dtype=torch.long))
 
 
-def masked_normalize(x: torch.Tensor, eps: float = 1e-5, stats: tuple[float, float, float] | None = None):
+def masked_normalize(x: torch.Tensor, eps: float = 1e-5,
+                     stats: tuple[float, float, float] | None = None) -> torch.Tensor:
     """(x - mean) / (std + eps); stats=(sum, sum_sq, count) lets ranks share global moments."""
     s, sq, n = stats if stats is not None else (x.sum().item(), x.pow(2).sum().item(), x.numel())
     mean = s / max(n, 1)

@@ -34,7 +34,7 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, eps_clip: float,
              behav_logp: torch.Tensor | None = None, behav_cap: float | None = None,
-             eps_clip_high: float | None = None):
+             eps_clip_high: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped PPO surrogate per token (not reduced) and its statistics.
 
     old_logp is the proximal policy (the ratio's denominator). With decoupled PPO, behav_logp is
@@ -61,7 +61,8 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
     return loss, stats
 
 
-def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0):
+def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor,
+                    temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(label) and the entropy per position, from logits [T, V] (computed in fp32)."""
     logits = logits.float() / temperature
     logp_all = F.log_softmax(logits, dim=-1)
@@ -88,7 +89,7 @@ def vocab_size(head: torch.nn.Module) -> int:
 
 
 def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
-                     temperature: float = 1.0, chunk: int = LOGITS_CHUNK):
+                     temperature: float = 1.0, chunk: int = LOGITS_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """gather_logprobs over hidden states [T, H] in chunks of `chunk` tokens.
 
     Peak memory holds one [chunk, V] logits block instead of [T, V]: with a 150k vocabulary and
@@ -100,7 +101,7 @@ def chunked_logprobs(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.
     outs_lp, outs_ent = [], []
     use_ckpt = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] * vocab_size(head) > KEEP_LOGITS
 
-    def one(h, y):
+    def one(h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return gather_logprobs(head(h), y, temperature)
 
     for start in range(0, hidden.shape[0], chunk):

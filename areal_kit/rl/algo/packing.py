@@ -149,7 +149,7 @@ def pack(prompts: list[list[int]], answers: list[list[int]], share_prompts: bool
                   torch.tensor(pred, dtype=torch.long), torch.tensor([t for a in answers for t in a], dtype=torch.long))
 
 
-def pad(prompts: list[list[int]], answers: list[list[int]], pad_id: int = 0):
+def pad(prompts: list[list[int]], answers: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The padded layout (for the packing benchmark): [B, L] ids and attention mask."""
     rows = [p + a for p, a in zip(prompts, answers)]
     L = max(len(r) for r in rows)

@@ -3,7 +3,7 @@
 PPOActor(ppo, engine, ...) holds the math of a train step: the reference logprobs, which policy
 is the old one (proximal or behaviour), the KL, the advantages (rl/algo/advantage.py), the
 minibatches, the clipped loss and its aggregation (rl/algo/functional.py), and the step's stats.
-The engine (TrainEngine below) runs the model: the DeepSpeed worker (rl/workers/trainer.py) on a
+The engine (TrainEngine below) runs the model: the DeepSpeed worker (rl/trainer/worker.py) on a
 run, a small torch module in the unit tests:
 
     python -m pytest tests/unit/test_ppo_actor.py
@@ -83,7 +83,7 @@ class PPOActor:
         self.train_tokens, self.ref_tokens = train_tokens, ref_tokens
         self.answer_tokens = answer_tokens or ppo.gen.max_new_tokens
 
-    def train_step(self, shard: list[TrainerRow]) -> dict:
+    def train_step(self, shard: list[TrainerRow]) -> dict[str, float]:
         """One step on this rank's shard of the batch; its stats, summed over the ranks."""
         p, engine = self.ppo, self.engine
         # Every per-token quantity below is one flat tensor over the shard's answer tokens (ans).
@@ -116,7 +116,8 @@ class PPOActor:
         stats["prox_logp_time"] = t_prox - t_ref
         return stats
 
-    def _optimize(self, shard, ans: Answers, mask, adv, prox, behav, ref_lp) -> dict:
+    def _optimize(self, shard: list[TrainerRow], ans: Answers, mask: torch.Tensor, adv: torch.Tensor,
+                  prox: torch.Tensor | None, behav: torch.Tensor, ref_lp: torch.Tensor | None) -> dict[str, float]:
         """ppo.ppo_n_minibatches optimizer steps over the shard; the step's stats summed over the
         ranks, the per-token ones (and the advantage) as means over every trained token."""
         n_mini = self.ppo.ppo_n_minibatches
@@ -134,7 +135,9 @@ class PPOActor:
         out["lr"] = self.engine.last_lr()
         return out
 
-    def _minibatch(self, shard, ans: Answers, mini: list[int], mask, adv, prox, behav, ref_lp, acc: dict) -> None:
+    def _minibatch(self, shard: list[TrainerRow], ans: Answers, mini: list[int], mask: torch.Tensor,
+                   adv: torch.Tensor, prox: torch.Tensor | None, behav: torch.Tensor, ref_lp: torch.Tensor | None,
+                   acc: dict[str, float]) -> None:
         """One optimizer step on the shard's sequences `mini`, micro-batch by micro-batch; adds its sums to acc."""
         p, engine = self.ppo, self.engine
         sub = [shard[i] for i in mini]
@@ -152,7 +155,7 @@ class PPOActor:
                 continue
             t = ans.index(rows)  # this micro-batch's tokens, in the packed order
 
-            def cat(flat, t=t, device=logp.device):
+            def cat(flat: torch.Tensor, t: torch.Tensor = t, device: torch.device = logp.device) -> torch.Tensor:
                 return flat[t].to(device)
 
             w = cat(mask)

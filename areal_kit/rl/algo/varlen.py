@@ -28,6 +28,7 @@ import importlib.metadata
 import importlib.util
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +76,7 @@ def explain(device: str) -> str:
     return f"{NAME} (per-sequence SDPA; {why})"
 
 
-def _mask(**kw):
+def _mask(**kw: Any) -> torch.Tensor | None:
     """No mask when nothing is padded (flash-attn's rule: no dense T x T mask is built); padded
     batches get SDPA's mask, for the stock SDPA path `attention` then falls back to."""
 
@@ -93,7 +94,7 @@ class Layout:
     inverse: torch.Tensor | None
 
 
-def layout(views: list[tuple[int, int, int, int]], device) -> Layout:
+def layout(views: list[tuple[int, int, int, int]], device: torch.device | str) -> Layout:
     """The Layout of a row of views: (prefix start, prefix length, own start, own length) each.
     Worked out on the host, then moved: no read-back from the device."""
     by_len: dict[int, list[tuple[int, int, int, int]]] = {}
@@ -118,7 +119,8 @@ def layout(views: list[tuple[int, int, int, int]], device) -> Layout:
     return Layout(tuple(groups), inverse.to(device))
 
 
-def layout_kwargs(attn: str, views: list[tuple[int, int, int, int]], device) -> dict:
+def layout_kwargs(attn: str, views: list[tuple[int, int, int, int]],
+                  device: torch.device | str) -> dict[str, torch.Tensor | int | Layout]:
     """The model forward's keyword arguments that tell attention `attn` where the causal sequences
     (packing.Packed.views) of a packed row lie: flash-attn's varlen arguments (cumulative lengths,
     longest; contiguous sequences only), or our Layout. Once a micro-batch, from host-side
@@ -142,8 +144,10 @@ def segments(position_ids: torch.Tensor) -> list[tuple[int, int, int, int]]:
     return [(s, 0, s, e - s) for s, e in zip(starts, ends)]
 
 
-def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-              position_ids=None, packed_layout: Layout | None = None, **kwargs):
+def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              position_ids: torch.Tensor | None = None, packed_layout: Layout | None = None,
+              **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers attention interface: q/k/v [B, H, T, D] -> ([B, T, H, D], None). Without
     packed_layout (`layout_kwargs`) the sequences are found from the position ids, in every layer."""
     if attention_mask is not None or query.shape[0] != 1 or position_ids is None or query.shape[2] != key.shape[2]:
@@ -160,7 +164,8 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     # Sequences of equal length run as one batched call: an RL batch repeats lengths a lot (a
     # group's short answers, the tiny task's fixed length), and per-call overhead dominates there.
     for idx, n, length, keep in lay.groups:
-        def grab(x, idx=idx, n=n, length=length):  # [n, H, L, D]
+        def grab(x: torch.Tensor, idx: torch.Tensor = idx, n: int = n, length: int = length) -> torch.Tensor:
+            # [n, H, L, D]
             return x[:, idx].unflatten(1, (n, length)).transpose(0, 1)
 
         o = F.scaled_dot_product_attention(grab(q), grab(k), grab(v), dropout_p=p, is_causal=True,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Protocol
 
 from ray.exceptions import RayTaskError
 
@@ -17,7 +18,13 @@ from areal_kit.checkpoints import step_of
 from areal_kit.errors import RunFailed, describe
 
 
-def save(trainers, path: str, keep_last_n: int) -> str:
+class Saver(Protocol):
+    """The trainer ranks, as a save uses them (the driver's Trainers group)."""
+
+    def save_hf(self, path: str) -> None: ...
+
+
+def save(trainers: Saver, path: str, keep_last_n: int) -> str:
     """Every trainer rank joins (ZeRO-3 gathers); rank 0 writes `path`. Older saves beyond
     keep_last_n are removed after it is complete."""
     try:

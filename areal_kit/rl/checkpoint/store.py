@@ -1,7 +1,7 @@
 """Recover checkpoint folders on disk: durable writes, which checkpoints are complete, and the
 ones a fresh start set aside.
 
-Used by rl/checkpoint/recover.py (writing, resuming) and monitor.py (`areal-kit logs`, which reads them
+Used by rl/driver/recover.py (writing, resuming) and monitor.py (`areal-kit logs`, which reads them
 without importing the engine). A folder `globalstep{g}` with a readable state.json is complete:
 it only gets that name by a rename after everything in it was fsynced. Its state.json lists each
 file's size as written ("files"): one that is shorter or gone since (a disk that lost a write, a

@@ -23,23 +23,25 @@ import enum
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import ray
 
 from areal_kit import logs, runlog
+from areal_kit.config.loader import describe_options, origin
 from areal_kit.rl.algo.batch import Shaped, episode_stats, shape_rewards, step_stats
-from areal_kit.rl.checkpoint.checkpointer import Checkpointer
+from areal_kit.rl.common import heap
 from areal_kit.rl.driver import groups, raystart
+from areal_kit.rl.driver.checkpointer import Checkpointer
 from areal_kit.rl.driver.job import Job, RunState
 from areal_kit.rl.driver.rollout import Rollout, make_rollout
 from areal_kit.rl.driver.schedule import Every
 from areal_kit.rl.driver.turns import Turns
 from areal_kit.rl.driver.validation import Validator
+from areal_kit.rl.driver.weight_sync import WeightSync
 from areal_kit.rl.sample import Gathered, Generated, Sample, trainer_rows
-from areal_kit.rl.weight_sync.sync import WeightSync
-from areal_kit.rl.workers import heap
 
 if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
@@ -65,8 +67,9 @@ class Outcome:
 
 
 class Controller:
-    def __init__(self, job: Job, log: runlog.RunLogger, state: RunState | None = None, progress=None,
-                 should_stop=None, checkpoints: Checkpointer | None = None):
+    def __init__(self, job: Job, log: runlog.RunLogger, state: RunState | None = None,
+                 progress: Callable[[int, int, dict], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None, checkpoints: Checkpointer | None = None) -> None:
         self.job, self.cfg, self.log = job, job.cfg, log
         self.state = state or RunState()
         self.timer = runlog.StepTimer(self.state.timer)
@@ -100,7 +103,9 @@ class Controller:
         self.turns = Turns(self.cfg, w.engines, trainers=w.trainers)
         how = self.weights.connect()
         self.checkpoints.connect(self.state, self.timer, w.trainers)
-        self.validator = Validator(self.cfg, self.job.eval_rows, w.engines, self.log, self.job.total_steps)
+        self.validator = Validator(self.cfg.exp_ctrl, self.cfg.ppo.gen, self.cfg.seed, self.job.eval_rows, w.engines,
+                                   self.log, self.job.total_steps)
+        self.log.config(describe_options(self.cfg), origin(self.cfg))  # config.json: `areal-kit view`'s run page
         heap.freeze()
         self.log.info(logs.ready_line(time.time() - t0, f"{len(w.trainers)} trainer rank(s) (setup "
                                       f"{setup['trainer_setup']:.1f}s, attention {w.trainers.attention()}), "
@@ -149,6 +154,7 @@ class Controller:
         st = self.state
         t_step = time.time()
         got = self.rollout.gather()
+        t_got = time.time()
         self._check_rewards(got.samples, got.outs)
         shaped = shape_rewards(got.train, self.cfg.ppo)
         rows = trainer_rows(shaped.train)
@@ -158,6 +164,7 @@ class Controller:
         train_time = time.time() - t_train
         self._check_loss(stats)  # before the engines get the new weights
         st.version += 1
+        t_sync = time.time()
         sync_time = self.turns.after_train(lambda: self.weights.push(st.version, wait_engines=self.turns.active))
         st.global_step += 1
         self.rollout.after_push()
@@ -165,14 +172,47 @@ class Controller:
         row.update(train_time=train_time, sync_time=sync_time, e2e_time=time.time() - t_step)
         row.update(self.turns.seconds)
         self.timer.add(row["e2e_time"])
+        spans = self._spans(got, t_step, t_got, t_train, train_time, t_sync, sync_time, stats)
         if self.validator.due(st.global_step):
+            t_eval = time.time()
             row.update(self.validator.run(st.global_step))
+            spans.append(("driver", "eval", t_eval, time.time()))
         self._log_step(got.epoch, got.epoch_step, row)
         if self.sample_dumps.due(st.global_step):
             self.log.samples(st.global_step, self._readable(shaped.samples))
         if not self._failed_steps:  # a checkpoint in a failing streak would be resumed into it
+            t_ckpt, before = time.time(), (st.last_save_time, st.last_ckpt_time)
             self.checkpoints.after_step(got.epoch, got.epoch_step)
+            what = [name for name, b, a in zip(("model save", "recover checkpoint"), before,
+                                               (st.last_save_time, st.last_ckpt_time)) if b and a != b]
+            if what:
+                spans.append(("driver", " + ".join(what), t_ckpt, time.time()))
+        self.log.timeline(st.global_step, spans)
         return row
+
+    def _spans(self, got: Gathered, t_step: float, t_got: float, t_train: float, train_time: float, t_sync: float,
+               sync_time: float, stats: dict | None = None) -> list[tuple[str, str, float, float]]:
+        """The step's timeline (timeline.jsonl, `areal-kit view`'s lanes): the driver's wait for the
+        rollout and the weight sync, each engine reply's generation and reward (the engine's clock),
+        the trainer's train step and, from its stats, its parts in the order the trainer runs them
+        (reference logprobs, proximal logprobs, then forward/backward/optimizer: the rest, the
+        call's overhead included); wall-clock start and end."""
+        spans = [("driver", "wait for the rollout", t_step, t_got)]
+        for o in got.outs:
+            gen_end = o.done - o.reward_time
+            spans += [(f"engine {o.engine}", "generate", gen_end - o.gen_time, gen_end),
+                      (f"engine {o.engine}", "reward", gen_end, o.done)]
+        spans.append(("trainer", "train step", t_train, t_train + train_time))
+        at = t_train
+        for what, key in (("reference logprobs", "ref_logp_time"), ("proximal logprobs", "prox_logp_time")):
+            took = float((stats or {}).get(key) or 0.0)
+            if took > 0:
+                spans.append(("trainer parts", what, at, at + took))
+                at += took
+        if at > t_train:
+            spans.append(("trainer parts", "forward/backward/optimizer", at, max(at, t_train + train_time)))
+        spans.append(("driver", "weight sync", t_sync, t_sync + sync_time))
+        return spans
 
     def _check_rewards(self, samples: list[Sample], outs: list[Generated]) -> None:
         """Count the steps in a row whose every sample's reward failed; stop at the configured count."""
@@ -225,9 +265,13 @@ class Controller:
         matters), with what the trainer saw: task_reward and seq_reward (the shaped reward the
         trainer credits to the last token; group-normalized for GRPO)."""
         tok, n = self.job.tokenizer, self.cfg.exp_ctrl.dump_samples_groups * self.cfg.ppo.group_size
-        return [{"id": s.id, "prompt": tok.decode(s.prompt_ids), "answer": tok.decode(s.output_ids),
+        return [{"id": s.id, "group": s.group, "prompt": tok.decode(s.prompt_ids), "answer": tok.decode(s.output_ids),
                  "task_reward": s.task_reward, "seq_reward": s.seq_reward, "no_eos": s.no_eos,
-                 "n_tokens": len(s.output_ids), "version": s.version} for s in samples[:n]]
+                 "n_tokens": len(s.output_ids), "version": s.version, "final_reward": s.final_reward,
+                 "tool_calls": s.tool_calls, "turns": s.turns,
+                 **(runlog.token_fields(tok.batch_decode([[t] for t in s.output_ids]), s.logprobs, s.loss_mask,
+                                        s.versions) if self.cfg.exp_ctrl.dump_sample_tokens else {})}
+                for s in samples[:n]]
 
     def _plugin_stats(self, outs: list[Generated]) -> dict:
         """reward_failures and agent/dropped (counts this step; each new kind logged once) and reward/* means."""

@@ -10,22 +10,27 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ray
+from ray import ObjectRef
 
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.rollout import streaming
 from areal_kit.errors import UserError
 from areal_kit.procs import stat_fields
+from areal_kit.rl.common.stacks import StackDumps
 from areal_kit.rl.driver import placement
+from areal_kit.rl.driver.client import Group
 from areal_kit.rl.driver.watchdog import Watchdog
-from areal_kit.rl.sample import TrainerRow
+from areal_kit.rl.engine.worker import RolloutWorker
+from areal_kit.rl.hallway import RecoverLoad
+from areal_kit.rl.sample import Generated, TrainerRow
+from areal_kit.rl.trainer.worker import TrainerWorker
 from areal_kit.rl.weight_sync import ipc
-from areal_kit.rl.workers.rollout import RolloutWorker
-from areal_kit.rl.workers.trainer import TrainerWorker
 
 if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
@@ -46,78 +51,60 @@ def shard_batch(samples: list[TrainerRow], world: int) -> list[list[TrainerRow]]
     return [[samples[i] for i in order[rank::world]] for rank in range(world)]
 
 
-class TrainerGroup:
+class TrainerGroup(Group[TrainerWorker]):
     """The DeepSpeed ranks of the actor. Every call goes to every rank (their collectives need
     all of them) and returns rank 0's answer."""
 
-    def __init__(self, actors: list, watchdog: Watchdog):
-        self.actors = actors  # Ray actor handles, rank order
-        self.watchdog = watchdog
-        self.names = [f"trainer rank {r}" for r in range(len(actors))]
-
-    def __len__(self) -> int:
-        return len(self.actors)
-
-    def _all(self, method: str, *args) -> list:
-        refs = [getattr(a, method).remote(*args) for a in self.actors]
-        return self.watchdog.wait(method, self.watchdog.label(refs, self.names))
+    def __init__(self, actors: list[Any], watchdog: Watchdog) -> None:
+        super().__init__(actors, watchdog, "trainer rank")
 
     def attention(self) -> str:
-        return ray.get(self.actors[0].attention.remote())
+        return ray.get(self.one(0, TrainerWorker.attention))
 
-    def train_step(self, samples: list[TrainerRow]) -> dict:
+    def train_step(self, samples: list[TrainerRow]) -> dict[str, float]:
         """One step on the batch: each rank gets its own shard, one object in the store each, so
         no rank unpickles the samples of the others."""
-        refs = [a.train_step.remote(ray.put(shard)) for a, shard in zip(self.actors, shard_batch(samples, len(self)))]
-        return self.watchdog.wait("train_step", self.watchdog.label(refs, self.names))[0]
+        refs = [self.one(r, TrainerWorker.train_step, shard) for r, shard in enumerate(shard_batch(samples, len(self)))]
+        return self.watchdog.wait("train_step", refs)[0]
 
     def save_hf(self, path: str, merged: bool | None = None) -> None:
         """merged: under LoRA, the merged model rather than the adapter (None: actor.lora.save_merged)."""
-        self._all("save_hf", path, merged)
+        self.all(TrainerWorker.save_hf, path, merged)
 
     def save_recover(self, path: str) -> None:
-        self._all("save_recover", path)
+        self.all(TrainerWorker.save_recover, path)
 
-    def load_recover(self, path: str) -> dict:
-        """Every rank loads; rank 0's report (TrainerWorker.load_recover: version, ranks, universal, load_time)."""
-        return self._all("load_recover", path)[0]
+    def load_recover(self, path: str) -> RecoverLoad:
+        """Every rank loads; rank 0's report."""
+        return self.all(TrainerWorker.load_recover, path)[0]
 
 
-class EngineGroup:
+class EngineGroup(Group[RolloutWorker]):
     """The rollout engines: rows are split evenly over them; generations are queued, not waited."""
 
-    def __init__(self, actors: list, watchdog: Watchdog, tp: int = 1):
-        self.actors = actors  # Ray actor handles, one per engine
-        self.watchdog = watchdog
+    def __init__(self, actors: list[Any], watchdog: Watchdog, tp: int = 1) -> None:
+        super().__init__(actors, watchdog, "rollout engine")
         self.tp = tp  # devices (vLLM workers) of each engine
-        self.names = [f"rollout engine {i}" for i in range(len(actors))]
 
-    def __len__(self) -> int:
-        return len(self.actors)
-
-    def _split(self, rows: list) -> list[tuple[int, list]]:
+    def _split(self, rows: list[dict]) -> list[tuple[int, list[dict]]]:
         n = len(self.actors)
         return [(i, rows[i::n]) for i in range(n) if rows[i::n]]
 
-    def submit(self, rows: list[dict]) -> list:
+    def submit(self, rows: list[dict]) -> list[ObjectRef[Generated]]:
         """Queue a generation of every row; the handles to wait on with the watchdog."""
-        parts = self._split(rows)
-        refs = [self.actors[i].generate.remote(chunk) for i, chunk in parts]
-        return self.watchdog.label(refs, [self.names[i] for i, _ in parts])
+        return [self.one(i, RolloutWorker.generate, chunk) for i, chunk in self._split(rows)]
 
-    def submit_group(self, row: dict, engine: int, priority: int = 0):
+    def submit_group(self, row: dict, engine: int, priority: int = 0) -> ObjectRef[Generated]:
         """Streaming: queue one prompt's group on one engine (lower priority runs first); the handle to wait on."""
-        return self.watchdog.label([self.actors[engine].generate.remote([row], priority)], [self.names[engine]])[0]
+        return self.one(engine, RolloutWorker.generate, [row], priority)
 
-    def occupancy(self) -> list[float]:
+    def occupancy(self) -> list[float | None]:
         """Streaming: each engine's mean share of busy slots since the last call."""
-        return ray.get([a.occupancy.remote() for a in self.actors], timeout=60)
+        return ray.get(self.each(RolloutWorker.occupancy), timeout=60)
 
     def evaluate(self, rows: list[dict], max_new_tokens: int, n_samples: int = 0) -> list[dict]:
-        parts = self._split(rows)
-        refs = [self.actors[i].evaluate.remote(chunk, max_new_tokens, n_samples) for i, chunk in parts]
-        got = self.watchdog.wait("evaluate", self.watchdog.label(refs, [self.names[i] for i, _ in parts]))
-        return [r for part in got for r in part]
+        refs = [self.one(i, RolloutWorker.evaluate, chunk, max_new_tokens, n_samples) for i, chunk in self._split(rows)]
+        return [r for part in self.watchdog.wait("evaluate", refs) for r in part]
 
 
 @dataclass
@@ -126,11 +113,11 @@ class Workers:
     engines: EngineGroup
     watchdog: Watchdog
     places: placement.Reservation | None = None
-    engine_setups: list | None = None  # the engines' setup calls, when create() made them already
+    engine_setups: list[ObjectRef[float]] | None = None  # the engines' setup calls, when create() made them already
     overhead_cores: list[int] | None = None  # cpu_cores=split: the trainer ranks' cores (see pin_overhead)
     unpin: dict[int, set[int]] = field(default_factory=dict)  # what pin_overhead changed: tid -> its cores before
 
-    def actors(self) -> list:
+    def actors(self) -> list[Any]:
         return self.trainers.actors + self.engines.actors
 
     def setup(self) -> dict[str, float]:
@@ -138,18 +125,17 @@ class Workers:
         every worker can dump its stacks for the watchdog. On shared GPUs the engines first: vLLM
         sizes its KV cache from the memory its GPU gains while it profiles, which a trainer rank
         loading beside it at the same time would make wrong."""
-        names = self.trainers.names + self.engines.names
         if self.places is not None and self.places.layout.shared:
-            te = self.watchdog.wait("setup", self.watchdog.label([a.setup.remote() for a in self.engines.actors],
-                                                                 self.engines.names))
-            tt = self.watchdog.wait("setup", self.watchdog.label([a.setup.remote() for a in self.trainers.actors],
-                                                                 self.trainers.names))
+            te = self.watchdog.wait("setup", self.engines.each(RolloutWorker.setup))
+            tt = self.watchdog.wait("setup", self.trainers.each(TrainerWorker.setup))
             t = tt + te
         else:
-            engines = self.engine_setups or [a.setup.remote() for a in self.engines.actors]
-            refs = [a.setup.remote() for a in self.trainers.actors] + engines
-            t = self.watchdog.wait("setup", self.watchdog.label(refs, names))
-        pids = self.watchdog.arm(dict(zip(self.trainers.names + self.engines.names, self.actors(), strict=True)))
+            engines = self.engine_setups or self.engines.each(RolloutWorker.setup)
+            t = self.watchdog.wait("setup", self.trainers.each(TrainerWorker.setup) + engines)
+        where = [g.one(i, StackDumps.arm_stacks, self.watchdog.stacks_dir, name)
+                 for g in (self.trainers, self.engines) for i, name in enumerate(g.names)]
+        pids = self.watchdog.arm(dict(zip(self.trainers.names + self.engines.names, ray.get(where, timeout=120),
+                                          strict=True)))
         if self.overhead_cores:
             self.unpin = pin_overhead(self.overhead_cores, pids)
         n = len(self.trainers)
@@ -212,13 +198,14 @@ def create(cfg: TrainConfig, model_path: str, cache_root: str, total_steps: int,
         tp) for i in range(alloc.gen.dp)]
     # An engine sets up longest, and needs no trainer: it starts as soon as its process is up, not
     # after the rendezvous below. On shared GPUs the engines set up alone first (Workers.setup).
-    setups = None if places.layout.shared else [a.setup.remote() for a in rollouts]
-    # Rank 0's node hosts the DeepSpeed rendezvous; the port must be free there, not here.
-    master, port = ray.get(trainers[0].address.remote())
-    ray.get([t.set_master.remote(master, port) for t in trainers])
     dog = Watchdog(cfg.exp_ctrl, stacks_dir)
+    trainer_group, engine_group = TrainerGroup(trainers, dog), EngineGroup(rollouts, dog, tp)
+    setups = None if places.layout.shared else engine_group.each(RolloutWorker.setup)
+    # Rank 0's node hosts the DeepSpeed rendezvous; the port must be free there, not here.
+    master, port = ray.get(trainer_group.one(0, TrainerWorker.address))
+    ray.get(trainer_group.each(TrainerWorker.set_master, master, port))
     overhead = sorted({c for r in range(n_train) for c in cores[r]}) if cores else None
-    return Workers(TrainerGroup(trainers, dog), EngineGroup(rollouts, dog, tp), dog, places, setups, overhead)
+    return Workers(trainer_group, engine_group, dog, places, setups, overhead)
 
 
 def _on_gpus(env: dict[str, str], gpus: list[str] | None, index: int, tp: int, shared: bool) -> dict[str, str]:
@@ -301,7 +288,7 @@ def _set_affinity(cores: dict[int, set[int]]) -> None:
             pass  # a thread that ended meanwhile
 
 
-def _pinned(env: dict[str, str], cores: list[list[int]] | None, slots) -> dict[str, str]:
+def _pinned(env: dict[str, str], cores: list[list[int]] | None, slots: Iterable[int]) -> dict[str, str]:
     """A worker's env bound to its slots' cores: AREAL_CPU_CORES for a trainer rank (applied in its
     setup), VLLM_CPU_OMP_THREADS_BIND for an engine (one core list per tp rank)."""
     slots = list(slots)

@@ -18,8 +18,8 @@ from areal_kit.data.prompts import PromptLoader, run_prompts
 from areal_kit.data.tiny_model import build
 from areal_kit.reward.plugins import reward_specs
 from areal_kit.rl import lora
-from areal_kit.rl.workers.workflow import load as load_workflow
-from areal_kit.rl.workers.workflow import load_agent
+from areal_kit.rl.workflow import load as load_workflow
+from areal_kit.rl.workflow import load_agent
 
 
 @dataclass
@@ -81,7 +81,7 @@ def prepare(cfg: TrainConfig) -> Job:
     if cfg.agent.fn:
         load_agent(cfg.agent.fn)
     model_path = resolve_model(cfg)
-    lora.check_run(cfg, model_path)  # actor.lora: its target modules against the model, in one line
+    lora.check_targets(model_path, cfg.actor.lora)  # actor.lora: its target modules against the model, in one line
     prompts = run_prompts(cfg, model_path)
     total = cfg.exp_ctrl.total_train_epochs * prompts.loader.steps_per_epoch
     if cfg.exp_ctrl.total_train_steps:

@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import sys
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from areal_kit import hardware, logs, runlog
@@ -31,7 +32,7 @@ from areal_kit.config.alloc import parse_allocation
 from areal_kit.data.model_source import model_spec
 from areal_kit.data.prompts import check_sources
 from areal_kit.errors import ExitCode, RunFailed, UserError, describe
-from areal_kit.interrupts import Interrupted, interruption, note_sigterm, raise_on_sigterm, sigterm_interrupts
+from areal_kit.interrupts import Handler, Interrupted, interruption, note_sigterm, raise_on_sigterm, sigterm_interrupts
 from areal_kit.rl.driver import raystart
 from areal_kit.rl.driver.retry import WorkerDied, relaunching, worker_died
 
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 class _Progress:
     """A rich progress bar on a terminal; nothing otherwise (logs carry the same numbers)."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int) -> None:
         self.bar = None
         if sys.stdout.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -67,13 +68,13 @@ class _Progress:
             self.bar.stop()
 
 
-def start_ray_early(cfg: TrainConfig) -> raystart.InBackground:
+def start_ray_early(cfg: TrainConfig) -> raystart.InBackground[bool]:
     """Ray's start (controller.start_ray's), begun on a thread: its processes come up while this
     one imports the rest and prepares the run; the first attempt waits for it."""
     return raystart.InBackground(raystart.start_ray, cfg)
 
 
-def stop_ray_early(ray_up: raystart.InBackground) -> None:
+def stop_ray_early(ray_up: raystart.InBackground[bool]) -> None:
     """A launch stopped before its first attempt (bad input, a running twin, Ctrl-C): the Ray it was
     starting is shut down once up, so a caller that goes on (a test, a notebook) has none left over."""
     try:
@@ -93,7 +94,7 @@ def check_paths(cfg: TrainConfig) -> None:
     check_sources(cfg)
 
 
-def _prepare(cfg: TrainConfig, ray_up: raystart.InBackground):
+def _prepare(cfg: TrainConfig, ray_up: raystart.InBackground[bool]) -> tuple[Job, int]:
     """The run's Job and its lock (see hold_run_lock), while Ray starts; Ray stopped if either fails."""
     try:
         import torch
@@ -166,7 +167,7 @@ def launch(cfg: TrainConfig, fresh: bool = False, discard: bool = False) -> int:
         os.close(lock)
 
 
-def _run_failed(cfg: TrainConfig, job: Job, log, e: Exception) -> RunFailed:
+def _run_failed(cfg: TrainConfig, job: Job, log: runlog.RunLogger, e: Exception) -> RunFailed:
     """The "Run failed" line, with e's traceback, into train.log (`areal-kit logs` reads it), and
     the one line the terminal gets."""
     log.failure(logs.failed_line(describe(e)), e)
@@ -212,12 +213,12 @@ class SigtermStop:
     kill the workers too: the step then fails, and the run stops without a relaunch.
     """
 
-    def __init__(self, log, graceful: bool):
+    def __init__(self, log: runlog.RunLogger, graceful: bool) -> None:
         self.log, self.graceful = log, graceful
         self.armed = False  # the loop runs and can stop between steps (set by _attempt)
         self.signum = 0  # the SIGTERM that asked the loop to stop after its step; 0: none
 
-    def install(self):
+    def install(self) -> Handler:
         """Put the handler in place (again after ray.init); returns the one it replaced, or None."""
         return sigterm_interrupts(self._on_sigterm)
 
@@ -229,7 +230,7 @@ class SigtermStop:
         """The stop asked for, as the CLI reports it (ExitCode.TERMINATED)."""
         return Interrupted("SIGTERM", ExitCode.TERMINATED, global_step, checkpoint)
 
-    def _on_sigterm(self, signum, frame):
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self.graceful and self.armed and not self.signum:
             self.signum = signum
             note_sigterm()  # a SIGINT that follows (scancel's batch shell) stops the run as this SIGTERM
@@ -248,12 +249,12 @@ class _FailedAt:
     started: bool = False
 
 
-def _attempt(job: Job, log, progress, sigterm: SigtermStop, fresh: bool, ray_up: raystart.InBackground,
-             failed: _FailedAt | None = None, discard: bool = False) -> Outcome:
+def _attempt(job: Job, log: runlog.RunLogger, progress: _Progress, sigterm: SigtermStop, fresh: bool,
+             ray_up: raystart.InBackground[bool], failed: _FailedAt | None = None, discard: bool = False) -> Outcome:
     """One launch: the run state, Ray (up, or the error its start raised), the workers (given the
     recover checkpoint's trainer state when the run state came from one), then training to the end
     or to a stop asked for."""
-    from areal_kit.rl.checkpoint.checkpointer import Checkpointer
+    from areal_kit.rl.driver.checkpointer import Checkpointer
     from areal_kit.rl.driver.controller import Controller, Ending
 
     checkpoints = Checkpointer(job, log)

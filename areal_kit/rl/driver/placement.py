@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -170,7 +171,7 @@ def pack(nodes: list[Node], n_train: int, n_engines: int, tp: int, unit: str, sp
     free = [dict(n.free) for n in nodes]
     need = n_train + n_engines * tp
 
-    def have(now) -> str:
+    def have(now: list[dict[str, float]]) -> str:
         return f"nodes have {held}{unit}s " + ", ".join(f"{f.get(unit, 0):g}" for f in now)
 
     total = sum(f.get(unit, 0) for f in free)
@@ -362,13 +363,13 @@ def _label(g: Group) -> str:
     return _who(g.role if g.role == "engine" else "trainer rank", range(g.first, g.first + len(g.bundles)))
 
 
-def _who(what: str, indices) -> str:
+def _who(what: str, indices: Iterable[int]) -> str:
     """engine 3, engines 0-7, trainer ranks 0, 2."""
     indices = list(indices)
     return f"{what}{'s' if len(indices) > 1 else ''} {_spans(indices)}"
 
 
-def _spans(values) -> str:
+def _spans(values: Iterable[int]) -> str:
     """0-7 for a run, 0, 2, 4 otherwise."""
     values = sorted(values)
     if not values:
@@ -385,8 +386,9 @@ def check_gpu_sharing(cfg: TrainConfig, plat: Platform) -> None:
     sharing.check(cfg, plat)
 
 
-def _gpu_ids(actor) -> str:
-    """Run inside a trainer rank's actor: the GPU Ray gave it, as the node numbers them."""
+def _gpu_ids(actor: object) -> str:
+    """Run inside a trainer rank's actor (Ray's __ray_call__ passes it, unused): the GPU Ray gave
+    it, as the node numbers them."""
     return ",".join(str(i) for i in ray.get_gpu_ids())
 
 

@@ -17,14 +17,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import ray
 
 from areal_kit import hardware
 from areal_kit.config.alloc import parse_allocation
 from areal_kit.config.schema import TrainConfig
-from areal_kit.rl.workers import testhooks
+from areal_kit.rl.common import testhooks
 
 
 def start_ray(cfg: TrainConfig) -> bool:
@@ -60,7 +60,10 @@ class _NoSigtermNotice(logging.Filter):
 logging.getLogger("ray._private.worker").addFilter(_NoSigtermNotice())
 
 
-class InBackground:
+R = TypeVar("R")
+
+
+class InBackground(Generic[R]):
     """fn(*args) on a thread of its own, started now; wait() returns what it returned, once it
     has, or raises in the waiting thread what it raised (every wait() the same error).
 
@@ -70,15 +73,15 @@ class InBackground:
     that ends early (bad input found while Ray starts) ends the thread and those processes too.
     """
 
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+    def __init__(self, fn: Callable[..., R], *args: Any) -> None:
         self._done = threading.Event()
         self._error: BaseException | None = None
-        self._result: Any = None
+        self._result: R | None = None
         self._thread = threading.Thread(target=self._run, args=(fn, args), name=f"background {fn.__name__}",
                                         daemon=True)
         self._thread.start()
 
-    def _run(self, fn, args) -> None:
+    def _run(self, fn: Callable[..., R], args: tuple[Any, ...]) -> None:
         try:
             self._result = fn(*args)
         except BaseException as e:  # noqa: BLE001  (any error, raised again in the waiting thread)
@@ -87,11 +90,11 @@ class InBackground:
             self._done.set()
         threading.Event().wait()  # parked: see the class docstring
 
-    def wait(self):
+    def wait(self) -> R:
         self._done.wait()
         if self._error is not None:
             raise self._error
-        return self._result
+        return cast(R, self._result)  # fn's, set before _done when it raised nothing
 
     def done(self) -> bool:
         return self._done.is_set()

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 import ray.exceptions as rex
 
@@ -32,6 +33,9 @@ from areal_kit.rl.driver.watchdog import WorkerHang
 
 if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
+    from areal_kit.runlog import RunLogger
+
+T = TypeVar("T")
 
 DEATH, OOM, ENGINE, COLLECTIVE = "worker death", "out of memory", "dead vLLM engine core", "NCCL/collective error"
 RAY_START = "Ray's start timed out"
@@ -68,7 +72,7 @@ class StillFailing(RunFailed):
     (a RunFailed: written whole, as users read it, not cut as another error's first line is)."""
 
 
-def _chain(e: BaseException | None):
+def _chain(e: BaseException | None) -> Iterator[BaseException]:
     """e, then what it wraps: a RayTaskError's cause, else the error it was raised from."""
     seen = set()
     while e is not None and id(e) not in seen:  # causes can nest; a cycle must not loop forever
@@ -169,7 +173,8 @@ def gave_up(kind: str, e: BaseException, step: int | None, same: bool, retries: 
                   f"relaunch does not fix it: {advice(kind, e, cfg)} ({describe(e)})")
 
 
-def relaunching(run_once, retries: int, log, pause: float = 1.0, where=lambda: None, cfg: TrainConfig | None = None):
+def relaunching(run_once: Callable[[int], T], retries: int, log: RunLogger, pause: float = 1.0,
+                where: Callable[[], int | None] = lambda: None, cfg: TrainConfig | None = None) -> T:
     """run_once(attempt) again after a failure a relaunch can fix, up to `retries` times; anything
     else raises at once. where(): the global step the last attempt failed in (None: unknown).
     Past the bound, a worker death raises as it is; another kind raises StillFailing, naming the fix."""

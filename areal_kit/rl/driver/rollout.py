@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
     from areal_kit.rl.driver.groups import Workers
     from areal_kit.rl.driver.job import Job, RunState
-    from areal_kit.rl.weight_sync.sync import WeightSync
+    from areal_kit.rl.driver.weight_sync import WeightSync
+    from areal_kit.runlog import RunLogger
 
 
 class Rollout(ABC):
@@ -61,9 +62,9 @@ class Rollout(ABC):
     pending) what a recover checkpoint written after after_push must record."""
 
     def __init__(self, cfg: TrainConfig, job: Job, workers: Workers, weights: WeightSync, state: RunState,
-                 log=None):
+                 log: RunLogger | None = None) -> None:
         self.cfg, self.job, self.workers, self.weights, self.state, self.log = cfg, job, workers, weights, state, log
-        self.staleness = Staleness.of(cfg)
+        self.staleness = Staleness.of(cfg.ppo)
         self.need = cfg.dataset.train_bs_n_seqs
 
     @abstractmethod
@@ -75,7 +76,8 @@ class Rollout(ABC):
         """A step's new weights are pushed (state.version and global_step count it)."""
 
 
-def make_rollout(cfg: TrainConfig, job: Job, workers: Workers, weights: WeightSync, state: RunState, log) -> Rollout:
+def make_rollout(cfg: TrainConfig, job: Job, workers: Workers, weights: WeightSync, state: RunState,
+                 log: RunLogger | None) -> Rollout:
     """The rollout of cfg's rollout.mode, continuing `state` (a resumed run's batches and pending)."""
     kind = StreamRollout if streaming(cfg) else BatchRollout
     return kind(cfg, job, workers, weights, state, log)
@@ -94,7 +96,7 @@ class Batch:
 
 class BatchRollout(Rollout):
     def __init__(self, cfg: TrainConfig, job: Job, workers: Workers, weights: WeightSync, state: RunState,
-                 log=None):
+                 log: RunLogger | None = None) -> None:
         super().__init__(cfg, job, workers, weights, state, log)
         self.queue: deque[Batch] = deque()
         self.dispatched = state.batches  # batches submitted to the engines: the next one's sample seeds
@@ -136,7 +138,7 @@ class BatchRollout(Rollout):
             got.picked = [replace(s, group=i) for i, g in enumerate(keep[:need]) for s in g]
         elif got.rounds:  # not one informative group: the step trains on its first batch
             got.picked = first
-        if len(keep) < need and not self._short_logged:
+        if len(keep) < need and not self._short_logged and self.log is not None:  # built without a log: unsaid
             self._short_logged = True
             self.log.warning(f"Dynamic sampling: global step {self.state.global_step + 1} has {len(keep)} of {need} "
                              f"informative groups after {got.rounds} extra round(s) "
@@ -186,7 +188,7 @@ class Prompt:
 
 class StreamRollout(Rollout):
     def __init__(self, cfg: TrainConfig, job: Job, workers: Workers, weights: WeightSync, state: RunState,
-                 log=None):
+                 log: RunLogger | None = None) -> None:
         super().__init__(cfg, job, workers, weights, state, log)
         self.capacity = self.staleness.batches_in_flight * self.need
         self.waiting: deque[Prompt] = deque(self._prompt(b, i) for b, i in state.pending)

@@ -18,20 +18,23 @@ rank's live tensors in the generation turn.
 
 Sleep mode is CUDA-only: on CPU (where shared allocations run as worker slots that share cores,
 not memory) every call here is a no-op, unless a test forces it (`active=True`). The engine's end
-of the calls is rl/workers/sleeper.py.
+of the calls is rl/engine/sleeper.py.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from areal_kit import hardware
+from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
+from areal_kit.rl.engine.worker import RolloutWorker
 from areal_kit.rl.sharing import shares_gpus, sleep_level
+from areal_kit.rl.trainer.worker import TrainerWorker
 
 if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
-    from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
 
 
 class Turns:
@@ -52,23 +55,23 @@ class Turns:
         if not self.active or self.asleep:
             return
         t0 = time.time()
-        self._all(self.engines, "sleep", self.level)
+        self.engines.all(RolloutWorker.sleep, self.level)
         self.asleep = True
         self.seconds = {"sleep_time": time.time() - t0}
 
-    def after_train(self, push) -> float:
+    def after_train(self, push: Callable[[], float]) -> float:
         """Weights back on the GPU, push() fills them, then the KV cache; push's return value (the
         sync's seconds). push must return once every engine holds the new weights."""
         if not self.active or not self.asleep:
             return push()
         t0 = time.time()
         self._release()
-        self._all(self.engines, "wake_up", ["weights"])
+        self.engines.all(RolloutWorker.wake_up, ["weights"])
         t1 = time.time()
         sync_time = push()
         t2 = time.time()
         self._release()  # what the sync's save cached (ZeRO-3 gathers the whole model)
-        self._all(self.engines, "wake_up", ["kv_cache"])
+        self.engines.all(RolloutWorker.wake_up, ["kv_cache"])
         self.asleep = False
         self.seconds.update(wake_weights_time=t1 - t0, wake_kv_time=time.time() - t2)
         return sync_time
@@ -76,12 +79,4 @@ class Turns:
     def _release(self) -> None:
         """Every trainer rank returns the memory its allocator holds free, before an engine wakes."""
         if self.trainers is not None:
-            self._all(self.trainers, "release_memory")
-
-    @staticmethod
-    def _all(group, method: str, *args) -> list:
-        """Call method on every actor of group and wait, under the watchdog's bound for that call."""
-        refs = [getattr(a, method).remote(*args) for a in group.actors]
-        dog = group.watchdog
-        return dog.wait(method, dog.label(refs, group.names))
-
+            self.trainers.all(TrainerWorker.release_memory)

@@ -25,18 +25,23 @@ from areal_kit.rl.algo.batch import sample_seed
 from areal_kit.rl.driver.schedule import Every
 
 if TYPE_CHECKING:
-    from areal_kit.config.schema import TrainConfig
+    from areal_kit.config.schema import ExpCtrl, GenConfig
+    from areal_kit.rl.driver.groups import EngineGroup
+    from areal_kit.runlog import RunLogger
 
 
 class Validator:
     """Greedy pass@1 (and avg@k, pass@k) on the held-out rows, on the rollout engines, when
     exp_ctrl.eval_every says."""
 
-    def __init__(self, cfg: TrainConfig, rows: list[dict], engines, log, total_steps: int):
+    def __init__(self, exp_ctrl: ExpCtrl, gen: GenConfig, seed: int, rows: list[dict], engines: EngineGroup,
+                 log: RunLogger, total_steps: int) -> None:
+        """exp_ctrl: its eval_* options; gen: the run's sampling (its answer length, unless
+        exp_ctrl.eval_max_new_tokens); seed: the run's, from which each eval sample's derives."""
         self.rows, self.engines, self.log, self.total_steps = rows, engines, log, total_steps
-        self.every = Every(steps=cfg.exp_ctrl.eval_every)
-        self.max_tokens = cfg.exp_ctrl.eval_max_new_tokens or cfg.ppo.gen.max_new_tokens
-        self.k, self.seed = cfg.exp_ctrl.eval_n_samples, cfg.seed
+        self.every = Every(steps=exp_ctrl.eval_every)
+        self.max_tokens = exp_ctrl.eval_max_new_tokens or gen.max_new_tokens
+        self.k, self.seed = exp_ctrl.eval_n_samples, seed
 
     def due(self, global_step: int) -> bool:
         return bool(self.rows) and bool(self.every.steps) and (

@@ -11,7 +11,7 @@ start on SIGUSR1, so a thread stuck in C code dumps too) into `<log dir>/stacks/
 relaunches from the last recover checkpoint, as after a worker death.
 
     dog = Watchdog(cfg.exp_ctrl, stacks_dir)
-    dog.arm({"trainer rank 0": actor, ...})         # each worker's node and pid, for the dumps
+    dog.arm({"trainer rank 0": (node, pid), ...})   # where each worker runs (its arm_stacks), for the dumps
     dog.wait("train_step", dog.label(refs, names))  # ray.get under the bound
 """
 
@@ -22,13 +22,16 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from typing import Any
+from collections.abc import Sequence
+from typing import TypeVar
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from areal_kit.config.schema import ExpCtrl
-from areal_kit.rl.workers.stacks import STACK_SIGNAL
+from areal_kit.rl.common.stacks import STACK_SIGNAL
+
+R = TypeVar("R")
 
 HISTORY = 50  # the median of the last calls of a kind: a run whose steps slow down keeps a fair bound
 
@@ -68,19 +71,19 @@ class Watchdog:
         self.took[call].append(seconds)
 
     # -- waiting -----------------------------------------------------------------------------
-    def label(self, refs: list, names: list[str]) -> list:
+    def label(self, refs: list[ray.ObjectRef[R]], names: list[str]) -> list[ray.ObjectRef[R]]:
         """Name the worker behind each ref (a hang report names it); returns refs."""
         for r, n in zip(refs, names, strict=True):
             self._names[r.hex()] = n
         return refs
 
-    def wait(self, call: str, refs: list) -> list:
+    def wait(self, call: str, refs: Sequence[ray.ObjectRef[R]]) -> list[R]:
         """What the calls returned, raising the first error as soon as it is in (a plain ray.get of
         a list can sit on a call stuck behind one that already failed), or WorkerHang."""
         t0 = time.monotonic()
         bound = self.bound(call)
         left = list(refs)
-        got: dict[ray.ObjectRef, Any] = {}
+        got: dict[ray.ObjectRef[R], R] = {}
         try:
             while left:
                 # Whatever is in already is read in one go (each read is a round trip for the driver);
@@ -99,7 +102,7 @@ class Watchdog:
             for r in refs:
                 self._names.pop(r.hex(), None)
 
-    def forget(self, ref) -> None:
+    def forget(self, ref: ray.ObjectRef[R]) -> None:
         """A labelled call that was waited on elsewhere (streaming) is done."""
         self._names.pop(ref.hex(), None)
 
@@ -114,14 +117,12 @@ class Watchdog:
                          f"Python stacks of every worker in {where}")
 
     # -- stacks ------------------------------------------------------------------------------
-    def arm(self, actors: dict[str, Any]) -> set[int]:
-        """Have each worker dump its stacks on our signal; remember where it runs. Returns the
-        workers' pids on this node."""
-        names = list(actors)
-        where = ray.get([a.arm_stacks.remote(self.stacks_dir, n) for n, a in actors.items()], timeout=120)
-        self._where.update(zip(names, where, strict=True))
+    def arm(self, where: dict[str, tuple[str, int]]) -> set[int]:
+        """Remember where each worker runs (its node id and pid, from its arm_stacks: the signal
+        makes it dump its stacks). Returns the workers' pids on this node."""
+        self._where.update(where)
         here = ray.get_runtime_context().get_node_id()
-        return {pid for node, pid in where if node == here}
+        return {pid for node, pid in where.values() if node == here}
 
     def dump_stacks(self) -> str:
         """Every armed worker's stacks, and the driver's own, into stacks_dir; returns it."""

@@ -13,7 +13,7 @@ CUDA IPC's (torch's reduce_tensor / rebuild_cuda_tensor); on CPU it is a shared-
 
 A handle is plain values (ints, bytes, strings in dicts and lists): it reaches a GPU engine's worker
 through vLLM's engine-core client, whose msgpack encoder refuses classes and dtypes, and comes back
-with its tuples as lists. colocated.py drives the parts: it chooses this sync for shared layouts and
+with its tuples as lists. rl/driver/weight_sync.py drives the parts: it chooses this sync for shared layouts and
 runs the chunk loop (`unreachable` says when a layout could not use it, and the run falls back to
 disk). A buffer is exported once and mapped once per consumer (torch counts one release per CUDA
 export), so every chunk of a sync reuses both; the producer may refill it only once every consumer

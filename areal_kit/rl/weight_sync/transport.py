@@ -27,8 +27,11 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -62,7 +65,13 @@ class TensorMeta:
         return self.numel * torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
 
 
-def as_meta(m) -> TensorMeta:
+# The sync's buckets, in send order: the same plan on the trainer and on every engine worker.
+Plan = list[list[TensorMeta]]
+# A plan entry as an engine worker may get it: vLLM's RPC can turn a TensorMeta into a dict or a list.
+MetaLike = TensorMeta | dict | list | tuple
+
+
+def as_meta(m: MetaLike) -> TensorMeta:
     """A plan entry back from whatever RPC serialization made of it (dict, list or TensorMeta)."""
     if isinstance(m, TensorMeta):
         return m
@@ -77,7 +86,7 @@ def first_bucket_bytes(bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
     return bucket_bytes // 8
 
 
-def make_plan(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+def make_plan(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Plan:
     """Group tensors into buckets of one dtype and at most bucket_bytes (a big tensor alone).
 
     The first bucket holds at most an eighth of that: the engines wait for a whole bucket before
@@ -98,8 +107,21 @@ def make_plan(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT
     return buckets
 
 
+class SyncGroup(Protocol):
+    """The calls made on a group of init_group's. torch's ProcessGroupGloo and ProcessGroupNCCL have
+    them, but its stubs type both as a Backend, which they give no collective."""
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work: ...
+
+    def allreduce(self, tensors: list[torch.Tensor]) -> dist.Work: ...
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work: ...
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work: ...
+
+
 def init_group(host: str, port: int, rank: int, world: int, backend: str, timeout_s: float = 600,
-               local_ip: str | None = None):
+               local_ip: str | None = None) -> tuple[dist.TCPStore, SyncGroup]:
     """Join the standalone sync group; rank 0 hosts the TCPStore.
 
     timeout_s bounds the rendezvous and every collective of the group, on either backend: NCCL's
@@ -115,15 +137,15 @@ def init_group(host: str, port: int, rank: int, world: int, backend: str, timeou
     if backend == "nccl":
         nccl_opts = dist.ProcessGroupNCCL.Options()
         nccl_opts._timeout = timeout
-        return store, dist.ProcessGroupNCCL(store, rank, world, nccl_opts)
+        return store, cast(SyncGroup, dist.ProcessGroupNCCL(store, rank, world, nccl_opts))
     opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # real, private, not in torch's stubs
     opts._timeout = timeout
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip) if local_ip
                      else dist.ProcessGroupGloo.create_default_device()]
-    return store, dist.ProcessGroupGloo(store, rank, world, opts)
+    return store, cast(SyncGroup, dist.ProcessGroupGloo(store, rank, world, opts))
 
 
-def _broadcast(group, buf: torch.Tensor):
+def _broadcast(group: SyncGroup, buf: torch.Tensor) -> dist.Work:
     """Start a broadcast from rank 0; returns its work handle (gloo and NCCL both run it async)."""
 
     opts = dist.BroadcastOptions()
@@ -136,7 +158,7 @@ def _broadcast(group, buf: torch.Tensor):
 SMALL_BYTES = 1 << 20
 
 
-def runs(bucket, skip=frozenset()) -> list[tuple[int, int]]:
+def runs(bucket: Sequence[MetaLike], skip: AbstractSet[int] = frozenset()) -> list[tuple[int, int]]:
     """[start, end) index ranges of a bucket's tensors, one broadcast each: a big tensor alone,
     consecutive small ones together; indices in `skip` (shared memory) travel in none. Both sides
     derive the same ranges from the plan."""
@@ -155,7 +177,8 @@ def runs(bucket, skip=frozenset()) -> list[tuple[int, int]]:
     return out
 
 
-def send(group, plan, tensors: dict[str, torch.Tensor], device, shared: dict | None = None) -> int:
+def send(group: SyncGroup, plan: Sequence[Sequence[MetaLike]], tensors: dict[str, torch.Tensor],
+         device: torch.device, shared: dict[str, list[torch.Tensor]] | None = None) -> int:
     """Rank 0: broadcast every big tensor straight from its storage and each run of small ones as
     one flat copy, a bucket at a time, the next bucket's broadcasts queued while the last one's
     finish. A tensor in `shared` (name -> the engines' own memory for it, see `open_region`) is
@@ -186,15 +209,16 @@ def send(group, plan, tensors: dict[str, torch.Tensor], device, shared: dict | N
     return sent
 
 
-def _doorbell(device) -> torch.Tensor:
+def _doorbell(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, device=device)
 
 
-def receive(group, plan, device, stats: dict | None = None, into: dict[str, torch.Tensor] | None = None,
-            shared=frozenset()):
+def receive(group: SyncGroup, plan: Sequence[Sequence[MetaLike]], device: torch.device,
+            stats: dict[str, float] | None = None, into: dict[str, torch.Tensor] | None = None,
+            shared: AbstractSet[str] = frozenset()) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Other ranks: yield each bucket as a list of (name, tensor), to load while the next bucket
     is already arriving. A tensor broadcast alone whose name is in `into` lands straight in
-    into[name] (the engine's own parameter, see vllm_ext) and is yielded as that tensor; the rest
+    into[name] (the engine's own parameter, see rl/vllm_worker/extension.py) and is yielded as that tensor; the rest
     get a fresh buffer per bucket, since the loader may keep views of it until a layer is complete.
     Names in `shared` are written into into[name] by the sender itself (`send`'s shared memory):
     their bucket is complete when its doorbell arrives.
@@ -202,14 +226,16 @@ def receive(group, plan, device, stats: dict | None = None, into: dict[str, torc
     caller's loading)."""
     into = into or {}
 
-    def post(bucket):
-        bucket = [as_meta(m) for m in bucket]
+    def post(entries: Sequence[MetaLike]) -> tuple[list[TensorMeta], list[torch.Tensor], list[dist.Work]]:
+        bucket = [as_meta(m) for m in entries]
         skip = {i for i, m in enumerate(bucket) if m.name in shared}
         spans = runs(bucket, skip)
         placed = {a for a, b in spans if b - a == 1 and _fits(into.get(bucket[a].name), bucket[a])}
         size = sum(bucket[i].numel for a, b in spans if a not in placed for i in range(a, b))
         buf = torch.empty(size, dtype=getattr(torch, bucket[0].dtype), device=device)
-        views, works, offset = [None] * len(bucket), [], 0
+        views: dict[int, torch.Tensor] = {}  # by the tensor's index in the bucket: each gets one
+        works: list[dist.Work] = []
+        offset = 0
         for a, b in spans:
             if a in placed:
                 views[a] = into[bucket[a].name]
@@ -224,7 +250,7 @@ def receive(group, plan, device, stats: dict | None = None, into: dict[str, torc
             views[i] = into[bucket[i].name]
         if skip:
             works.append(_broadcast(group, _doorbell(device)))
-        return bucket, views, works
+        return bucket, [views[i] for i in range(len(bucket))], works
 
     nxt = post(plan[0]) if plan else None
     for i in range(len(plan)):
@@ -274,7 +300,7 @@ def open_region(region: dict) -> torch.Tensor:
     return torch.from_file(path, shared=True, size=region["nbytes"], dtype=torch.uint8)
 
 
-def region_view(buf: torch.Tensor, offset: int, meta) -> torch.Tensor:
+def region_view(buf: torch.Tensor, offset: int, meta: MetaLike) -> torch.Tensor:
     """The tensor of plan entry `meta` at byte `offset` of a region."""
     meta = as_meta(meta)
     return buf[offset:offset + meta.nbytes].view(getattr(torch, meta.dtype)).view(meta.shape)
@@ -298,17 +324,17 @@ class Outbox:
     def __init__(self, exclusive: bool = False):
         self.exclusive = exclusive
         self._cv = threading.Condition()
-        self._state: dict | None = None
+        self._state: dict[str, torch.Tensor] | None = None
         self._live = False
         self._error: BaseException | None = None
 
-    def stage(self, state: dict, live: bool) -> None:
+    def stage(self, state: dict[str, torch.Tensor], live: bool) -> None:
         """live: the tensors are the parameters themselves, which must wait for the send."""
         self.wait_sent()
         with self._cv:
             self._state, self._live = state, live
 
-    def send(self, send) -> dict:
+    def send(self, send: Callable[[dict[str, torch.Tensor]], int]) -> dict[str, float]:
         """Second thread: send(state) -> bytes; returns the bytes and seconds."""
         with self._cv:
             state = self._state
@@ -336,7 +362,7 @@ class Outbox:
             return 0.0
         return self._wait(lambda: self._state is not None)
 
-    def _wait(self, pending) -> float:
+    def _wait(self, pending: Callable[[], bool]) -> float:
         t0 = time.time()
         with self._cv:
             while pending():

@@ -1,0 +1,36 @@
+"""What the driver and its actors answer each other, besides samples (rl/sample.py): one dataclass
+per structured reply, imported by both sides. The calls themselves are typed where the driver makes
+them (rl/driver/client.py): each names the worker's method, whose signature returns these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RecoverLoad:
+    """A trainer rank's load of a recover checkpoint (TrainerWorker.load_recover)."""
+
+    version: int  # the weight version the checkpoint holds
+    ranks_written: int  # how many ranks wrote it
+    universal: bool  # loaded through DeepSpeed's universal format (another number of ranks wrote it)
+    load_time: float  # seconds
+
+
+@dataclass(frozen=True)
+class IpcStart:
+    """A trainer rank's IPC buffer for one sync (IpcSender.ipc_start): its handle under the rank's
+    device key (ipc.trainer_key), and how many chunks the weights take."""
+
+    handles: dict[str, dict]
+    chunks: int
+
+
+@dataclass(frozen=True)
+class WorkerProbe:
+    """An engine worker's answer to the IPC probe (WeightReceiver.ipc_probe): its device key, and
+    why it cannot load chunks of an IPC buffer ('' when it can)."""
+
+    uuid: str
+    why: str
