@@ -17,7 +17,7 @@ from typing import Any
 
 from areal_kit import logs
 from areal_kit.checkpoints import step_of
-from areal_kit.durable import read_json
+from areal_kit.rl.checkpoint import store
 from areal_kit.runlog import RunPaths
 
 # The lines of a launch's story (not the two a step writes): one regex over the bytes finds them.
@@ -120,30 +120,16 @@ def config_rows(config: dict | None) -> list[dict]:
     return rows
 
 
-def _tree_bytes(root: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
-
-
 def checkpoints(paths: RunPaths) -> dict:
-    """The recover checkpoints on disk (complete ones, as rl/checkpoint/store.py's list_checkpoints
-    tells them: a globalstep{G} folder with a readable state.json; global step, when written,
-    bytes), the set-aside folders of fresh starts, and the model saves (global step, folder)."""
+    """The recover checkpoints on disk (the complete ones, as a resume tells them: global step,
+    when written, bytes), the set-aside folders of fresh starts, and the model saves (global step,
+    folder)."""
     recover: list[dict[str, Any]] = []
-    aside: list[str] = []
-    names = sorted(os.listdir(paths.recover_dir)) if paths.recover_dir and os.path.isdir(paths.recover_dir) else []
-    for name in names:
-        path = os.path.join(paths.recover_dir, name)
-        if name.startswith("set-aside-"):
-            aside.append(path)
-        if not name.startswith("globalstep") or not name[len("globalstep"):].isdigit():
-            continue
-        state = read_json(os.path.join(path, "state.json"))
-        if not isinstance(state, dict):
-            continue  # under way, or damaged: never resumed from
-        when = state.get("time")
-        recover.append({"global_step": int(name[len("globalstep"):]), "path": path, "bytes": _tree_bytes(path),
+    for ck in store.list_checkpoints(paths.recover_dir) if paths.recover_dir else []:
+        when = ck.state.get("time")
+        recover.append({"global_step": ck.global_step, "path": ck.path, "bytes": store.tree_bytes(ck.path),
                         "written": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else ""})
-    recover.sort(key=lambda c: c["global_step"])
+    aside = store.set_asides(paths.recover_dir) if paths.recover_dir else []
     saves = []
     actor = os.path.join(paths.ckpt_dir, "actor") if paths.ckpt_dir else ""
     if actor and os.path.isdir(actor):

@@ -58,3 +58,26 @@ def test_an_agent_past_its_own_bound_is_stopped_at_the_bound():
     with pytest.raises(TimeoutError):
         asyncio.run(episodes(0.0, 0.2)._within_own_time("k", asyncio.sleep(5)))
     assert 0.2 <= time.monotonic() - t0 < 1.0
+
+
+def test_an_episode_cancelled_cancels_its_agent():
+    """As asyncio.wait_for did: the episode's cancellation reaches the agent's run."""
+    async def main():
+        started, ran = asyncio.Event(), []
+
+        async def agent():
+            started.set()
+            try:
+                await asyncio.sleep(5)
+            finally:
+                ran.append("cancelled")
+
+        outer = asyncio.ensure_future(episodes(0.0, 10)._within_own_time("k", agent()))
+        await started.wait()
+        outer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        await asyncio.sleep(0)
+        return ran
+
+    assert asyncio.run(main()) == ["cancelled"]

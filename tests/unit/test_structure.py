@@ -78,11 +78,13 @@ def _imports(name: str, tree: ast.Module, known: set[str]) -> set[str]:
 # function-level imports included). Everything else in areal_kit (config, data, reward, and the
 # modules at the top: checkpoints, netfigures, logs, ...) is below them and imports none of them.
 MAY_IMPORT = {
-    "cli": {"cluster", "rl", "eval", "monitor", "slurm"},
+    "cli": {"cluster", "rl", "eval", "monitor", "slurm", "view"},
     "rl": {"eval"},  # in-training validation runs the evaluator's pass@k
     "cluster": {"eval"},  # setup --data fetches the eval datasets onto the cluster's storage
     # `areal-kit logs` reads the recover checkpoints' state (rl/checkpoint/store.py), and a Slurm job's
     "monitor": {"rl", "slurm"},
+    # `areal-kit view`'s run page lists the recover checkpoints as a resume sees them (the same store)
+    "view": {"rl"},
     "slurm": set(),  # a job runs `areal-kit train` on its node: the submission needs none of the training
     "eval": set(),  # eval reads checkpoints, never the trainer
     "agents": set(),  # shipped tasks: the contracts and the data below them; the endpoint names their parser

@@ -71,15 +71,14 @@ class AgentEpisodes:
         the engine's and does not count: a loaded engine stretches the bound instead of dropping episodes."""
         task = asyncio.ensure_future(run)
         t0 = time.monotonic()
-        while True:
-            own = time.monotonic() - t0 - self.endpoint.serving_seconds(key)
-            left = self.timeout_s - own
-            if left <= 0:
-                task.cancel()
-                raise TimeoutError
-            done, _ = await asyncio.wait({task}, timeout=left)
-            if done:
-                return task.result()
+        try:
+            while (left := self.timeout_s - (time.monotonic() - t0 - self.endpoint.serving_seconds(key))) > 0:
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if done:
+                    return task.result()
+            raise TimeoutError
+        finally:
+            task.cancel()  # past the bound, or the episode itself cancelled (as wait_for did); no-op once done
 
     async def _run(self, key: str, row: dict) -> Any:
         if inspect.iscoroutinefunction(self.fn):
