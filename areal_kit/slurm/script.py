@@ -82,6 +82,9 @@ if [ $requeue = 0 ]; then  # (a USR1 while Ray started: requeue before the drive
   (trap - INT; exec {driver_step}{train} ray_address="$head_ip:$port" "${{fresh[@]}}") &
   driver=$!; wait $driver; rc=$?
   while kill -0 $driver 2>/dev/null; do wait $driver; rc=$?; done  # a trap ran: the driver is ending
+  # once more, now it has ended: a wait a trap cut short says 128+signal (143 for TERM), which is
+  # not the driver's code; bash keeps an ended child's status for this.
+  wait $driver; rc=$?
 fi
 kill $(jobs -p) 2>/dev/null; wait
 # scancel signals Ray's processes too, and a driver whose Ray went first can end without a word:
