@@ -11,13 +11,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# Under `-n 2` (the README's test command) the tests run on two workers, in three kinds of unit:
-# the integration tests one after another on one worker (each takes the machine's cores: Ray,
-# DeepSpeed and vLLM at once); the cluster tests one after another beside them (their time goes to
-# SSH, Docker and Slurm in the testbed's network namespaces, each node with a /tmp/ray of its own);
-# the unit tests, a module at a time, wherever a worker is free. (The cluster tests share one
-# testbed, a session fixture: a worker's own, so they must all run on one.)
-SERIAL_UNITS = ("integration", "cluster")
+# Under `-n 2` (the README's test command) the tests run on two workers, a module at a time, in
+# the order they are collected: the cluster tests first, as one unit on one worker (they share one
+# testbed, a session fixture, which is a worker's own; their time goes to SSH, Docker and Slurm in
+# the testbed's network namespaces, so the other worker's tests run beside them), then the
+# integration modules (minutes each: Ray, DeepSpeed and vLLM), then the unit modules (seconds
+# each), which fill the end so that the two workers finish close together.
+SERIAL_UNITS = ("cluster",)
 
 
 def serial_unit(nodeid: str) -> str | None:
@@ -27,13 +27,15 @@ def serial_unit(nodeid: str) -> str | None:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scheduler by module, with each serial unit one piece of work (on one worker)."""
+    """xdist's scheduler by module, in collection order (not its default, most tests first: the
+    long units must start first), with each serial unit one piece of work (on one worker)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByKind(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return serial_unit(nodeid) or super()._split_scope(nodeid)
 
+    config.option.loadscopereorder = False
     return ByKind(config, log)
 
 

@@ -169,6 +169,6 @@ def open_engines(model_path: str, max_model_len: int, seed: int = 0, tp: int = 1
 
     if not ray.is_initialized():
         env = hardware.worker_env(os.environ.get("AREAL_CACHE_ROOT"))
-        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, runtime_env={"env_vars": env})
+        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=False, runtime_env={"env_vars": env})
         sigterm_interrupts()  # ray.init put in its own handler, which aborts eval (exit 134, a C++ stack dump)
     return RayEngines(model_path, max_model_len, n, seed, tp, use_gpu, enforce_eager)

@@ -11,7 +11,7 @@ def ray_local():
     import ray
 
     here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": here}})
     yield
     ray.shutdown()

@@ -46,7 +46,10 @@ def start_ray(cfg: TrainConfig) -> bool:
     # One Ray slot per trainer rank and per engine GPU: colocated roles share GPUs, not slots.
     a = parse_allocation(cfg.allocation_mode)
     ncpu = max(a.gen_gpus + a.train_gpus, os.cpu_count() or 1) if hardware.detect().is_cpu else None
-    ray.init(num_cpus=ncpu, include_dashboard=False, log_to_driver=verbose, logging_level=logging.WARNING)
+    # address="local": a cluster of this run's own. Ray's default (None) joins the last `ray start`
+    # it finds on the machine, whose slots are not this run's to set (and num_cpus then fails).
+    ray.init(address="local", num_cpus=ncpu, include_dashboard=False, log_to_driver=verbose,
+             logging_level=logging.WARNING)
     return True
 
 
