@@ -41,7 +41,7 @@ def ordered_rows(cfg, steps: int) -> list[dict]:
     from areal_kit.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(cfg.actor.path)
-    rows, _ = tokenize_rows(load_rows(cfg), tok, cfg.dataset.max_prompt_len)
+    rows, _ = tokenize_rows(load_rows(cfg.dataset, cfg.seed), tok, cfg.dataset.max_prompt_len)
     loader = PromptLoader(rows, cfg.dataset.train_bs_n_seqs, seed=cfg.seed, shuffle=cfg.dataset.shuffle)
     out = []
     for _ in range(steps):

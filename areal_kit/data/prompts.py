@@ -61,22 +61,21 @@ def run_prompts(cfg: TrainConfig, model_path: str) -> RunPrompts:
 def read_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
     """(training rows, eval rows) of cfg, before tokenization: the sources read, the eval split
     held out (sources.split_eval), the mix weighed, and every row checked against cfg's rewards."""
-    rows, eval_rows = sources.split_eval(load_rows(cfg), cfg.dataset, cfg.seed)
+    rows, eval_rows = sources.split_eval(load_rows(cfg.dataset, cfg.seed), cfg.dataset, cfg.seed)
     rows = mix_rows(rows, cfg.dataset.mix, cfg.seed)
     check_rows(rows + eval_rows, cfg.ppo.reward_fns)
     return rows, eval_rows
 
 
-def load_rows(cfg: TrainConfig) -> list[dict]:
-    """Rows of cfg.dataset, before tokenization; with dataset.mix, every source's
-    rows, each tagged with its source's name (`source`, and the id's prefix) and not yet weighed
-    (see mix_rows)."""
-    d = cfg.dataset
+def load_rows(d: DatasetConfig, seed: int) -> list[dict]:
+    """Rows of the dataset section d, before tokenization (seed: the run's, for generated rows);
+    with dataset.mix, every source's rows, each tagged with its source's name (`source`, and the
+    id's prefix) and not yet weighed (see mix_rows)."""
     if not d.mix:
-        return _rows_of(d, cfg.seed)
+        return _rows_of(d, seed)
     out = []
     for m, src in zip(d.mix, _sources(d)):
-        out += [{**r, "id": f"{m['name']}/{r['id']}", "source": m["name"]} for r in _rows_of(src, cfg.seed)]
+        out += [{**r, "id": f"{m['name']}/{r['id']}", "source": m["name"]} for r in _rows_of(src, seed)]
     return out
 
 
@@ -85,10 +84,9 @@ def _sources(d: DatasetConfig) -> list[sources.Source]:
     return [SimpleNamespace(**{**vars(d), **m}) for m in d.mix] or [d]
 
 
-def check_sources(cfg: TrainConfig) -> None:
-    """The files cfg.dataset reads (every dataset.mix source's, and dataset.eval_path) are there:
-    load's UserError for the first that is not, told from the settings alone, before anything is read."""
-    d = cfg.dataset
+def check_sources(d: DatasetConfig) -> None:
+    """The files the dataset section d reads (every dataset.mix source's, and dataset.eval_path) are
+    there: load's UserError for the first that is not, told from the settings alone, before anything is read."""
     for src in _sources(d):
         if src.type != "toy":
             sources.check_path(src)

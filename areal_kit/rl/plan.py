@@ -177,7 +177,7 @@ def shared_words(cfg: TrainConfig, plat: hardware.Platform) -> str:
     if plat.is_cpu:
         return " sharing the generation GPUs (on CPU: worker slots on the same cores)"
     return (f" sharing the generation GPUs, taking turns: the engines sleep (vLLM sleep level "
-            f"{sharing.sleep_level(cfg)}) while the trainer trains, then wake for the weight sync")
+            f"{sharing.sleep_level(cfg.actor.lora)}) while the trainer trains, then wake for the weight sync")
 
 
 def recipe_lines(cfg: TrainConfig) -> list[str]:

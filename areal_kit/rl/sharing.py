@@ -16,6 +16,7 @@ from areal_kit.errors import UserError
 from areal_kit.rl import lora
 
 if TYPE_CHECKING:
+    from areal_kit.config.lora import LoRAConfig
     from areal_kit.config.schema import TrainConfig
 
 # Level 2 discards the weights as well as the KV cache instead of copying them to host memory
@@ -39,8 +40,9 @@ def sleep_mode(cfg: TrainConfig, plat: hardware.Platform | None = None) -> bool:
     return shares_gpus(cfg, plat)
 
 
-def sleep_level(cfg: TrainConfig) -> int:
-    return ADAPTER_SLEEP_LEVEL if lora.sends_adapter(cfg.actor.lora) else SLEEP_LEVEL
+def sleep_level(lcfg: LoRAConfig) -> int:
+    """The level the engines sleep at, from the actor.lora section."""
+    return ADAPTER_SLEEP_LEVEL if lora.sends_adapter(lcfg) else SLEEP_LEVEL
 
 
 def check(cfg: TrainConfig, plat: hardware.Platform | None = None) -> None:

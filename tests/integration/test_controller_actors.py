@@ -26,6 +26,7 @@ from areal_kit.rl.driver.rollout import BatchRollout, make_rollout
 from areal_kit.rl.driver.watchdog import Watchdog, WorkerHang
 from areal_kit.rl.driver.weight_sync import WeightSync
 from areal_kit.rl.sample import Generated, Sample
+from areal_kit.rl.weight_sync import mode
 
 
 class Worker(StackDumps):
@@ -90,7 +91,7 @@ def test_trainer_joins_the_broadcast_only_after_the_running_generation(ray_local
     engine = ray.remote(num_cpus=0)(Engine).remote()
     trainer = ray.remote(num_cpus=0, concurrency_groups={"weights": 1})(Trainer).remote()
     dog = Watchdog(ExpCtrl(), "/nonexistent")
-    sync = WeightSync(load_config("tiny", ["weight_sync=broadcast"]), TrainerGroup([trainer], dog),
+    sync = WeightSync(mode.choose(load_config("tiny", ["weight_sync=broadcast"])), TrainerGroup([trainer], dog),
                       EngineGroup([engine], dog))
     engine.generate.remote(2.0)
     time.sleep(0.2)  # the generation is running
@@ -156,11 +157,12 @@ def test_batch_rollout_queues_k_ahead_and_never_trains_past_the_bound(ray_local,
     dog = Watchdog(cfg.exp_ctrl, str(tmp_path / "stacks"))
     engine = ray.remote(num_cpus=0)(StaleEngine).remote()
     workers = SimpleNamespace(engines=EngineGroup([engine], dog), watchdog=dog)
-    weights = WeightSync(cfg, TrainerGroup([], dog), workers.engines)  # nothing pushed: no load to wait for
+    # Nothing pushed: no load to wait for.
+    weights = WeightSync(mode.choose(cfg), TrainerGroup([], dog), workers.engines)
     rows = [{"id": str(i), "prompt_ids": [1]} for i in range(12)]
     state = RunState()
-    rollout = make_rollout(cfg, SimpleNamespace(loader=PromptLoader(rows, batch_size=4, seed=1), total_steps=3),
-                           workers, weights, state, log=None)
+    job = SimpleNamespace(loader=PromptLoader(rows, batch_size=4, seed=1), total_steps=3)
+    rollout = make_rollout(cfg.ppo, cfg.rollout, cfg.dataset, cfg.seed, job, workers, weights, state, log=None)
     assert isinstance(rollout, BatchRollout)
     for step in range(2):
         got = rollout.gather()

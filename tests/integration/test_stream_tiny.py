@@ -32,6 +32,7 @@ from areal_kit.rl.driver.rollout import StreamRollout
 from areal_kit.rl.driver.watchdog import Watchdog
 from areal_kit.rl.driver.weight_sync import WeightSync
 from areal_kit.rl.sample import Generated, Sample
+from areal_kit.rl.weight_sync import mode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGINS = os.path.join(HERE, "toy_plugins.py")
@@ -136,7 +137,7 @@ def _stand_ins(cfg, engines, tmp_path):
     pushed (the test sets the engines' versions itself)."""
     dog = Watchdog(cfg.exp_ctrl, str(tmp_path / "stacks"))
     group = EngineGroup(engines, dog)
-    return SimpleNamespace(engines=group, watchdog=dog), WeightSync(cfg, TrainerGroup([], dog), group)
+    return SimpleNamespace(engines=group, watchdog=dog), WeightSync(mode.choose(cfg), TrainerGroup([], dog), group)
 
 
 @pytest.mark.parametrize("k, train_s, slow_s, slow_every, dynamic", [
@@ -152,7 +153,8 @@ def test_staleness_and_capacity_bounds_hold(run, tmp_path, k, train_s, slow_s, s
     workers, weights = _stand_ins(cfg, engines, tmp_path)
     loader = PromptLoader(run.job.loader.rows[:64], batch_size=8, seed=1)
     state, steps = RunState(), 10
-    stream = StreamRollout(cfg, SimpleNamespace(loader=loader, total_steps=steps), workers, weights, state)
+    job = SimpleNamespace(loader=loader, total_steps=steps)
+    stream = StreamRollout(cfg.ppo, cfg.rollout, cfg.dataset, cfg.seed, job, workers, weights, state)
     restarted = dropped = held = 0
     for _ in range(steps):
         got = stream.gather()
@@ -204,7 +206,8 @@ def test_a_stream_that_stops_producing_is_a_hang(run, tmp_path):
     stuck = TimedEngine.remote(600.0, 1)  # every group takes ten minutes
     workers, weights = _stand_ins(cfg, [stuck], tmp_path)
     loader = PromptLoader(run.job.loader.rows[:64], batch_size=8, seed=1)
-    stream = StreamRollout(cfg, SimpleNamespace(loader=loader, total_steps=2), workers, weights, RunState())
+    job = SimpleNamespace(loader=loader, total_steps=2)
+    stream = StreamRollout(cfg.ppo, cfg.rollout, cfg.dataset, cfg.seed, job, workers, weights, RunState())
     with pytest.raises(WorkerHang, match="rollout engine 0 ran stream for"):
         stream.gather()
     ray.kill(stuck)

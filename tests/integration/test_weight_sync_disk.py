@@ -34,7 +34,7 @@ def test_disk_load_reports_its_parts_as_a_broadcast_does(disk_run):
     # figures must come from the same loader, so both are split the same way.
     import ray
 
-    from areal_kit.rl.driver.weight_sync import weight_sync_dir
+    from areal_kit.rl.weight_sync.mode import weight_sync_dir
 
     engine, cfg = disk_run.ctrl.workers.engines.actors[0], disk_run.job.cfg
     version = ray.get(engine.get_version.remote()) + 1

@@ -25,7 +25,7 @@ from areal_kit.rl.driver.watchdog import Watchdog
 from areal_kit.rl.driver.weight_sync import WeightSync
 from areal_kit.rl.engine.weight_receive import WeightReceiver
 from areal_kit.rl.trainer.weight_send import WeightSender
-from areal_kit.rl.weight_sync import transport
+from areal_kit.rl.weight_sync import mode, transport
 
 TIMEOUT_S = 3.0
 SLOW_S = 8.0  # the slow engine's generation: well past the timeout
@@ -98,7 +98,7 @@ def test_an_engine_that_finishes_early_does_not_wait_out_the_timeout_in_the_rece
     trainer = ray.remote(num_cpus=0, concurrency_groups={"weights": 1})(Trainer).remote()
     engines = [ray.remote(num_cpus=0)(Engine).remote() for _ in range(2)]
     dog = Watchdog(ExpCtrl(), "/nonexistent")
-    sync = WeightSync(run_cfg(), TrainerGroup([trainer], dog), EngineGroup(engines, dog))
+    sync = WeightSync(mode.choose(run_cfg()), TrainerGroup([trainer], dog), EngineGroup(engines, dog))
     assert sync.connect() == "broadcast over gloo"
     t0 = time.time()
     generating = [engines[0].generate.remote(0.1), engines[1].generate.remote(SLOW_S)]

@@ -228,7 +228,10 @@ def test_the_answer_budget_of_an_episode_of_turns_is_its_sequence_bound():
     from areal_kit.rl.algo.ppo import answer_budget
 
     tiny, tool = load_config("tiny"), load_config("tiny_tool")
-    assert answer_budget(tiny) == tiny.ppo.gen.max_new_tokens == 3
-    assert answer_budget(tool) == tool.dataset.max_prompt_len + tool.ppo.gen.max_new_tokens == 32
+    def budget(c):
+        return answer_budget(c.ppo, c.dataset, c.agent)
+
+    assert budget(tiny) == tiny.ppo.gen.max_new_tokens == 3
+    assert budget(tool) == tool.dataset.max_prompt_len + tool.ppo.gen.max_new_tokens == 32
     tool.ppo.workflow = ""
-    assert answer_budget(tool) == 8  # the same task in one turn
+    assert budget(tool) == 8  # the same task in one turn

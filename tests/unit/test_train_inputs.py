@@ -54,7 +54,7 @@ def test_row_without_answer_for_the_verifier(tmp_path, capsys, monkeypatch):
     from areal_kit.data import prompts
 
     rows = [{"id": "q1", "question": "1 + 1 =", "answer": "2"}, {"id": "q2", "question": "2 + 2 ="}]
-    monkeypatch.setattr(prompts, "load_rows", lambda cfg: rows)
+    monkeypatch.setattr(prompts, "load_rows", lambda d, seed: rows)
     code, err = _run(["train", "tiny", f"fileroot={tmp_path}"], capsys)
     assert code == 2
     assert len(err) == 1

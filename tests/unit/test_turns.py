@@ -104,7 +104,7 @@ def test_engines_sleep_before_training_and_wake_weights_then_kv_around_the_sync(
     log: list = []
     engines = [FakeEngine(f"e{i}", log) for i in range(2)]
     cfg = load_config("1.5B_n1", [])
-    t = turns.Turns(cfg, Group(engines), plat=CUDA)
+    t = turns.Turns(Group(engines), sharing.shares_gpus(cfg, CUDA), cfg.actor.lora)
     assert t.active and t.level == 2
     assert a_step(t, engines, log, 1) == 1.5
     assert log == [("e0", "sleep 2"), ("e1", "sleep 2"), ("trainer", "train"),
@@ -135,7 +135,8 @@ def test_the_trainer_returns_its_cached_memory_before_each_engine_wake():
     engines = [FakeEngine("e0", log)]
     ranks = [FakeTrainerRank("t0", log), FakeTrainerRank("t1", log)]
     trainers = TrainerGroup([Handle(r) for r in ranks], Dog())
-    t = turns.Turns(load_config("1.5B_n1", []), Group(engines), plat=CUDA, trainers=trainers)
+    cfg = load_config("1.5B_n1", [])
+    t = turns.Turns(Group(engines), sharing.shares_gpus(cfg, CUDA), cfg.actor.lora, trainers=trainers)
     a_step(t, engines, log, 1)
     assert log == [("e0", "sleep 2"), ("trainer", "train"), ("t0", "release"), ("t1", "release"),
                    ("e0", "wake weights"), ("e0", "load v1"), ("t0", "release"), ("t1", "release"),
@@ -164,7 +165,7 @@ def test_on_cpu_or_with_apart_gpus_nothing_sleeps_and_the_sync_runs_as_before():
     log: list = []
     engines = [FakeEngine("e0", log)]
     for cfg, plat in [(load_config("1.5B_n1", []), CPU), (load_config("1.5B_n4", []), CUDA)]:
-        t = turns.Turns(cfg, Group(engines), plat=plat)
+        t = turns.Turns(Group(engines), sharing.shares_gpus(cfg, plat), cfg.actor.lora)
         assert not t.active
         t.before_train()
         t.after_train(lambda: log.append("push"))
@@ -173,8 +174,8 @@ def test_on_cpu_or_with_apart_gpus_nothing_sleeps_and_the_sync_runs_as_before():
 
 def test_a_lora_adapter_run_keeps_its_base_weights_asleep_at_level_1():
     cfg = load_config("1.5B_1gpu", ["actor.lora.rank=8", "actor.lora.sync=adapter"])
-    assert turns.Turns(cfg, Group([]), plat=CUDA).level == 1
-    assert turns.Turns(load_config("1.5B_1gpu", []), Group([]), plat=CUDA).level == 2
+    assert turns.Turns(Group([]), True, cfg.actor.lora).level == 1
+    assert turns.Turns(Group([]), True, load_config("1.5B_1gpu", []).actor.lora).level == 2
 
 
 def test_sleep_mode_only_on_cuda_and_only_for_shared_gpus():

@@ -146,7 +146,7 @@ def test_each_engine_loads_every_chunk_from_its_own_gpus_rank(no_gpu, monkeypatc
     log = []
     ranks, engines, trainers, engine_group = layout(log)
     monkeypatch.setenv("AREAL_DEVICE", "cuda")
-    ws = sync.WeightSync(load_config("1.5B_1gpu", []), trainers, engine_group)
+    ws = sync.WeightSync(mode.choose(load_config("1.5B_1gpu", [])), trainers, engine_group)
     assert ws.mode == "ipc"
     assert ws.connect() == "CUDA IPC, each trainer rank's buffer to the engine worker on its device"
     for version, seed in ((1, 1), (2, 2)):
@@ -189,13 +189,13 @@ def test_a_layout_ipc_cannot_serve_falls_back_to_disk_and_says_why(no_gpu, monke
     monkeypatch.setenv("AREAL_DEVICE", "cuda")
     log = []
     _, _, trainers, engine_group = layout(log, gpus=(0, 5))
-    ws = sync.WeightSync(load_config("1.5B_1gpu", []), trainers, engine_group)
+    ws = sync.WeightSync(mode.choose(load_config("1.5B_1gpu", [])), trainers, engine_group)
     assert ws.connect() == ("save + reload (CUDA IPC cannot serve this layout: 1 engine worker(s) on devices "
                             "without a trainer rank, e.g. GPU-5)")
     assert ws.mode == "disk"
     _, engines, trainers, engine_group = layout(log)
     engines[1].worker.model_runner.model_config.quantization = "fp8"
-    ws = sync.WeightSync(load_config("1.5B_1gpu", []), trainers, engine_group)
+    ws = sync.WeightSync(mode.choose(load_config("1.5B_1gpu", [])), trainers, engine_group)
     assert ws.connect().endswith("a quantized model reloads whole, not a chunk at a time)") and ws.mode == "disk"
-    ws = sync.WeightSync(load_config("1.5B_1gpu", ["weight_sync=disk"]), trainers, engine_group)
+    ws = sync.WeightSync(mode.choose(load_config("1.5B_1gpu", ["weight_sync=disk"])), trainers, engine_group)
     assert ws.connect() == "save + reload"

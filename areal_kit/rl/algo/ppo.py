@@ -22,7 +22,9 @@ from areal_kit.rl.algo.packing import Answers
 from areal_kit.rl.sample import TrainerRow
 
 if TYPE_CHECKING:
-    from areal_kit.config.schema import PPOConfig, TrainConfig
+    from areal_kit.config.agent import AgentConfig
+    from areal_kit.config.dataset import DatasetConfig
+    from areal_kit.config.schema import PPOConfig
 
 # Per-token stats: summed over the trained tokens of every rank, then divided by their count.
 TOKEN_STATS = ("actor_loss", "ppo_approx_kl", "actor_clip_ratio", "importance_weight", "entropy")
@@ -63,13 +65,13 @@ class TrainEngine(Protocol):
         """The learning rate of the last optimizer step."""
 
 
-def answer_budget(cfg: TrainConfig) -> int:
+def answer_budget(ppo: PPOConfig, dataset: DatasetConfig, agent: AgentConfig) -> int:
     """The most tokens the model can write in one answer: seq-mean-token-sum-norm's constant divisor.
     One turn: ppo.gen.max_new_tokens. An episode of turns (ppo.workflow, agent.fn) can write more than
     one turn's limit, and never more than its whole sequence's bound (the prompt's limit plus a turn's)."""
-    if cfg.ppo.workflow or cfg.agent.fn:
-        return cfg.dataset.max_prompt_len + cfg.ppo.gen.max_new_tokens
-    return cfg.ppo.gen.max_new_tokens
+    if ppo.workflow or agent.fn:
+        return dataset.max_prompt_len + ppo.gen.max_new_tokens
+    return ppo.gen.max_new_tokens
 
 
 class PPOActor:

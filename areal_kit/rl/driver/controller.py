@@ -31,6 +31,7 @@ import ray
 
 from areal_kit import logs, runlog
 from areal_kit.config.loader import describe_options, origin
+from areal_kit.rl import sharing
 from areal_kit.rl.algo.batch import Shaped, episode_stats, shape_rewards, step_stats
 from areal_kit.rl.common import heap
 from areal_kit.rl.driver import groups, raystart
@@ -42,6 +43,7 @@ from areal_kit.rl.driver.turns import Turns
 from areal_kit.rl.driver.validation import Validator
 from areal_kit.rl.driver.weight_sync import WeightSync
 from areal_kit.rl.sample import Gathered, Generated, Sample, trainer_rows
+from areal_kit.rl.weight_sync import mode
 
 if TYPE_CHECKING:
     from areal_kit.config.schema import TrainConfig
@@ -99,8 +101,8 @@ class Controller:
         w = self.workers = groups.create(self.cfg, self.job.model_path, cache, self.job.total_steps,
                                          os.path.join(self.job.paths.log_dir, "stacks"))
         setup = w.setup()
-        self.weights = WeightSync(self.cfg, w.trainers, w.engines)
-        self.turns = Turns(self.cfg, w.engines, trainers=w.trainers)
+        self.weights = WeightSync(mode.choose(self.cfg), w.trainers, w.engines)
+        self.turns = Turns(w.engines, sharing.shares_gpus(self.cfg), self.cfg.actor.lora, trainers=w.trainers)
         how = self.weights.connect()
         self.checkpoints.connect(self.state, self.timer, w.trainers)
         self.validator = Validator(self.cfg.exp_ctrl, self.cfg.ppo.gen, self.cfg.seed, self.job.eval_rows, w.engines,
@@ -137,7 +139,9 @@ class Controller:
         """Train to the last step, or until should_stop() asks after a step: that step's recover
         checkpoint is written first (unless recover is disabled), so a re-run loses nothing."""
         st, total = self.state, self.job.total_steps
-        self.rollout = make_rollout(self.cfg, self.job, self.running, self.weights, st, self.log)
+        c = self.cfg
+        self.rollout = make_rollout(c.ppo, c.rollout, c.dataset, c.seed, self.job, self.running, self.weights, st,
+                                    self.log)
 
         last = {}
         while st.global_step < total:

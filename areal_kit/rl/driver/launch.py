@@ -91,7 +91,7 @@ def check_paths(cfg: TrainConfig) -> None:
     """actor.path and the dataset's files, told from the settings alone: a wrong one is a line at
     once, not after Ray, which launch starts next, has come up and gone down again (seconds)."""
     model_spec(cfg.actor.path, cfg.seed)
-    check_sources(cfg)
+    check_sources(cfg.dataset)
 
 
 def _prepare(cfg: TrainConfig, ray_up: raystart.InBackground[bool]) -> tuple[Job, int]:

@@ -27,7 +27,7 @@ batches (those the finished steps took, or under streaming those taken from the 
 streaming, pending: the prompts taken but not trained (in flight, finished, or waiting), which a
 resumed run generates again first, so no prompt is lost or trained twice.
 
-    rollout = make_rollout(cfg, job, workers, weights, state, log)
+    rollout = make_rollout(cfg.ppo, cfg.rollout, cfg.dataset, cfg.seed, job, workers, weights, state, log)
     got = rollout.gather()       # a rl.sample.Gathered: the step's groups, loads, staleness
     ...                          # train, push the new weights
     rollout.after_push()
@@ -44,13 +44,14 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from areal_kit.config.rollout import streaming
 from areal_kit.rl.algo.batch import informative_groups, sample_seed
 from areal_kit.rl.sample import Gathered, Generated, Sample
 from areal_kit.rl.staleness import Staleness
 
 if TYPE_CHECKING:
-    from areal_kit.config.schema import TrainConfig
+    from areal_kit.config.dataset import DatasetConfig
+    from areal_kit.config.rollout import RolloutConfig
+    from areal_kit.config.schema import PPOConfig
     from areal_kit.rl.driver.groups import Workers
     from areal_kit.rl.driver.job import Job, RunState
     from areal_kit.rl.driver.weight_sync import WeightSync
@@ -59,13 +60,18 @@ if TYPE_CHECKING:
 
 class Rollout(ABC):
     """What the controller asks of the rollout, either mode. Both keep the run state's batches (and
-    pending) what a recover checkpoint written after after_push must record."""
+    pending) what a recover checkpoint written after after_push must record. Each reads its config
+    sections: ppo (the staleness bound, dynamic sampling), rollout (the mode; stream's max_restarts),
+    dataset (train_bs_n_seqs, a step's groups) and the run's seed (each prompt's sample seed)."""
 
-    def __init__(self, cfg: TrainConfig, job: Job, workers: Workers, weights: WeightSync, state: RunState,
+    def __init__(self, ppo: PPOConfig, rollout: RolloutConfig, dataset: DatasetConfig, seed: int, job: Job,
+                 workers: Workers, weights: WeightSync, state: RunState,
                  log: RunLogger | None = None) -> None:
-        self.cfg, self.job, self.workers, self.weights, self.state, self.log = cfg, job, workers, weights, state, log
-        self.staleness = Staleness.of(cfg.ppo)
-        self.need = cfg.dataset.train_bs_n_seqs
+        self.job, self.workers, self.weights, self.state, self.log = job, workers, weights, state, log
+        self.ppo, self.seed = ppo, seed
+        self.max_restarts = rollout.max_restarts  # stream mode: regenerations before a group is held
+        self.staleness = Staleness.of(ppo)
+        self.need = dataset.train_bs_n_seqs
 
     @abstractmethod
     def gather(self) -> Gathered:
@@ -76,11 +82,11 @@ class Rollout(ABC):
         """A step's new weights are pushed (state.version and global_step count it)."""
 
 
-def make_rollout(cfg: TrainConfig, job: Job, workers: Workers, weights: WeightSync, state: RunState,
-                 log: RunLogger | None) -> Rollout:
-    """The rollout of cfg's rollout.mode, continuing `state` (a resumed run's batches and pending)."""
-    kind = StreamRollout if streaming(cfg) else BatchRollout
-    return kind(cfg, job, workers, weights, state, log)
+def make_rollout(ppo: PPOConfig, rollout: RolloutConfig, dataset: DatasetConfig, seed: int, job: Job,
+                 workers: Workers, weights: WeightSync, state: RunState, log: RunLogger | None) -> Rollout:
+    """The rollout of rollout.mode, continuing `state` (a resumed run's batches and pending)."""
+    kind = StreamRollout if rollout.mode == "stream" else BatchRollout
+    return kind(ppo, rollout, dataset, seed, job, workers, weights, state, log)
 
 
 # ------------------------------------------------------------------ batch mode
@@ -95,9 +101,10 @@ class Batch:
 
 
 class BatchRollout(Rollout):
-    def __init__(self, cfg: TrainConfig, job: Job, workers: Workers, weights: WeightSync, state: RunState,
+    def __init__(self, ppo: PPOConfig, rollout: RolloutConfig, dataset: DatasetConfig, seed: int, job: Job,
+                 workers: Workers, weights: WeightSync, state: RunState,
                  log: RunLogger | None = None) -> None:
-        super().__init__(cfg, job, workers, weights, state, log)
+        super().__init__(ppo, rollout, dataset, seed, job, workers, weights, state, log)
         self.queue: deque[Batch] = deque()
         self.dispatched = state.batches  # batches submitted to the engines: the next one's sample seeds
         self._short_logged = False  # a dynamic-sampling step that could not fill its batch was logged
@@ -108,7 +115,7 @@ class BatchRollout(Rollout):
     def gather(self) -> Gathered:
         """The step's samples: one batch, or under ppo.dynamic_sampling as many batches as it takes
         (up to dynamic_sampling_max_rounds more) to hold train_bs_n_seqs informative groups."""
-        p, need = self.cfg.ppo, self.need
+        p, need = self.ppo, self.need
         got: Gathered | None = None
         keep: list[list[Sample]] = []  # the informative groups so far
         first: list[Sample] = []
@@ -153,7 +160,7 @@ class BatchRollout(Rollout):
         left = self.job.total_steps - self.state.global_step
         while len(self.queue) < self.staleness.batches_in_flight and len(self.queue) < left:
             epoch, epoch_step, rows = self.job.loader.next_batch()
-            rows = [{**r, "seed": sample_seed(self.cfg.seed, self.dispatched, i)} for i, r in enumerate(rows)]
+            rows = [{**r, "seed": sample_seed(self.seed, self.dispatched, i)} for i, r in enumerate(rows)]
             self.dispatched += 1
             # Engines run calls in order, so the loads queued so far finish before this generation starts.
             self.queue.append(Batch(epoch, epoch_step, self.workers.engines.submit(rows), self.weights.in_flight))
@@ -187,9 +194,10 @@ class Prompt:
 
 
 class StreamRollout(Rollout):
-    def __init__(self, cfg: TrainConfig, job: Job, workers: Workers, weights: WeightSync, state: RunState,
+    def __init__(self, ppo: PPOConfig, rollout: RolloutConfig, dataset: DatasetConfig, seed: int, job: Job,
+                 workers: Workers, weights: WeightSync, state: RunState,
                  log: RunLogger | None = None) -> None:
-        super().__init__(cfg, job, workers, weights, state, log)
+        super().__init__(ppo, rollout, dataset, seed, job, workers, weights, state, log)
         self.capacity = self.staleness.batches_in_flight * self.need
         self.waiting: deque[Prompt] = deque(self._prompt(b, i) for b, i in state.pending)
         self.flight: dict = {}  # object ref -> (Prompt, engine index)
@@ -199,7 +207,7 @@ class StreamRollout(Rollout):
     def _prompt(self, batch: int, index: int, taken: tuple | None = None) -> Prompt:
         """Row `index` of the run's batch `batch` (`taken`: that batch as next_batch gave it)."""
         epoch, step, rows = taken or self.job.loader.batch_at(batch)
-        row = {**rows[index], "seed": sample_seed(self.cfg.seed, batch, index)}
+        row = {**rows[index], "seed": sample_seed(self.seed, batch, index)}
         return Prompt(batch, index, epoch, step, row)
 
     # ------------------------------------------------------------ submitting
@@ -207,7 +215,7 @@ class StreamRollout(Rollout):
         """Submit prompts while fewer than the capacity are in flight or finished and untrained
         (`taken`: those this step already holds), never more than the steps left to train can take."""
         left = (self.job.total_steps - self.state.global_step) * self.need
-        cap = self.capacity if self.cfg.ppo.dynamic_sampling else min(self.capacity, left)
+        cap = self.capacity if self.ppo.dynamic_sampling else min(self.capacity, left)
         while len(self.flight) + len(self.finished) + taken < cap:
             if not self.waiting:
                 self._take_batch()
@@ -256,7 +264,7 @@ class StreamRollout(Rollout):
     def _held(self, prompt: Prompt) -> bool:
         """Regenerated more than rollout.max_restarts times: generated first, and waited for by the
         step that is its last chance."""
-        return prompt.restarts > self.cfg.rollout.max_restarts
+        return prompt.restarts > self.max_restarts
 
     def _due(self, prompt: Prompt) -> bool:
         """A held group whose last chance within the bound is this step."""
@@ -271,7 +279,7 @@ class StreamRollout(Rollout):
         in the order they were taken from the loader. Then the last push's loads: streaming engines
         take weights while they generate, so it must be loaded everywhere before the next push
         pauses them (and a failed load stops the run here)."""
-        t0, version, p = time.time(), self.state.version, self.cfg.ppo
+        t0, version, p = time.time(), self.state.version, self.ppo
         limit = self.need * (1 + (p.dynamic_sampling_max_rounds if p.dynamic_sampling else 0))
         taken: list[tuple[Prompt, Generated]] = []
         keep: list[tuple[Prompt, Generated]] = []
@@ -324,7 +332,7 @@ class StreamRollout(Rollout):
         got = Gathered(first.epoch, first.epoch_step, outs, [], samples,
                        stale=max(self.state.version - s.version for s in train), wait_time=wait_time,
                        gen_time=max(o.gen_time for o in outs), picked=train)
-        if self.cfg.ppo.dynamic_sampling:
+        if self.ppo.dynamic_sampling:
             got.rounds = max(0, -(-len(taken) // self.need) - 1)
             got.dropped, got.kept = dropped, len(keep)
         got.metrics = self._metrics(train, restarted, held=sum(self._held(q) for q, _ in keep))

@@ -4,7 +4,7 @@ GPU nodes, and one GPU): the order of the switch, and the checks a run must pass
 On such a layout every GPU holds a trainer rank and (a share of) a vLLM engine. The engines are
 created with vLLM's sleep mode (`enable_sleep_mode`, hardware.vllm_kwargs) and, each step:
 
-    turns = Turns(cfg, workers.engines)
+    turns = Turns(workers.engines, sharing.shares_gpus(cfg), cfg.actor.lora, workers.trainers)
     turns.before_train()                 # engines sleep: their weights and KV cache leave the GPU
     stats = trainers.train_step(rows)    # the trainer has the GPU (its states stay resident: rl/memory.py)
     sync_time = turns.after_train(lambda: weights.push(version, wait_engines=turns.active))
@@ -27,26 +27,27 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from areal_kit import hardware
 from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
 from areal_kit.rl.engine.worker import RolloutWorker
-from areal_kit.rl.sharing import shares_gpus, sleep_level
+from areal_kit.rl.sharing import sleep_level
 from areal_kit.rl.trainer.worker import TrainerWorker
 
 if TYPE_CHECKING:
-    from areal_kit.config.schema import TrainConfig
+    from areal_kit.config.lora import LoRAConfig
 
 
 class Turns:
     """The switch between the engines and the trainer on shared GPUs. engines: the EngineGroup
-    (actors with RolloutWorker's sleep / wake_up, see sleeper.py, and its watchdog)."""
+    (actors with RolloutWorker's sleep / wake_up, see sleeper.py, and its watchdog); active: whether
+    the run's generation and training share GPUs (sharing.shares_gpus, a whole-run fact the loop
+    decides); lora: the actor.lora section (an adapter-only sync keeps the base weights asleep)."""
 
-    def __init__(self, cfg: TrainConfig, engines: EngineGroup, plat: hardware.Platform | None = None,
-                 active: bool | None = None, trainers: TrainerGroup | None = None) -> None:
+    def __init__(self, engines: EngineGroup, active: bool, lora: LoRAConfig,
+                 trainers: TrainerGroup | None = None) -> None:
         self.engines = engines
         self.trainers = trainers  # the TrainerGroup (actors with release.TrainerTurn's release_memory)
-        self.active = shares_gpus(cfg, plat) if active is None else active
-        self.level = sleep_level(cfg)
+        self.active = active
+        self.level = sleep_level(lora)
         self.asleep = False
         self.seconds: dict[str, float] = {}  # the last switch's parts, for the step's metrics
 

@@ -7,7 +7,7 @@ wire (transport.py: a standalone process group, bucketed broadcasts, shared-memo
 IPC buffers' format (ipc.py) and the choice of how weights travel (mode.py).
 WeightSync is the only part the loop sees:
 
-    sync = WeightSync(cfg, trainers, engines)
+    sync = WeightSync(mode.choose(cfg), trainers, engines)   # the run's mode, LoRA, rollout mode, folder
     how = sync.connect()          # once: join the group (and map shared memory on one CPU node)
     sync.push(version)            # after each step; queues the sync, waits for nothing
     loads = sync.in_flight        # the engines' loads still running (the next generation waits for them)
@@ -34,22 +34,20 @@ import ray
 from ray import ObjectRef
 
 from areal_kit import hardware
-from areal_kit.config.rollout import streaming
 from areal_kit.rl import lora
 from areal_kit.rl.driver.groups import EngineGroup, TrainerGroup
 from areal_kit.rl.engine.worker import RolloutWorker
 from areal_kit.rl.trainer.worker import TrainerWorker
-from areal_kit.rl.weight_sync import ipc, mode
-from areal_kit.rl.weight_sync.mode import weight_sync_dir
+from areal_kit.rl.weight_sync import ipc
 
 if TYPE_CHECKING:
-    from areal_kit.config.schema import TrainConfig
+    from areal_kit.rl.weight_sync.mode import SyncChoice
 
 
 class WeightSync:
-    def __init__(self, cfg: TrainConfig, trainers: TrainerGroup, engines: EngineGroup) -> None:
-        self.cfg, self.trainers, self.engines = cfg, trainers, engines
-        self.mode = mode.sync_mode(cfg)  # the one place that chooses
+    def __init__(self, choice: SyncChoice, trainers: TrainerGroup, engines: EngineGroup) -> None:
+        self.choice, self.trainers, self.engines = choice, trainers, engines
+        self.mode = choice.mode  # mode.sync_mode's, the one place that chooses; connect may fall back to disk
         self.shared = False  # engines on the trainer's node take weights through shared memory
         # The send and the engines' loads of the last push, still running.
         self.in_flight: list[ObjectRef[dict[str, float]]] = []
@@ -66,7 +64,7 @@ class WeightSync:
         if self.mode == "disk":
             return "save + reload"
         # A LoRA adapter is megabytes, and no engine parameter of its own: it is broadcast.
-        adapter = lora.sends_adapter(self.cfg.actor.lora)
+        adapter = lora.sends_adapter(self.choice.lora)
         self.shared, how = _connect(self.trainers, self.engines, shared=self.mode == "auto" and not adapter)
         return f"LoRA adapter only, {how}" if adapter else how
 
@@ -101,14 +99,14 @@ class WeightSync:
             ready = [*staged, *paused]
             send = trainers.on_thread(0, "weights", TrainerWorker.send_weights, *ready, shared=shared)
             self.in_flight = [send, *engines.each(RolloutWorker.receive_weights, version, *ready, shared=shared)]
-            if streaming(self.cfg):
+            if self.choice.streaming:
                 # The prompts submitted from now on must wait for the new weights, as a batch
                 # engine's next generation waits for its queued load: the engines pause first.
                 trainers.watchdog.wait("pause", paused)
         else:
-            path = weight_sync_dir(self.cfg)
+            path = self.choice.folder
             # Under LoRA the adapter folder, or the merged model (actor.lora.sync); else the model.
-            self.trainers.save_hf(path, merged=not lora.sends_adapter(self.cfg.actor.lora))
+            self.trainers.save_hf(path, merged=not lora.sends_adapter(self.choice.lora))
             self.in_flight = engines.each(RolloutWorker.load_from_disk, path, version)
         if wait_engines:
             self.wait()

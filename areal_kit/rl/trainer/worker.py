@@ -118,9 +118,10 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps):
             self.ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype, attn_implementation=attn)
             # transformers types .to through a wrapper whose first parameter is the model itself.
             self.ref.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
-        mb = self.cfg.actor_train.mb_spec.max_tokens_per_mb
-        self.actor = PPOActor(self.cfg.ppo, self, train_tokens=mb, ref_tokens=self.cfg.ref_inf.mb_spec.max_tokens_per_mb,
-                              answer_tokens=answer_budget(self.cfg))
+        c = self.cfg
+        self.actor = PPOActor(c.ppo, self, train_tokens=c.actor_train.mb_spec.max_tokens_per_mb,
+                              ref_tokens=c.ref_inf.mb_spec.max_tokens_per_mb,
+                              answer_tokens=answer_budget(c.ppo, c.dataset, c.agent))
         heap.freeze()
         return time.time() - t0
 
