@@ -38,24 +38,29 @@ The interface:
       Completions; an inserted token takes the version of the token before it).
 
 An agent, named in agent.fn (instead of ppo.workflow), is an Agent: a function, async or not,
-(base_url, api_key, row) -> reward or None, run ppo.group_size times per prompt:
+(base_url, api_key, row) -> AgentReward, run ppo.group_size times per prompt:
 
     async def agent(base_url, api_key, row):
         client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key)
         messages = [{"role": "user", "content": row["question"]}]
         reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
         ...                                   # run the tools it calls, ask again, ...
-        return None                           # ppo.reward_fns grade the episode (or a float)
+        return None                           # ppo.reward_fns grade the episode (or a float,
+                                              # or a list: one per call, per-turn rewards)
 
   base_url is the rollout engine's chat endpoint (vLLM's OpenAI server, /v1/chat/completions:
   messages, tools, tool_choice, n, max_tokens, stop, stream; any model name), api_key the
   episode's own. Every call made with it is recorded as the engine sampled it (token ids and
   logprobs, never re-tokenized text) and the episode's calls are joined into one Trajectory: the
-  model's replies trained on, the chat template's and the tools' tokens context only. Each call
-  extends the chat before it (the agent keeps the messages it sent and got). Sampling is the run's
-  (ppo.gen: another temperature, top_p or top_k is refused), max_tokens at most ppo.gen.max_new_tokens
-  per call. Tool calls come back parsed (agent.tool_parser: vLLM's hermes, ...). An agent that
-  raises, overruns agent.timeout_s, or whose calls do not join is run again (agent/dropped).
+  model's replies trained on, the chat template's and the tools' tokens context only. A call whose
+  prompt does not extend the chat so far (a template that drops earlier reasoning) starts a
+  segment of its own (Trajectory.of_segments): each segment trains as its own sequence.
+  Sampling is the run's (ppo.gen: another temperature, top_p or top_k is refused), max_tokens at
+  most ppo.gen.max_new_tokens per call. Tool calls come back parsed (agent.tool_parser: vLLM's
+  hermes, ...). The reward: a float shared by the whole episode, None for ppo.reward_fns to grade
+  it, or a list of one float per call the endpoint answered (in order), each segment taking its
+  last call's. An agent that raises, overruns agent.timeout_s, or returns a list of another length
+  is run again (agent/dropped).
 
 A reward function, named in ppo.reward_fns (or ppo.reward_plugins), is a RewardFn:
   (prompt: str, completion: str, sample: dict) -> float | dict (a dict: "reward" plus extra
@@ -129,6 +134,9 @@ class Trajectory:
     info: dict = field(default_factory=dict)  # free-form; not sent to the trainer
     turns: list[Turn] | None = None  # the episode's turns (from_turns); None: one model turn
     prompt_ids: list[int] | None = None  # the episode's prompt where it is not the row's (an agent's first call's)
+    # An episode of several sequences (of_segments): each trains on its own, and the fields above
+    # but reward, text, no_eos (its last segment's) and info are unused.
+    segments: list[Trajectory] | None = None
 
     @classmethod
     def from_turns(cls, turns: list[Turn], *, no_eos: bool = False, reward: float | None = None,
@@ -158,9 +166,31 @@ class Trajectory:
         return cls(ids, logprobs, loss_mask=mask, reward=reward, no_eos=no_eos, versions=versions,
                    info=dict(info or {}), turns=list(turns))
 
+    @classmethod
+    def of_segments(cls, segments: list[Trajectory], *, reward: float | None = None,
+                    info: dict | None = None) -> Trajectory:
+        """One episode made of several sequences, each with its own prompt_ids (None: the row's):
+        calls whose prompts do not extend what came before (a chat template that re-renders earlier
+        turns differently). Each trains as a sequence of its own, its loss over its own model
+        tokens; a segment's reward is its own where set, else the episode's (`reward`, or
+        ppo.reward_fns on the model's text of every segment). GRPO's group baseline counts the
+        episode once, with the reward of its last segment."""
+        if not segments:
+            raise ValueError("an episode of segments has at least one")
+        if any(s.segments is not None for s in segments):
+            raise ValueError("a segment is one sequence: segments do not nest")
+        return cls([], [], reward=reward, no_eos=segments[-1].no_eos, info=dict(info or {}), segments=list(segments))
+
+    @property
+    def sequences(self) -> list[Trajectory]:
+        """What trains: its segments, or itself."""
+        return [self] if self.segments is None else self.segments
+
     @property
     def n_model_tokens(self) -> int:
         """The tokens the model sampled: its turns', else those the loss mask keeps, else all."""
+        if self.segments is not None:
+            return sum(s.n_model_tokens for s in self.segments)
         if self.turns is not None:
             return sum(len(t.token_ids) for t in self.turns if t.role == MODEL)
         return len(self.output_ids) if self.loss_mask is None else sum(1 for x in self.loss_mask if x)
@@ -168,6 +198,8 @@ class Trajectory:
     @property
     def n_turns(self) -> int:
         """The model's turns: the engine calls the episode is made of (1 without turns)."""
+        if self.segments is not None:
+            return sum(s.n_turns for s in self.segments)
         return 1 if self.turns is None else sum(1 for t in self.turns if t.role == MODEL)
 
     @property
@@ -176,7 +208,10 @@ class Trajectory:
         followed by an environment turn. One definition for a workflow's turns and an agent's joined
         calls (whose tool results and template tokens between two calls are an environment turn),
         with no parser to trust: a call the model wrote but nothing answered (an episode that ends
-        on it, a malformed call the tool ignored) is not counted."""
+        on it, a malformed call the tool ignored) is not counted. A segment followed by another
+        ends on a model turn the episode went on from: answered."""
+        if self.segments is not None:
+            return sum(s.n_tool_calls for s in self.segments) + len(self.segments) - 1
         if self.turns is None:
             return 0
         return sum(1 for a, b in zip(self.turns, self.turns[1:]) if a.role == MODEL and b.role == ENV)
@@ -184,9 +219,13 @@ class Trajectory:
     @property
     def n_env_tokens(self) -> int:
         """The environment's tokens after the prompt (loss mask 0: tool results, template tokens)."""
-        return len(self.output_ids) - self.n_model_tokens
+        return sum(len(s.output_ids) for s in self.sequences) - self.n_model_tokens
 
     def check(self) -> None:
+        if self.segments is not None:
+            for s in self.segments:
+                s.check()
+            return
         n = len(self.output_ids)
         if n == 0:
             raise ValueError("a trajectory has no output tokens")
@@ -218,8 +257,12 @@ class EpisodeEngine(Protocol):
 # ppo.workflow names one of these (or a class whose arun_episode is one): a prompt's episode.
 Workflow = Callable[[EpisodeEngine, dict], Awaitable[list[Trajectory]]]
 
-# agent.fn names one of these (or its synchronous form): (base_url, api_key, dataset row) -> reward or None.
-Agent = Callable[[str, str, dict], Awaitable[float | None]]
+# What an agent returns: the episode's reward; or one reward per call the endpoint answered, in
+# the order made (each of the episode's sequences takes its last call's); or None (ppo.reward_fns).
+AgentReward = float | list[float] | None
+
+# agent.fn names one of these (or its synchronous form): (base_url, api_key, dataset row) -> reward.
+Agent = Callable[[str, str, dict], Awaitable[AgentReward]]
 
 # ppo.reward_fns / ppo.reward_plugins name these: (prompt, completion, dataset row) -> reward.
 RewardFn = Callable[[str, str, dict], float]

@@ -36,8 +36,12 @@ class Sample:
     versions: list[int] | None = None  # streaming: the weight version of each output token (None: all `version`)
     n_model_tokens: int | None = None  # the tokens the model sampled (None: all output_ids; a workflow's
     # inserted ones, a tool's result, are not: length metrics and the overlong penalty count these)
-    turns: int = 1  # the model's turns in its episode (api.Trajectory.n_turns)
+    turns: int = 1  # the model's turns in its sequence (api.Trajectory.n_turns)
     tool_calls: int = 0  # its model turns the environment answered (api.Trajectory.n_tool_calls)
+    # An episode of several sequences (api.Trajectory.of_segments: calls that do not extend each
+    # other) is one Sample per segment, in order, each naming the episode's index in its group:
+    # reward shaping and the episode metrics count the episode once (batch.episodes).
+    episode: int | None = None  # None: a sequence that is its episode's only one
 
     @property
     def model_len(self) -> int:

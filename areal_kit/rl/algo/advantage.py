@@ -19,12 +19,18 @@ if TYPE_CHECKING:
     from areal_kit.config.schema import PPOConfig
 
 
+def group_moments(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's reward mean and (population) std, groups being consecutive runs of group_size."""
+    g = rewards.view(-1, group_size)
+    mean = g.mean(dim=1)
+    std = g.std(dim=1, unbiased=False) if group_size > 1 else torch.zeros_like(mean)
+    return mean, std
+
+
 def group_normalize(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
     """GRPO: (r - group mean) / (group std + eps), groups being consecutive runs of group_size."""
-    g = rewards.view(-1, group_size)
-    mean = g.mean(dim=1, keepdim=True)
-    std = g.std(dim=1, unbiased=False, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
-    return ((g - mean) / (std + eps)).view(-1)
+    mean, std = group_moments(rewards, group_size)
+    return ((rewards.view(-1, group_size) - mean[:, None]) / (std[:, None] + eps)).view(-1)
 
 
 def zero_adv_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -32,7 +32,7 @@ import ray
 from areal_kit import logs, runlog
 from areal_kit.config.loader import describe_options, origin
 from areal_kit.rl import sharing
-from areal_kit.rl.algo.batch import Shaped, episode_stats, shape_rewards, step_stats
+from areal_kit.rl.algo.batch import Shaped, episode_stats, episodes, shape_rewards, step_stats
 from areal_kit.rl.common import heap
 from areal_kit.rl.driver import groups, raystart
 from areal_kit.rl.driver.checkpointer import Checkpointer
@@ -221,7 +221,7 @@ class Controller:
     def _check_rewards(self, samples: list[Sample], outs: list[Generated]) -> None:
         """Count the steps in a row whose every sample's reward failed; stop at the configured count."""
         failed = sum(count for o in outs for count, _ in o.reward_failures.values())
-        if failed < len(samples):
+        if failed < len(episodes(samples)):  # rewards grade episodes, not their segments
             self._failed_steps, self._first_failure = 0, ""
             return
         if not self._failed_steps:
@@ -268,14 +268,16 @@ class Controller:
         """The first dump_samples_groups groups as text (special tokens shown: an answer's eos
         matters), with what the trainer saw: task_reward and seq_reward (the shaped reward the
         trainer credits to the last token; group-normalized for GRPO)."""
-        tok, n = self.job.tokenizer, self.cfg.exp_ctrl.dump_samples_groups * self.cfg.ppo.group_size
+        tok, n = self.job.tokenizer, self.cfg.exp_ctrl.dump_samples_groups
+        groups = set(list(dict.fromkeys((s.id, s.group) for s in samples))[:n])
         return [{"id": s.id, "group": s.group, "prompt": tok.decode(s.prompt_ids), "answer": tok.decode(s.output_ids),
                  "task_reward": s.task_reward, "seq_reward": s.seq_reward, "no_eos": s.no_eos,
                  "n_tokens": len(s.output_ids), "version": s.version, "final_reward": s.final_reward,
                  "tool_calls": s.tool_calls, "turns": s.turns,
+                 **({} if s.episode is None else {"episode": s.episode}),  # one segment of it
                  **(runlog.token_fields(tok.batch_decode([[t] for t in s.output_ids]), s.logprobs, s.loss_mask,
                                         s.versions) if self.cfg.exp_ctrl.dump_sample_tokens else {})}
-                for s in samples[:n]]
+                for s in samples if (s.id, s.group) in groups]
 
     def _plugin_stats(self, outs: list[Generated]) -> dict:
         """reward_failures and agent/dropped (counts this step; each new kind logged once) and reward/* means."""

@@ -2,12 +2,13 @@
 
 Each of a prompt's ppo.group_size episodes gets a key of its own on the engine's chat endpoint
 (endpoint.py); the agent runs with the endpoint's base URL and that key, and the calls it made,
-recorded token-exact, are joined into the episode's trajectory (the model's tokens trained on, the
-chat template's and the tools' tokens context only). An agent that raises, overruns
-agent.timeout_s of its own time (its calls' time in the endpoint, queued or generating, does not
-count), or whose calls do not join (a template that re-renders earlier turns) is run again with a
-new key and seed, up to agent.attempts times, so the step still fills; each drop is counted by
-kind and reaches the step's metrics (agent/dropped).
+recorded token-exact, are joined into the episode's trajectory (segments.py: the model's tokens
+trained on, the chat template's and the tools' tokens context only; a call that does not extend
+the chat so far starts a segment of its own). An agent that raises, overruns agent.timeout_s of
+its own time (its calls' time in the endpoint, queued or generating, does not count), or returns
+what is no reward (a list of another length than its answered calls) is run again with a new key
+and seed, up to agent.attempts times, so the step still fills; each drop is counted by kind and
+reaches the step's metrics (agent/dropped).
 
     episode = AgentEpisodes(load_object(cfg.agent.fn, "agent"), endpoint, base_url, cfg.agent)
     groups = workflow.run_episodes(episode, engine, rows)
@@ -22,7 +23,8 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from areal_kit.api import EpisodeEngine, Trajectory
-from areal_kit.rl.engine.endpoint import ChatEndpoint, trajectory_of
+from areal_kit.rl.engine.endpoint import ChatEndpoint
+from areal_kit.rl.engine.segments import episode_of
 from areal_kit.rl.workflow import AgentFn, call_seed
 
 if TYPE_CHECKING:
@@ -56,9 +58,7 @@ class AgentEpisodes:
                 calls = self.endpoint.close_episode(key)
             if error is None:
                 try:
-                    prompt, t = trajectory_of(calls)
-                    t.reward, t.prompt_ids = (None if reward is None else float(reward)), prompt
-                    return t
+                    return episode_of(calls, reward)
                 except (ValueError, TypeError) as e:
                     error = e
             first = first or self._drop(error)

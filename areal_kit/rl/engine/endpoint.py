@@ -13,7 +13,7 @@ its models' lora_requests), so the version and the weights that sampled stay one
     base_url = ep.start()
     key = ep.open_episode(seed=7)
     ... the agent: openai.OpenAI(base_url=base_url, api_key=key).chat.completions.create(...)
-    prompt_ids, trajectory = trajectory_of(ep.close_episode(key))
+    trajectory = episode_of(ep.close_episode(key))    # segments.py
 
     .venv/bin/python -m pytest tests/integration/test_endpoint.py
 """
@@ -36,7 +36,6 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from areal_kit.api import Completion, Trajectory, Turn
 from areal_kit.rl.workflow import call_seed
 
 if TYPE_CHECKING:
@@ -379,34 +378,3 @@ def _recording_chat(endpoint: ChatEndpoint, **kwargs: Any) -> OpenAIServingChat:
                 request, endpoint._tap(result_generator, _CURRENT.get(), True), *args, **kw)
 
     return RecordingChat()
-
-
-# ------------------------------------------------------------------ trajectories
-def trajectory_of(calls: list[Call]) -> tuple[list[int], Trajectory]:
-    """An episode's calls joined into (prompt ids, Trajectory): the first call's prompt is the
-    prompt; each later call's prompt extends everything before it (the prompts and the sampled
-    ids), and what it adds is the environment's turn (tool results, the template's role tokens).
-    Each model turn's tokens take its call's version; no_eos is the last call's."""
-    if not calls:
-        raise ValueError("an episode without calls has no trajectory")
-    if any(c.choice for c in calls) or len({c.call for c in calls}) != len(calls):
-        raise ValueError("an episode whose calls asked for n > 1 choices has no single trajectory; "
-                         "join one chain of n = 1 calls")
-    prompt = list(calls[0].prompt_ids)
-    context = list(prompt)
-    turns: list[Turn] = []
-    for i, c in enumerate(calls):
-        if i:
-            k = next((j for j, (a, b) in enumerate(zip(context, c.prompt_ids)) if a != b),
-                     min(len(context), len(c.prompt_ids)))
-            if k < len(context):
-                raise ValueError(f"call {i}'s prompt does not extend the episode so far: they differ at token {k} "
-                                 f"(of {len(context)}); the chat template renders earlier turns differently "
-                                 "from how they were sampled")
-            if len(c.prompt_ids) > k:
-                turns.append(Turn.env(list(c.prompt_ids[k:])))
-                context += c.prompt_ids[k:]
-        turns.append(Turn.model(Completion(list(c.token_ids), list(c.logprobs), c.finish_reason,
-                                           [c.version] * len(c.token_ids))))
-        context += c.token_ids
-    return prompt, Trajectory.from_turns(turns, no_eos=calls[-1].finish_reason == "length")

@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from areal_kit import hardware
 from areal_kit.api import MODEL, Trajectory, Turn, Workflow
@@ -167,8 +167,9 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
         t1 = time.time()
         answers = [(gi, t, answer_text(t, self._text)) for gi, group in enumerate(groups) for t in group]
         rewards, extras = self._task_rewards(rows, answers)
-        samples = [_sample(rows[gi], gi, t, version, reward, self._format_reward(text))
-                   for (gi, t, text), reward in zip(answers, rewards)]
+        samples = [s for ei, ((gi, t, text), reward) in enumerate(zip(answers, rewards))
+                   for s in episode_samples(rows[gi], gi, ei % self.cfg.ppo.group_size, t, version, reward,
+                                            self._format_reward(text))]
         dropped = self.agent.take_failures() if self.agent is not None else {}
         failed = engine.failed_calls + (self.endpoint.take_failed_calls() if self.cfg.agent.fn else 0)
         return Generated(samples, gen_time, time.time() - t1, version, self.index, self.rewards.take_failures(),
@@ -177,7 +178,7 @@ class RolloutWorker(WeightReceiver, Sleeper, StackDumps):
     def _task_rewards(self, rows: list[dict], answers: list[tuple]) -> tuple[list[float], dict]:
         """Each answer's task_reward: the workflow's own, else the reward_fns' sum on its text; and
         the means of the rewards' extra numbers. answers: (row index, Trajectory, text)."""
-        given = [None if t.reward is None else float(t.reward) for _, t, _ in answers]
+        given = [_given_reward(t) for _, t, _ in answers]
         todo = [i for i, r in enumerate(given) if r is None]
         items = []
         for i in todo:
@@ -264,6 +265,16 @@ def surface_engine_death(llm: object, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="engine-core-death", daemon=True).start()
 
 
+def _given_reward(t: Trajectory) -> float | None:
+    """The reward a workflow or agent gave an episode: its own, else (segments each with their
+    own) its last segment's; None: ppo.reward_fns grade it."""
+    if t.reward is not None:
+        return float(t.reward)
+    if t.segments is not None and all(s.reward is not None for s in t.segments):
+        return float(cast(float, t.segments[-1].reward))
+    return None
+
+
 def _turn_text(turn: Turn, decode: Callable[[list[int]], str]) -> str:
     return decode(turn.token_ids) if turn.text is None else turn.text
 
@@ -272,6 +283,8 @@ def answer_text(t: Trajectory, decode: Callable[[list[int]], str]) -> str:
     """What rewards grade: the workflow's text, else the model's turns alone, else the whole output."""
     if t.text is not None:
         return t.text
+    if t.segments is not None:  # each segment's model text, in order
+        return "".join(answer_text(u, decode) for u in t.segments)
     if t.turns is not None:
         model = [u for u in t.turns if u.role == MODEL]
         if all(u.text is None for u in model):  # decoded as one: how a tokenizer spaces its words stays
@@ -282,16 +295,34 @@ def answer_text(t: Trajectory, decode: Callable[[list[int]], str]) -> str:
 
 def turn_fields(t: Trajectory, decode: Callable[[list[int]], str]) -> dict:
     """A multi-turn episode's fields for its reward: every turn's role and text, and the
-    environment's text (a tool's results) on its own; none for a single-turn answer."""
+    environment's text (a tool's results) on its own; none for a single-turn answer. Segments:
+    the turns of each in order (a later segment's prompt is not among them)."""
+    if t.segments is not None:
+        parts = [turn_fields(u, decode).get("turns") or [{"role": MODEL, "text": answer_text(u, decode)}]
+                 for u in t.segments]
+        turns = [x for p in parts for x in p]
+        return {"turns": turns, "env_text": "".join(x["text"] for x in turns if x["role"] != MODEL)}
     if t.turns is None:
         return {}
     turns = [{"role": u.role, "text": _turn_text(u, decode)} for u in t.turns]
     return {"turns": turns, "env_text": "".join(x["text"] for x in turns if x["role"] != MODEL)}
 
 
+def episode_samples(row: dict, group: int, index: int, t: Trajectory, version: int, task_reward: float,
+                    format_reward: float | None) -> list[Sample]:
+    """The Samples of the episode `index` of a workflow's group for `row`, scored: one, or one per
+    segment, in order, each with its own reward where the episode gave one per segment, else the
+    episode's (task_reward)."""
+    if t.segments is None:
+        return [_sample(row, group, t, version, task_reward, format_reward)]
+    return [_sample(row, group, s, version, task_reward if s.reward is None else float(s.reward), format_reward, index)
+            for s in t.segments]
+
+
 def _sample(row: dict, group: int, t: Trajectory, version: int, task_reward: float,
-            format_reward: float | None) -> Sample:
-    """The Sample of one of a workflow's trajectories for `row`, scored."""
+            format_reward: float | None, episode: int | None = None) -> Sample:
+    """The Sample of one of a workflow's trajectories (or one segment of an episode's, `episode`
+    its index in the group) for `row`, scored."""
     versions = None if t.versions is None else [int(v) for v in t.versions]
     prompt = row["prompt_ids"] if t.prompt_ids is None else list(t.prompt_ids)
     return Sample(id=row["id"], group=group, prompt_ids=prompt, output_ids=list(t.output_ids),
@@ -301,4 +332,4 @@ def _sample(row: dict, group: int, t: Trajectory, version: int, task_reward: flo
                   source=row.get("source"),  # dataset.mix: the step's task reward per source
                   loss_mask=None if t.loss_mask is None else [int(bool(x)) for x in t.loss_mask],
                   n_model_tokens=None if t.loss_mask is None else t.n_model_tokens,
-                  turns=t.n_turns, tool_calls=t.n_tool_calls)
+                  turns=t.n_turns, tool_calls=t.n_tool_calls, episode=episode)
