@@ -131,10 +131,22 @@ def _view() -> Callable[..., None]:
     from areal_kit.flags import build, command, params
     from areal_kit.view import cmd as view_cmd
 
+    from areal_kit.cluster.cmd import OnCluster
+
     @command(list(inspect.signature(view_cmd.view_options).parameters.values()), params(monitor.RunRoot),
-             own_first=True)
+             params(OnCluster, "cluster"), own_first=True)
     def view(**given: Any) -> None:
         root = build(monitor.RunRoot, given)
+        if given["cluster"]:
+            from areal_kit.cluster.options import ConnectOptions
+            from areal_kit.cluster.view_on import view_on
+
+            probe = view_cmd.listen(given["host"], given["port"])  # a port in use: one line before any host
+            port = probe.getsockname()[1]
+            probe.close()
+            view_on(given["cluster"], given["run"], root.user, root.fileroot, given["host"], port,
+                    ConnectOptions(ssh_wait=10.0))
+            return
         files = (monitor.resolve_run(given["run"], root.fileroot, root.user) if given["run"]
                  else monitor.latest_run(root.fileroot, root.user))
         view_cmd.serve(files, files.name, given["host"], given["port"],

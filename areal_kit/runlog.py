@@ -9,6 +9,7 @@ tensorboard and, optionally, wandb; and the step timer behind the ETA.
 from __future__ import annotations
 
 import getpass
+import itertools
 import json
 import logging
 import os
@@ -126,10 +127,11 @@ class RunLogger:
         wandb_id (a recover checkpoint keeps it) or starts one; returns its id ("" without wandb)."""
         self.metrics.close()
         keep_steps_through(self.paths.metrics_file, global_step)
-        keep_steps_through(self.paths.samples_file, global_step)
+        if not cut_samples_after(self.paths.samples_file, self.paths.samples_index_file, global_step):
+            keep_steps_through(self.paths.samples_file, global_step)
+            if os.path.exists(self.paths.samples_index_file):  # its offsets were of the file before; `view` rebuilds it
+                os.remove(self.paths.samples_index_file)
         keep_steps_through(self.paths.timeline_file, global_step)
-        if os.path.exists(self.paths.samples_index_file):  # its offsets were of the file before; `view` rebuilds it
-            os.remove(self.paths.samples_index_file)
         self.metrics = open(self.paths.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run)
         if self.tb is not None:
             log_dir = self.tb.log_dir
@@ -218,6 +220,48 @@ def keep_steps_through(path: str, global_step: int) -> None:
         return
     rows = [r for r in read_metrics(path) if r.get("global_step", 0) <= global_step]
     durable.replace_lines(path, [json.dumps(r) + "\n" for r in rows])
+
+
+def cut_samples_after(samples_file: str, index_file: str, global_step: int) -> bool:
+    """samples.jsonl without the dumps after global_step, cut where samples.index says the first of
+    them starts (the file truncated there, the index rewritten without their records), so that a
+    resume neither parses the whole file nor leaves `view` to scan it again. False (nothing done)
+    where the index does not tell it exactly: missing, or not covering the file from its start to its
+    end record after record (rows a crash left unindexed), or a record not at a row of its step."""
+    try:
+        size = os.path.getsize(samples_file)
+        with open(index_file, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    recs: list[tuple[int, ...]] = []
+    for i in range(0, len(data) - INDEX_RECORD.size + 1, INDEX_RECORD.size):
+        rec = INDEX_RECORD.unpack_from(data, i)
+        if not recs or rec != recs[-1]:  # a record written twice (by the run and by `view`'s scan) counts once
+            recs.append(rec)
+    pos = 0
+    for _, offset, length, _ in recs:
+        if offset != pos:
+            return False
+        pos += length
+    if not recs or pos != size or any(a[0] > b[0] for a, b in itertools.pairwise(recs)):
+        return False  # rows the index does not cover, or dumps out of step order
+    later = [r for r in recs if r[0] > global_step]
+    kept = [r for r in recs if r[0] <= global_step]
+    with open(samples_file, "rb") as f:
+        for step, offset, _, _ in recs[:1] + later[:1]:
+            f.seek(offset)
+            if not f.read(40).startswith(b'{"global_step": %d,' % step):
+                return False
+    if later:
+        tmp = index_file + ".tmp"  # the index first: a crash before the cut leaves it short, never past the file
+        with open(tmp, "wb") as f:
+            f.write(b"".join(INDEX_RECORD.pack(*r) for r in kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, index_file)
+        os.truncate(samples_file, later[0][1])
+    return True
 
 
 def tail_lines(path: str, nbytes: int) -> list[str] | None:

@@ -99,13 +99,15 @@ def _close(cluster: Cluster) -> None:
 @dataclass
 class OnCluster:
     """`areal-kit train`'s options for a run on a cluster's head (cli.py adds them to rl/cmd.py's); setup
-    takes its --train-wait too."""
+    takes its --train-wait too, `areal-kit view` its --cluster."""
 
-    cluster: str | None = flag(None, "--cluster", help="Run it on the head of the cluster setup saved under this "
-                               "--name (setup's default: areal), in its runtime, with its fileroot and storage, as "
-                               "setup's own start does: resumes a matching recover checkpoint; refused while the "
-                               "run's driver runs there. Give the overrides again: setup's --train-arg are not "
-                               "kept. With --dry-run: the commands it would run there.")
+    cluster: str | None = flag(None, "--cluster", help="On the head of the cluster setup saved under this --name "
+                               "(setup's default: areal), in its runtime, with its fileroot and storage. train: runs "
+                               "it there as setup's own start does: resumes a matching recover checkpoint; refused "
+                               "while the run's driver runs there. Give the overrides again: setup's --train-arg are "
+                               "not kept. With --dry-run: the commands it would run there. view: serves the run's "
+                               "page there (RUN as the head sees it), reached here through a local port forwarded "
+                               "over setup's SSH route (jump host, users, keys).")
     # None: not given (train refuses it without --cluster); SetupOptions.train_wait is setup's default.
     train_wait: float | None = flag(None, "--train-wait", min=0, help=f"Seconds to wait, once training is started "
                                     f"(setup --train_param; train: with --cluster), for a sign of life in its log "
@@ -214,7 +216,7 @@ def train_on(preset: str, overrides: list[str], *, fresh: bool, dry_run: bool, g
     the driver starts on the head, in the runtime, with the fileroot and storage setup used, and
     resumes from a matching recover checkpoint. Refused (exit 2) while the run's driver runs there."""
     from areal_kit.cluster import steps, train_start
-    from areal_kit.cluster.options import load_state, state_path
+    from areal_kit.cluster.options import saved_cluster
     from areal_kit.cluster.parallel import Step, StepFailed, run_steps
     from areal_kit.cluster.parallel import dry_run as print_plan
     from areal_kit.config.loader import load_config
@@ -223,12 +225,7 @@ def train_on(preset: str, overrides: list[str], *, fresh: bool, dry_run: bool, g
     where = build(OnCluster, given)
     name, wait = where.cluster, where.train_wait
     assert name is not None, "train_on runs a train given --cluster"
-    if not state_path(name).exists():
-        saved = sorted(p.stem for p in state_path(name).parent.glob("*.json"))
-        raise UserError(f"--cluster {name}: no cluster of that name was set up from here ({state_path(name)} "
-                        f"missing); expected the --name given to setup (default areal)"
-                        + (f": {', '.join(saved)}" if saved else ""))
-    opts = load_state(name)
+    opts = saved_cluster(name)
     cfg = load_config(preset, [*train_start.placement(opts), *overrides])  # bad input before any host
     if Path(preset).suffix in (".yaml", ".yml"):
         raise UserError(f"--cluster: the head reads presets by name from its own package, not {preset} of this "

@@ -233,6 +233,17 @@ def state_path(name: str) -> Path:
     return state_dir() / "clusters" / f"{name}.json"
 
 
+def saved_cluster(name: str) -> SetupOptions:
+    """The options setup saved for cluster name (a command's --cluster); UserError naming the saved ones
+    when there are none."""
+    if not state_path(name).exists():
+        saved = sorted(p.stem for p in state_path(name).parent.glob("*.json"))
+        raise UserError(f"--cluster {name}: no cluster of that name was set up from here ({state_path(name)} "
+                        f"missing); expected the --name given to setup (default areal)"
+                        + (f": {', '.join(saved)}" if saved else ""))
+    return load_state(name)
+
+
 def save_state(opts: SetupOptions) -> Path:
     p = state_path(opts.spec.cluster_name)
     p.parent.mkdir(parents=True, exist_ok=True)

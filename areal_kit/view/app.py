@@ -30,7 +30,8 @@ from starlette.staticfiles import StaticFiles
 
 from areal_kit.durable import read_json
 from areal_kit.runlog import RunPaths
-from areal_kit.view.index import MetricsTable, SampleIndex
+from areal_kit.view.index import SampleIndex
+from areal_kit.view.metrics import MetricsTable
 from areal_kit.view.runinfo import LogEvents, checkpoints, config_rows
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -77,11 +78,14 @@ class RunData:
         if not os.path.exists(s.samples_file):
             out.append(f"no samples.jsonl in {self.files.log_dir}: the run dumps none (exp_ctrl.dump_samples_every=0) "
                        "or has not reached its first dump; the trend is shown alone")
-        elif not s.by_step and not s.torn:
+        elif not len(s) and not s.torn:
             out.append(f"{s.samples_file} holds no step's rows")
         for name, torn in (("metrics.jsonl", m.torn), ("samples.jsonl", s.torn)):
             if torn:
                 out.append(f"{name} ends in a line cut mid-write (being written, or a crash cut it): it is left out")
+        if m.sampled:
+            out.append(f"metrics.jsonl is being read whole for the first time (~{m.rows_estimate} rows; "
+                       "then kept in metrics.view.npz): the trend shows an even sample of its rows until then")
         if m.bad:
             out.append(f"metrics.jsonl: {m.bad} line(s) that are not JSON were skipped")
         if not s.writable:
@@ -94,12 +98,14 @@ class RunData:
             steps = s.steps
             n = len(m.steps)
             return {"name": self.name, "log_dir": self.files.log_dir, "generation": self.generation,
-                    "n_steps": n, "first_step": int(m.steps.min()) if n else None,
+                    "n_steps": m.rows_estimate if m.sampled else n, "first_step": int(m.steps.min()) if n else None,
                     "last_step": int(m.steps.max()) if n else None, "last_time": _num(float(m.times[-1])) if n else None,
                     "sample_steps": len(steps), "last_sample_step": steps[-1] if steps else None,
                     "keys": sorted(m.cols), "notes": self.notes()}
 
-    def trend(self, keys: list[str] | None, points: int) -> dict:
+    def trend(self, keys: list[str] | None, points: int) -> str:
+        """The trend's JSON text: {"steps": [...], "every": n, "series": {key: [...]}} (null where a
+        step lacks the key); written by hand, as numpy formats numbers far faster than json does."""
         with self.lock:
             m = self.metrics
             keys = [k for k in (keys or sorted(m.cols)) if k in m.cols]
@@ -117,8 +123,8 @@ class RunData:
                 with np.errstate(all="ignore"):
                     cnt = np.sum(~np.isnan(b), axis=1)
                     cols[k] = np.where(cnt > 0, np.nansum(b, axis=1) / np.maximum(cnt, 1), np.nan)
-        return {"steps": [int(x) for x in steps.tolist()], "every": every,
-                "series": {k: [_num(x) for x in v.tolist()] for k, v in cols.items()}}
+        series = ", ".join(f"{json.dumps(k)}: [{_numbers(v)}]" for k, v in cols.items())
+        return f'{{"steps": [{", ".join(map(str, steps.tolist()))}], "every": {every}, "series": {{{series}}}}}'
 
     def step(self, g: int) -> dict:
         with self.lock:
@@ -149,7 +155,7 @@ class RunData:
         of their first span; none where the run records no timeline (areal-kit before the view)."""
         with self.lock:
             rows, _ = self.timeline.rows(g)
-            recorded = bool(self.timeline.by_step)
+            recorded = bool(len(self.timeline))
         spans = [s for r in rows[-1:] for s in r.get("spans") or [] if isinstance(s, list) and len(s) == 4]
         lanes: list[str] = []
         for lane, _, _, _ in sorted(spans, key=lambda s: (not str(s[0]).startswith(("driver", "trainer")), s[2])):
@@ -179,6 +185,12 @@ class RunData:
                 "(runs write every option's value there when they start)"}
 
 
+def _numbers(v: np.ndarray) -> str:
+    """Numbers as JSON, 6 significant digits, null where not finite."""
+    text = ", ".join(map("{:.6g}".format, v.tolist()))
+    return text.replace("-inf", "null").replace("inf", "null").replace("nan", "null")
+
+
 def _summary(i: int, r: dict) -> dict:
     versions = r.get("versions") or []
     answer = str(r.get("answer", ""))
@@ -203,7 +215,7 @@ def make_app(data: RunData) -> Starlette:
         data.refresh()
         keys = [k for k in request.query_params.get("keys", "").split(",") if k] or None
         points = _int(request.query_params.get("points", "4000"), 4000)
-        return JSONResponse(data.trend(keys, points))
+        return Response(data.trend(keys, points), media_type="application/json")
 
     def steps(request: Request) -> Response:
         data.refresh()

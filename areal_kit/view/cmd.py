@@ -1,5 +1,6 @@
 """`areal-kit view [RUN]`: serve the run's page on this machine and print its address. The command's
-options are view_options'; cli.py finds the run through monitor.py (as `logs` does) and calls serve."""
+options are view_options' (and --cluster, cluster/cmd.py's OnCluster's, for a run on a cluster's head:
+cluster/view_on.py); cli.py finds the run through monitor.py (as `logs` does) and calls serve."""
 
 from __future__ import annotations
 

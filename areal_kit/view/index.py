@@ -1,11 +1,11 @@
-"""What `areal-kit view` keeps of a run's files so that a long run opens fast: where each step's
-rows of samples.jsonl lie (samples.index) and the metrics' columns (metrics.view.npz). Both are
-kept beside the files they index, extended from where they stopped, and rebuilt when the file was
-rewritten (a resume rewrites metrics.jsonl and samples.jsonl without the steps after its checkpoint).
+"""Where each step's rows of samples.jsonl lie, so that `areal-kit view` opens a step of a long run
+with one seek: samples.index, appended to by the run as it dumps (and by this reader for rows it
+scanned), kept beside the file, extended from where it stopped, and read again when the file was
+rewritten or cut (a resume drops the steps after its checkpoint). view/metrics.py does the same
+for metrics.jsonl's columns.
 
     idx = SampleIndex(paths.samples_file, paths.samples_index_file); idx.update()
     rows, bad = idx.rows(12)          # the rows of global step 12 (bad: lines that did not parse)
-    table = MetricsTable(paths.metrics_file); table.update(); table.steps, table.cols["task_reward"]
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
-from typing import NamedTuple, TypeGuard
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,7 +31,7 @@ class Entry(NamedTuple):
     rows: int  # how many
 
 
-def _inode(path: str) -> tuple[int, int] | None:
+def inode_size(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -47,28 +46,56 @@ class SampleIndex:
 
     def __init__(self, samples_file: str, index_file: str):
         self.samples_file, self.index_file = samples_file, index_file
-        self.by_step: dict[int, Entry] = {}
         self.end = 0  # bytes of samples.jsonl covered by the entries (each whole line)
         self.torn = False  # the file ends in a line without its newline (a write cut short, or one under way)
         self.writable = True  # False when samples.index cannot be written (a read-only folder): kept in memory
         self._ino: int | None = None
         self.scanned_bytes = 0  # read by scans (not from the index): the cost of a missing index
+        self._clear()
+
+    def _clear(self) -> None:
+        # The records as one array (100,000 Entry tuples would cost the open ~0.3 s), and each step's row
+        # in it (a step recorded twice: the later record)
+        self._recs = np.zeros((0, 4), dtype=np.int64)
+        self._row: dict[int, int] = {}
+        self._sorted: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self._row)
 
     @property
     def steps(self) -> list[int]:
-        return sorted(self.by_step)
+        if self._sorted is None:
+            self._sorted = sorted(self._row)
+        return self._sorted
+
+    @property
+    def by_step(self) -> dict[int, Entry]:
+        return {g: Entry._make(self._recs[i].tolist()) for g, i in sorted(self._row.items())}
+
+    def entry(self, step: int) -> Entry | None:
+        i = self._row.get(step)
+        return None if i is None else Entry._make(self._recs[i].tolist())
+
+    def _add(self, recs: np.ndarray) -> None:
+        n0 = len(self._recs)
+        self._recs = np.concatenate((self._recs, recs)) if n0 else recs
+        self._row.update(zip(recs[:, 0].tolist(), range(n0, n0 + len(recs))))
+        self._sorted = None
 
     def update(self) -> bool:
         """Take in what was written since the last call; True when steps were added or the file changed."""
-        got = _inode(self.samples_file)
+        got = inode_size(self.samples_file)
         if got is None:
-            changed = bool(self.by_step)
-            self.by_step, self.end, self._ino, self.torn = {}, 0, None, False
+            changed = bool(self._row)
+            self.end, self._ino, self.torn = 0, None, False
+            self._clear()
             return changed
         ino, size = got
         changed = False
         if ino != self._ino or size < self.end:  # a new or rewritten file: start from the index on disk
-            self.by_step, self.end, self._ino, changed = {}, 0, ino, True
+            self.end, self._ino, changed = 0, ino, True
+            self._clear()
             self._load_index(size)
         if size > self.end:
             changed = self._scan(size) or changed
@@ -81,11 +108,11 @@ class SampleIndex:
         except OSError:
             return
         n = len(data) // INDEX_RECORD.size  # a torn last record is left out
-        recs = np.frombuffer(data[:n * INDEX_RECORD.size], dtype="<i8").reshape(n, 4) if n else np.zeros((0, 4))
+        recs = np.frombuffer(data[:n * INDEX_RECORD.size], dtype="<i8").reshape(n, 4).astype(np.int64)
         if n == 0 or not self._agrees(recs, size):
             self._drop_index()
             return
-        self.by_step = {int(r[0]): Entry(*map(int, r)) for r in recs.tolist()}
+        self._add(recs)
         self.end = int((recs[:, 1] + recs[:, 2]).max())
 
     def _agrees(self, recs: np.ndarray, size: int) -> bool:
@@ -138,8 +165,7 @@ class SampleIndex:
         if not new:
             return False
         entries = [Entry(*e) for e in new]
-        for e in entries:
-            self.by_step[e.step] = e
+        self._add(np.array(new, dtype=np.int64).reshape(-1, 4))
         self._append_index(entries)
         return True
 
@@ -174,7 +200,7 @@ class SampleIndex:
 
     def rows(self, step: int) -> tuple[list[dict], int]:
         """The rows of one step, and how many of its lines did not parse (a line cut mid-write)."""
-        e = self.by_step.get(step)
+        e = self.entry(step)
         if e is None:
             return [], 0
         with open(self.samples_file, "rb") as f:
@@ -192,138 +218,3 @@ class SampleIndex:
             else:
                 bad += 1
         return out, bad
-
-
-_CACHE_EVERY = 2000  # rows parsed since the cache was last written that make it worth writing again
-
-
-class MetricsTable:
-    """metrics.jsonl as numeric columns (numpy, NaN where a row lacks the key), one row per global
-    step (a step logged twice: the later row), read from where the last read stopped; a cache beside
-    the file (metrics.view.npz) spares a long run's reopening the parse of every row."""
-
-    def __init__(self, metrics_file: str, cache_file: str = ""):
-        self.path = metrics_file
-        self.cache_file = cache_file or os.path.join(os.path.dirname(metrics_file), "metrics.view.npz")
-        self._reset(None)
-
-    def _reset(self, ino: int | None) -> None:
-        self.steps = np.zeros(0, dtype=np.int64)
-        self.times = np.zeros(0)
-        self.cols: dict[str, np.ndarray] = {}
-        self._row_of: dict[int, int] = {}
-        self.end, self._ino, self.torn, self.bad, self._since_cache = 0, ino, False, 0, 0
-
-    def update(self) -> bool:
-        got = _inode(self.path)
-        if got is None:
-            changed = bool(len(self.steps))
-            self._reset(None)
-            return changed
-        ino, size = got
-        changed = False
-        if ino != self._ino or size < self.end:
-            self._reset(ino)
-            self._load_cache(ino, size)
-            changed = True
-        if size > self.end:
-            changed = self._read(size) or changed
-        if self._since_cache >= _CACHE_EVERY:
-            self.save_cache()
-        return changed
-
-    def _read(self, size: int) -> bool:
-        with open(self.path, "rb") as f:
-            f.seek(self.end)
-            data = f.read(size - self.end)
-        cut = data.rfind(b"\n") + 1
-        self.torn = cut < len(data)
-        self.end += cut
-        rows = []
-        for line in data[:cut].splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                self.bad += 1
-                continue
-            if isinstance(row, dict) and isinstance(row.get("global_step"), int):
-                rows.append(row)
-        self._since_cache += len(rows)
-        if rows:
-            self._add(rows)
-        return bool(rows)
-
-    def _add(self, rows: list[dict]) -> None:
-        """Append the rows (a step already here: its row replaced in place), column by column."""
-        fresh: dict[int, dict] = {}
-        for r in rows:
-            g = r["global_step"]
-            if g in self._row_of:
-                self._replace(self._row_of[g], r)
-            else:
-                fresh.pop(g, None)
-                fresh[g] = r  # a step twice among the new rows: the later row
-        if not fresh:
-            return
-        new = list(fresh.values())
-        n0 = len(self.steps)
-        keys = set().union(*(r.keys() for r in new)) - {"global_step", "time"}
-        for k in sorted(keys | set(self.cols)):
-            vals = [r.get(k) for r in new]
-            try:  # numbers, with None where a row lacks the key: NaN
-                col = np.array(vals, dtype=np.float64)
-            except (TypeError, ValueError):  # some are not numbers (a string, a list): NaN there
-                col = np.array([float(v) if _numeric(v, k) else np.nan for v in vals], dtype=np.float64)
-            if k not in self.cols:
-                if np.isnan(col).all():
-                    continue
-                self.cols[k] = np.full(n0, np.nan)
-            self.cols[k] = np.concatenate((self.cols[k], col))
-        self.steps = np.concatenate((self.steps, np.array(list(fresh), dtype=np.int64)))
-        self.times = np.concatenate((self.times, np.array([float(r.get("time", np.nan)) for r in new])))
-        self._row_of.update({g: n0 + i for i, g in enumerate(fresh)})
-
-    def _replace(self, i: int, row: dict) -> None:
-        for k in [k for k, v in row.items() if _numeric(v, k) and k not in self.cols]:
-            self.cols[k] = np.full(len(self.steps), np.nan)
-        for k, col in self.cols.items():
-            v = row.get(k)
-            col[i] = float(v) if _numeric(v, k) else np.nan
-
-    def row(self, step: int) -> dict:
-        i = self._row_of.get(step)
-        if i is None:
-            return {}
-        return {k: float(v[i]) for k, v in self.cols.items() if not np.isnan(v[i])}
-
-    # ------------------------------------------------------------ the cache
-    def save_cache(self) -> None:
-        if not len(self.steps) or self._ino is None:
-            return
-        keys = sorted(self.cols)
-        meta = json.dumps({"ino": self._ino, "end": self.end, "keys": keys, "saved": time.time()})
-        tmp = self.cache_file + ".tmp.npz"
-        try:
-            np.savez(tmp, meta=np.array(meta), steps=self.steps, times=self.times,
-                     cols=np.stack([self.cols[k] for k in keys]) if keys else np.zeros((0, len(self.steps))))
-            os.replace(tmp, self.cache_file)
-            self._since_cache = 0
-        except OSError:  # a read-only folder: no cache, every open parses the file
-            self._since_cache = -(1 << 62)
-
-    def _load_cache(self, ino: int, size: int) -> None:
-        try:
-            with np.load(self.cache_file) as z:
-                meta = json.loads(str(z["meta"]))
-                if meta["ino"] != ino or meta["end"] > size:
-                    return
-                steps, times, cols = z["steps"], z["times"], z["cols"]
-        except (OSError, ValueError, KeyError):
-            return
-        self.steps, self.times, self.end = steps, times, int(meta["end"])
-        self._row_of = dict(zip(steps.tolist(), range(len(steps))))
-        self.cols = {k: cols[j].copy() for j, k in enumerate(meta["keys"])}
-
-
-def _numeric(v: object, key: str) -> TypeGuard[float]:
-    return key not in ("global_step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -5,7 +5,10 @@ import json
 import math
 import os
 import socket
+import threading
+import time
 
+import numpy as np
 import pytest
 from cli_run import assert_one_line_error, run_cli
 from starlette.testclient import TestClient
@@ -13,7 +16,8 @@ from starlette.testclient import TestClient
 from areal_kit import runlog
 from areal_kit.monitor import latest_run
 from areal_kit.view.app import RunData, make_app
-from areal_kit.view.index import MetricsTable, SampleIndex
+from areal_kit.view.index import SampleIndex
+from areal_kit.view.metrics import MetricsTable
 
 pytestmark = pytest.mark.unit
 
@@ -72,11 +76,40 @@ def test_a_rewritten_file_is_indexed_again(tmp_path):
     idx = SampleIndex(paths.samples_file, paths.samples_index_file)
     idx.update()
     log = runlog.RunLogger(paths, tensorboard=False, console=False)
-    log.resume_at(2)  # a resume: the steps after its checkpoint go from the files (a new file)
+    log.resume_at(2)  # a resume: the steps after its checkpoint go from the files
     log.samples(3, [sample(9, reward=1.0)])
     log.close()
     assert idx.update()
     assert idx.steps == [1, 2, 3] and idx.rows(3)[0][0]["task_reward"] == 1.0
+
+
+def test_a_resume_cuts_samples_by_the_index_and_keeps_it(tmp_path):
+    paths = write_run(tmp_path, 4)
+    size_through_2 = SampleIndex(paths.samples_file, paths.samples_index_file)
+    size_through_2.update()
+    cut = size_through_2.entry(3).offset
+    log = runlog.RunLogger(paths, tensorboard=False, console=False)
+    log.resume_at(2)
+    assert os.path.getsize(paths.samples_file) == cut  # the rows of steps 3 and 4 go, the others' bytes stay
+    log.samples(3, [sample(9, reward=1.0)])
+    log.close()
+    reopened = SampleIndex(paths.samples_file, paths.samples_index_file)
+    reopened.update()
+    assert reopened.steps == [1, 2, 3] and reopened.scanned_bytes == 0  # the index survived: no scan
+    assert reopened.rows(3)[0][0]["id"] == "toy-0" and len(reopened.rows(2)[0]) == 4
+
+
+def test_a_resume_over_rows_the_index_lacks_rewrites_and_drops_it(tmp_path):
+    paths = write_run(tmp_path, 3)
+    with open(paths.samples_file, "ab") as f:  # a dump whose index record a crash kept from being written
+        f.write(json.dumps({"global_step": 4, **sample(0)}).encode() + b"\n")
+    log = runlog.RunLogger(paths, tensorboard=False, console=False)
+    log.resume_at(2)
+    log.close()
+    assert not os.path.exists(paths.samples_index_file)
+    idx = SampleIndex(paths.samples_file, paths.samples_index_file)
+    idx.update()
+    assert idx.steps == [1, 2] and idx.scanned_bytes == os.path.getsize(paths.samples_file)
 
 
 def test_metrics_columns_incremental_and_cached(tmp_path):
@@ -98,6 +131,74 @@ def test_metrics_columns_incremental_and_cached(tmp_path):
     again.update()
     assert again.steps.tolist() == t.steps.tolist() and again.cols["task_reward"].tolist() == t.cols["task_reward"].tolist()
     assert again.end == t.end and again.row(4) == t.row(4)
+
+
+def _odd_metrics(path: str, steps: int) -> None:
+    """metrics.jsonl with what a block reader trips on: a NaN, a bool, a key a number in one row and a
+    string in another, a list, a line that is not JSON, a step logged twice, rows without a time."""
+    with open(path, "w") as f:
+        for g in range(1, steps + 1):
+            row: dict = {"global_step": g, "time": 1e9 + g, "task_reward": g / 7, "n": g, "flag": g % 2 == 0}
+            if g % 97 == 0:
+                row.update(task_reward=float("nan"), kind="a string", hist=[1, 2])
+            if g % 89 == 0:
+                row["kind"] = 3.5
+            if g % 101 == 0:
+                del row["time"]
+            f.write(json.dumps(row) + "\n")
+            if g % 113 == 0:
+                f.write('{"global_step": 5, "task_rew\n')
+            if g == steps // 2:
+                f.write(json.dumps({"global_step": 3, "task_reward": -1.0}) + "\n")
+
+
+def test_metrics_read_in_blocks_equals_row_by_row(tmp_path, monkeypatch):
+    from areal_kit.view import metrics as index
+
+    path = str(tmp_path / "metrics.jsonl")
+    _odd_metrics(path, 3000)
+    rows = MetricsTable(path, str(tmp_path / "a.npz"))
+    rows.update()  # under index._BULK: row by row
+    monkeypatch.setattr(index, "_BULK", 4096)  # blocks of ~4 KB: some go to pyarrow, some (odd lines) to json
+    blocks = MetricsTable(path, str(tmp_path / "b.npz"), background=False)
+    blocks.update()
+    assert blocks.steps.tolist() == rows.steps.tolist() and blocks.bad == rows.bad == 3000 // 113
+    assert sorted(blocks.cols) == sorted(rows.cols) == ["kind", "n", "task_reward"]  # no bool, string or list column
+    for k in rows.cols:
+        assert np.array_equal(blocks.cols[k], rows.cols[k], equal_nan=True), k
+    assert np.array_equal(blocks.times, rows.times, equal_nan=True)
+    assert blocks.row(3) == {"task_reward": -1.0} and blocks.row(89)["kind"] == 3.5
+
+
+def test_a_long_metrics_file_opens_on_a_sample_then_whole(tmp_path, monkeypatch):
+    """The first read of a long metrics.jsonl runs in a thread; the test holds it back (an Event) to
+    see the page meanwhile: a sample of the rows, the latest ones whole, a note; then every row."""
+    from areal_kit.view import metrics as index
+
+    paths = write_run(tmp_path, 3000, per_step=1)
+    monkeypatch.setattr(index, "_BULK", 4096)
+    monkeypatch.setattr(index, "_BACKGROUND", 8192)
+    monkeypatch.setattr(index, "_SAMPLED", 100)
+    monkeypatch.setattr(index, "_TAIL", 2048)
+    gate, run = threading.Event(), index._Job.run
+    monkeypatch.setattr(index._Job, "run", lambda job: (gate.wait(10), run(job)))
+    data = RunData(paths, "long")
+    client = TestClient(make_app(data))
+    st = client.get("/api/status").json()
+    assert any("read whole for the first time" in n for n in st["notes"])
+    assert 2700 < st["n_steps"] < 3300 and st["last_step"] == 3000  # an estimate; the last rows exact
+    sampled = client.get("/api/trend?keys=task_reward").json()
+    assert 100 <= len(sampled["steps"]) < 200 and sampled["steps"][-1] == 3000
+    assert client.get("/api/step/3000").json()["metrics"]["task_reward"] == 300.0
+    gate.set()
+    for _ in range(100):
+        data.refresh(force=True)
+        if not data.metrics.sampled:
+            break
+        time.sleep(0.05)
+    whole = client.get("/api/trend?keys=task_reward&points=0").json()
+    assert whole["steps"] == list(range(1, 3001)) and whole["series"]["task_reward"][:2] == [0.1, 0.2]
+    assert not any("first time" in n for n in client.get("/api/status").json()["notes"])
 
 
 def test_page_json(tmp_path):
@@ -247,3 +348,66 @@ def test_token_fields_can_be_turned_off(tmp_path):
     assert sizes[True] > sizes[False]
     data = RunData(write_run(tmp_path, 1), "x")
     assert data.step(1)["has_tokens"]
+
+
+# -- a cluster's run: `view RUN --cluster NAME` ----------------------------------------------------
+def _saved_cluster(name: str, storage: str, runtime: str, python: str = "python3"):
+    from areal_kit.cluster.options import SetupOptions, save_state
+    from areal_kit.cluster.target import Hosts
+
+    opts = SetupOptions(spec=Hosts(hostnames=["h1", "h2"], name=name, storage=storage).spec(), runtime=runtime,
+                        python=python)
+    save_state(opts)
+    return opts
+
+
+def test_an_unknown_cluster_is_one_line(capsys, kit_home):
+    _saved_cluster("lab", "/mnt/st", "docker")
+    code, _, err = run_cli(["view", "tiny/run0", "--cluster", "nosuch"], capsys)
+    assert_one_line_error(code, err, "--cluster nosuch: no cluster of that name was set up from here", ": lab")
+
+
+def test_the_heads_viewer_command(kit_home):
+    """In the head's container (docker exec -i: the SSH session's stdin reaches it) or on the host,
+    from the storage, the cluster's fileroot, on the head's loopback, any free port."""
+    import shlex
+
+    from areal_kit.cluster.view_on import viewer_cmd
+
+    docker = shlex.split(viewer_cmd(_saved_cluster("lab", "/mnt/st", "docker"), "tiny/run0"))
+    assert docker[:6] == ["docker", "exec", "-i", "areal-lab-head", "sh", "-c"] and len(docker) == 7
+    assert docker[6].startswith("cd /mnt/st && exec 3<&0 && { python3 -m areal_kit.cli view tiny/run0 --fileroot "
+                                "/mnt/st/ray/experiments --host 127.0.0.1 --port 0 < /dev/null & p=$!;")
+    host = shlex.split(viewer_cmd(_saved_cluster("box", "/data", "host", "/opt/py/bin/python"), "", "ci", "/data/fr"))
+    assert host[:2] == ["sh", "-c"] and "/opt/py/bin/python -m areal_kit.cli view --fileroot /data/fr --user ci " in host[2]
+
+
+def test_the_heads_viewer_serves_until_its_session_closes(tmp_path, kit_home):
+    """The host runtime's command, run here as sshd would run it on the head (a subprocess whose stdin
+    is the session's): it prints the address it serves the run's page on, the page answers there,
+    and closing its stdin (the session's end) stops the viewer."""
+    import shlex
+    import subprocess
+    import sys
+    import urllib.request
+
+    from areal_kit.cluster.view_on import _ADDRESS, viewer_cmd
+
+    opts = _saved_cluster("box", str(tmp_path / "st"), "host", sys.executable)
+    write_run(runlog.run_paths(opts.spec.fileroot, "tiny", "run0", "ci").log_dir, 2)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen(shlex.split(viewer_cmd(opts, "tiny/run0", "ci")), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        m = _ADDRESS.search(line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+        with urllib.request.urlopen(f"http://127.0.0.1:{m[1]}/api/status", timeout=30) as r:
+            assert json.loads(r.read())["n_steps"] == 2
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{m[1]}/api/status", timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
