@@ -128,10 +128,9 @@ def _view() -> Callable[..., None]:
     """`areal-kit view`: view/cmd.py's page, of the run monitor.py finds (as `logs` does): view
     never imports monitor, a command of its own."""
     from areal_kit import monitor
+    from areal_kit.cluster.cmd import OnCluster
     from areal_kit.flags import build, command, params
     from areal_kit.view import cmd as view_cmd
-
-    from areal_kit.cluster.cmd import OnCluster
 
     @command(list(inspect.signature(view_cmd.view_options).parameters.values()), params(monitor.RunRoot),
              params(OnCluster, "cluster"), own_first=True)
