@@ -43,6 +43,7 @@ MODULES = {
     "tool": "bench.tool_learning",
     "cpu": "bench.cpu",
     "engine_core": "bench.engine_core",
+    "endpoint": "bench.endpoint",
 }
 
 

@@ -27,7 +27,7 @@ from bench.report import Result
 ABOUT = __doc__.split("\n\n")[1].replace("\n", " ")
 SEEDS = (1, 2, 3)
 AGENT = ["ppo.workflow=", "agent.fn=areal_kit.agents.calculator:openai_agent", "agent.tool_parser=calc"]
-AGENT_STEPS = 100  # the agent's calls go through vLLM's chat server: ~10 ms each on this CPU
+AGENT_STEPS = 100  # each of the agent's calls goes through vLLM's chat server (bench/endpoint.py: its cost)
 
 
 def run() -> Result:
@@ -74,8 +74,9 @@ def run() -> Result:
              (f"Ratio = TRL's wall time to a {WINDOW}-step mean task reward of {THRESHOLD} / areal-kit's (seed 1, "
               "start-up included on both sides); where TRL does not get there, its whole run's wall time."),
              (f"Per-step reward curves are in latest.json (*_rewards). The agent runs {AGENT_STEPS} steps: each of "
-              "its calls goes through vLLM's OpenAI server (render, tokenize, HTTP), ~10 ms on this CPU, which for "
-              "a model this small costs more than generating.")]
+              "its calls goes through vLLM's OpenAI server (render, tokenize; in process, without HTTP: "
+              "areal_kit.agent_client), which for a model this small costs more than generating; "
+              "`bench/run.py endpoint` measures it.")]
     return Result("tool", "the calculator task: areal-kit with the tool vs TRL GRPOTrainer with tools, without the tool, "
                   "and an OpenAI-client agent via the endpoint",
                   figures, ratio=ratio, target=2.0, checks=checks,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, cast
 
 from openai import AsyncOpenAI
 
+from areal_kit.agent_client import http_client
 from areal_kit.api import Completion, EpisodeEngine, Trajectory, Turn
 from areal_kit.data.toy_task import CALL, END_CALL, calculate, tool_response
 
@@ -88,11 +89,12 @@ _local = threading.local()
 
 
 def _client(base_url: str, api_key: str) -> AsyncOpenAI:
-    """An AsyncOpenAI client with the episode's key, on one connection pool per thread and event
-    loop: building a client builds its pool and an SSL context, ~25 ms, many times an episode's
-    cost here (with_options shares the pool)."""
+    """An AsyncOpenAI client with the episode's key, one per thread and event loop: building a
+    client builds its pool and an SSL context, ~25 ms, many times an episode's cost here
+    (with_options shares the pool). Beside the engine (agent.fn), its calls go in process to the
+    endpoint's app (agent_client: no sockets, no pool to scan); elsewhere, over HTTP."""
     loop = asyncio.get_running_loop()
     if getattr(_local, "loop", None) is not loop or _local.url != base_url:
         _local.loop, _local.url = loop, base_url
-        _local.client = AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0)
+        _local.client = AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, http_client=http_client(base_url))
     return _local.client.with_options(api_key=api_key)

@@ -164,6 +164,36 @@ def test_concurrent_episodes_keep_their_own_calls(served):
                                                        tokenize=False) for m in asks)
 
 
+def test_in_process_calls_are_answered_and_recorded_as_over_http(served):
+    """agent_client's in-process transport (vLLM's chat server on the agent's event loop, the
+    engine's generation on its own): the same episode, whole and streamed, gets the same answers
+    and records as over HTTP; a bad key is refused the same way; a URL no app here serves is HTTP's."""
+    from areal_kit.agent_client import http_client
+
+    s = served
+    assert http_client(s.url) is not None and http_client("http://127.0.0.1:9/v1") is None
+
+    async def episode(in_process: bool):
+        key = s.ep.open_episode(seed=9)
+        cl = openai.AsyncOpenAI(base_url=s.url, api_key=key, max_retries=0,
+                                http_client=http_client(s.url) if in_process else None)
+        whole = await cl.chat.completions.create(model="tiny", messages=USER, max_tokens=5)
+        chunks = [c async for c in await cl.chat.completions.create(model="tiny", messages=USER, max_tokens=5,
+                                                                     stream=True)]
+        with pytest.raises(openai.AuthenticationError) as e:
+            await cl.with_options(api_key="not-a-key").chat.completions.create(model="tiny", messages=USER)
+        assert e.value.status_code == 401
+        await cl.close()
+        streamed = [t for ch in chunks for x in ch.choices for t in getattr(x, "token_ids", None) or ()]
+        return whole.choices[0].token_ids, streamed, s.ep.close_episode(key)
+
+    (w1, st1, http), (w2, st2, local) = asyncio.run(episode(False)), asyncio.run(episode(True))
+    assert len(http) == len(local) == 2 and w1 == w2 == http[0].token_ids and st1 == st2 == http[1].token_ids
+    for a, b in zip(http, local):
+        assert (a.prompt_ids, a.token_ids, a.finish_reason, a.call) == (b.prompt_ids, b.token_ids, b.finish_reason, b.call)
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
 def test_a_chat_with_a_tool_result_joins_into_one_trajectory(served):
     s = served
     assert s.tok("QQQ", add_special_tokens=False)["input_ids"] == [s.q] * 3  # the reply's text re-tokenizes as sampled

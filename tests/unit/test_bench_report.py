@@ -79,7 +79,7 @@ def test_unknown_name_and_registry():
     with pytest.raises(SystemExit, match="unknown benchmark"):
         run_all({"demo": _demo()}, ["nope"])
     assert list(bench_run.MODULES) == ["rollout", "weight_sync", "pipeline", "streaming", "peer", "packing", "learning",
-                                       "faults", "lora", "tool", "cpu", "engine_core"]
+                                       "faults", "lora", "tool", "cpu", "engine_core", "endpoint"]
 
 
 def test_learning_counts_from_the_command_start_to_the_step_that_reached_the_target():

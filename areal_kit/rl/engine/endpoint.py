@@ -1,7 +1,9 @@
 """An OpenAI-compatible chat endpoint over a streaming rollout engine, for agents written against `openai`.
 
 vLLM's own chat server (OpenAIServingChat, its models and renderer) runs in process around the
-engine's AsyncLLM, over HTTP from a uvicorn task on the engine's event loop. Each episode gets an
+engine's AsyncLLM: over HTTP from a uvicorn task on the engine's event loop, and without HTTP to
+agents beside the engine that call through areal_kit.agent_client (the app then runs on the
+agent's event loop, only the generation on the engine's). Each episode gets an
 API key of its own; the calls made with it are recorded token-exact: the ids vLLM rendered the
 prompt to, the ids it sampled (never re-tokenized text) and their processed logprobs, so an
 agent's episode trains on exactly what the engine saw and sampled. A call answered with an error
@@ -13,6 +15,7 @@ its models' lora_requests), so the version and the weights that sampled stay one
     base_url = ep.start()
     key = ep.open_episode(seed=7)
     ... the agent: openai.OpenAI(base_url=base_url, api_key=key).chat.completions.create(...)
+    ... or in process: AsyncOpenAI(base_url=base_url, api_key=key, http_client=agent_client.http_client(base_url))
     trajectory = episode_of(ep.close_episode(key))    # segments.py
 
     .venv/bin/python -m pytest tests/integration/test_endpoint.py
@@ -36,6 +39,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from areal_kit import agent_client
 from areal_kit.rl.workflow import call_seed
 
 if TYPE_CHECKING:
@@ -113,11 +117,20 @@ class ChatEndpoint:
         self._lock = threading.Lock()  # episodes open and close on callers' threads, record on the loop's
         self._server: Any = None  # uvicorn's Server, serving on the engine's loop
         self._task: asyncio.Task | None = None
+        self._url = ""
+        self._asgi: ASGIApp | None = None
+        # Seconds the endpoint's calls spent rendering (template and tokenizer) and in the engine
+        # (from the request to its last output, queueing included), and the calls: cheap counters
+        # read by bench/endpoint.py (take_timings).
+        self._timings = {"calls": 0.0, "render": 0.0, "engine": 0.0}
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> str:
-        """Serve HTTP on a free port on the engine's event loop; returns the base URL (…/v1)."""
-        return self.llm._run(self._start())
+        """Serve HTTP on a free port on the engine's event loop, and in process to this process's
+        agent_client.http_client(base URL); returns the base URL (…/v1)."""
+        self._url = self.llm._run(self._start())
+        agent_client.serve(self._url, self._asgi)
+        return self._url
 
     async def _start(self) -> str:
         app = self._app()
@@ -125,8 +138,9 @@ class ChatEndpoint:
         sock.bind((self.host, 0))
         # log_config None: leave the process's logging as it is; no access log (keys never reach
         # it, but a line per call is noise).
+        self._asgi = self._auth(app)  # served over HTTP and, in process, through agent_client
         self._server = app.state.server = uvicorn.Server(uvicorn.Config(
-            self._auth(app), lifespan="off", log_config=None, access_log=False, log_level="warning"))
+            self._asgi, lifespan="off", log_config=None, access_log=False, log_level="warning"))
         task = self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if task.done():
@@ -160,8 +174,8 @@ class ChatEndpoint:
         app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
         app.state.openai_serving_models = self._models = models
         app.state.openai_serving_chat = _recording_chat(
-            self, engine_client=engine, models=models, response_role="assistant", online_renderer=renderer,
-            request_logger=None, chat_template=template, chat_template_content_format="auto",
+            self, engine_client=agent_client.EngineOnItsLoop(engine, self.llm.loop), models=models,
+            response_role="assistant", online_renderer=renderer, request_logger=None, chat_template=template, chat_template_content_format="auto",
             enable_auto_tools=auto_tools, tool_parser=self.tool_parser)
         chat_router.attach_router(app)
         models_router.attach_router(app)
@@ -213,6 +227,7 @@ class ChatEndpoint:
     def shutdown(self) -> None:
         """Stop serving (the requests in flight finish first); the engine stays up, the caller's to stop."""
         if self._server is not None:
+            agent_client.unserve(self._url)
             self._server.should_exit = True
             self.llm._run(self._stopped(), timeout=30)
             self._server = None
@@ -243,6 +258,12 @@ class ChatEndpoint:
         with self._lock:
             episode = self._episodes.get(key)
             return episode.serving_seconds(time.monotonic()) if episode is not None else 0.0
+
+    def take_timings(self) -> dict[str, float]:
+        """Seconds the calls since the last take spent rendering and in the engine, and their count."""
+        with self._lock:
+            out, self._timings = self._timings, dict.fromkeys(self._timings, 0.0)
+        return out
 
     def take_failed_calls(self) -> int:
         """The calls answered with an error status (4xx, 5xx) since the last take."""
@@ -302,6 +323,7 @@ class ChatEndpoint:
         episode, index, version = call
         prompt: list[int] = []
         got: dict[int, Call] = {}
+        t0 = time.perf_counter()
         async for res in outputs:
             if res.prompt_token_ids is not None:
                 prompt = list(res.prompt_token_ids)
@@ -316,6 +338,8 @@ class ChatEndpoint:
                 c.logprobs += [lp[t].logprob for lp, t in zip(sampled, o.token_ids)]
                 c.finish_reason = o.finish_reason or ""
             yield res
+        with self._lock:
+            self._timings["engine"] += time.perf_counter() - t0
         if got and all(c.finish_reason for c in got.values()):
             for c in got.values():
                 c.prompt_ids = prompt
@@ -364,6 +388,15 @@ def _recording_chat(endpoint: ChatEndpoint, **kwargs: Any) -> OpenAIServingChat:
                 return await super().create_chat_completion(request, raw_request)
             finally:
                 _CURRENT.reset(token)
+
+        async def render_chat_request(self, request: ChatCompletionRequest) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await super().render_chat_request(request)
+            finally:
+                with endpoint._lock:
+                    endpoint._timings["calls"] += 1
+                    endpoint._timings["render"] += time.perf_counter() - t0
 
         def chat_completion_full_generator(
                 self, request: ChatCompletionRequest, result_generator: AsyncIterator[RequestOutput], *args: Any,
