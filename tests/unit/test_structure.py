@@ -42,7 +42,10 @@ MODEL_CODE_IN_WORKERS = {"areal_kit.rl.trainer.worker": ("transformers", "areal_
                          "areal_kit.rl.driver.launch": ("areal_kit.rl.driver.controller",
                                                         "areal_kit.rl.driver.checkpointer"),
                          # the chat server (fastapi, uvicorn, vLLM's OpenAI layer) loads only in an agent's engine
-                         "areal_kit.rl.engine.worker": ("areal_kit.rl.engine.agent", "areal_kit.rl.engine.endpoint")}
+                         "areal_kit.rl.engine.worker": ("areal_kit.rl.engine.agent", "areal_kit.rl.engine.endpoint"),
+                         # loaded at every start of SGLang's CPU venv (a .pth line): torch only once
+                         # torchvision is imported, not in every pip or helper process there
+                         "areal_kit.rl.engine.sglang_cpu_standins": ("torch",)}
 
 
 def _module(path: Path) -> str:
