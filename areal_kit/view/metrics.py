@@ -249,11 +249,8 @@ class _Job:
 
 
 def _arrow_columns(data: bytes) -> _Cols | None:
-    try:  # imported here, in the reading thread: the import alone takes ~0.5 s
-        import pyarrow as pa
-        import pyarrow.json as pj
-    except ImportError:  # datasets brings it; without it every block goes row by row
-        return None
+    import pyarrow as pa  # here, in the reading thread: the import alone takes ~0.5 s
+    import pyarrow.json as pj
 
     try:
         table = pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(block_size=len(data) + 1))

@@ -166,12 +166,27 @@ def head(tmp_path, monkeypatch):
     yield opts, remotes
     pidfile = storage / ".areal-kit" / "train-here.pid"
     if pidfile.exists():  # the stand-in driver this test started last: its session, by its id (setsid)
-        group = f"-{pidfile.read_text().strip()}"
-        subprocess.run(["kill", "--", group], check=False)
+        pgid = int(pidfile.read_text().strip())
+        subprocess.run(["kill", "--", f"-{pgid}"], check=False)
         end = time.monotonic() + 10  # gone before the next test looks for a running driver
-        while subprocess.run(["kill", "-0", "--", group], check=False, capture_output=True).returncode == 0:
-            assert time.monotonic() < end, f"the stand-in driver {group} outlived SIGTERM"
+        while _group_running(pgid):
+            assert time.monotonic() < end, f"the stand-in driver's group {pgid} outlived SIGTERM"
             time.sleep(0.05)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group pgid is still running: an exited one its parent has not reaped
+    yet (a zombie) still answers `kill -0`, and is not."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except (OSError, ValueError):
+            continue
+        state, _ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
+        if entry.isdigit() and int(group) == pgid and state != "Z":
+            return True
+    return False
 
 
 def run_lines(tmp_path, *messages: str) -> list[str]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx  # openai's own HTTP client, installed with it
+import httpx
 
 from areal_kit.rl.engine.sglang_env import python_of
 
