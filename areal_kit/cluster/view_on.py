@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import socket
 import time
 
 from areal_kit.cluster import cmd as cluster_cmd
@@ -77,6 +78,7 @@ def view_on(name: str, run: str, user: str, fileroot: str, host: str, port: int,
             _ended(name, head.name, chan.recv_exit_status(), err.read().decode(errors="replace"), said)
         chan.settimeout(None)
         with conn.forward_local(port, remote_port=remote_port, remote_host="127.0.0.1", local_host=host):
+            _until_listening(host, port)
             shown = f"[{host}]" if ":" in host else host
             print(f"areal-kit view: {run or 'the latest run'} on cluster {name}, head {head.name} "
                   f"(its 127.0.0.1:{remote_port}) at http://{shown}:{port}/ (Ctrl-C stops the page here "
@@ -95,6 +97,21 @@ def view_on(name: str, run: str, user: str, fileroot: str, host: str, port: int,
         _ended(name, head.name, chan.recv_exit_status(), (tail + rest).decode(errors="replace"), said)
     finally:
         cluster_cmd._close(cluster)
+
+
+def _until_listening(host: str, port: int, within_s: float = 30.0) -> None:
+    """fabric's forward_local binds its port on a thread of its own, after it has returned: the
+    address is printed once a connection there is taken, so that a browser sent to it finds it."""
+    probe = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            socket.create_connection((probe, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RunFailed(f"the page's port {host}:{port} was not listening after {within_s:g}s") from None
+            time.sleep(0.05)
 
 
 def _ended(name: str, head: str, rc: int, stderr: str, said: str) -> None:

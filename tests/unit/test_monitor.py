@@ -81,8 +81,10 @@ def test_dead_run_shows_last_step_recover_point_eta_and_how_to_resume(tmp_path):
 @pytest.fixture
 def driver_pid():
     """A live Python process to stand for a run's driver (this test's own process may be titled
-    otherwise, as a pytest-xdist worker is, and a driver is told from a recycled pid by its command)."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    otherwise, as a pytest-xdist worker is, and a driver is told from a recycled pid by its command).
+    In a session of its own: a signal another test's script sends to its process group (the
+    workers' own) is not this driver's end."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     yield child.pid
     child.kill()
     child.wait()

@@ -45,7 +45,10 @@ MODEL_CODE_IN_WORKERS = {"areal_kit.rl.trainer.worker": ("transformers", "areal_
                          "areal_kit.rl.engine.worker": ("areal_kit.rl.engine.agent", "areal_kit.rl.engine.endpoint"),
                          # loaded at every start of SGLang's CPU venv (a .pth line): torch only once
                          # torchvision is imported, not in every pip or helper process there
-                         "areal_kit.rl.engine.sglang_cpu_standins": ("torch",)}
+                         "areal_kit.rl.engine.sglang_cpu_standins": ("torch",),
+                         # half a second of import, paid on the thread that reads a long metrics
+                         # file, not by the page's first answer
+                         "areal_kit.view.metrics": ("pyarrow", "pyarrow.json")}
 
 
 def _module(path: Path) -> str:
