@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -206,15 +207,22 @@ class SampleIndex:
         with open(self.samples_file, "rb") as f:
             f.seek(e.offset)
             data = f.read(e.length)
-        out, bad = [], 0
-        for line in data.splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                bad += 1
-                continue
-            if isinstance(row, dict) and row.get("global_step") == step:
-                out.append(row)
-            else:
-                bad += 1
-        return out, bad
+        out, bad, other = json_rows(data, lambda row: row.get("global_step") == step)
+        return out, bad + other
+
+
+def json_rows(data: bytes, keep: Callable[[dict], bool]) -> tuple[list[dict], int, int]:
+    """The JSON objects of data's lines that keep() accepts; how many lines were not JSON (a line
+    cut mid-write); how many were JSON that keep() refused."""
+    rows, bad, refused = [], 0, 0
+    for line in data.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(row, dict) and keep(row):
+            rows.append(row)
+        else:
+            refused += 1
+    return rows, bad, refused

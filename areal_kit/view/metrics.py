@@ -16,7 +16,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from areal_kit.view.index import inode_size
+from areal_kit.view.index import inode_size, json_rows
 
 _CACHE_EVERY = 2000  # rows parsed since the cache was last written that make it worth writing again
 _BULK = 4 << 20  # unread bytes of metrics.jsonl past which they are parsed in blocks by pyarrow (not row by row)
@@ -284,15 +284,7 @@ def _numpy(col: Any) -> np.ndarray:
 
 def _parse_rows(data: bytes) -> tuple[list[dict], int]:
     """The rows of data's lines (objects with a global_step), and how many lines were not JSON."""
-    rows, bad = [], 0
-    for line in data.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(row, dict) and isinstance(row.get("global_step"), int):
-            rows.append(row)
+    rows, bad, _ = json_rows(data, lambda row: isinstance(row.get("global_step"), int))
     return rows, bad
 
 

@@ -177,16 +177,8 @@ def head(tmp_path, monkeypatch):
 def _group_running(pgid: int) -> bool:
     """Whether a process of group pgid is still running: an exited one its parent has not reaped
     yet (a zombie) still answers `kill -0`, and is not."""
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except (OSError, ValueError):
-            continue
-        state, _ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
-        if entry.isdigit() and int(group) == pgid and state != "Z":
-            return True
-    return False
+    out = subprocess.run(["ps", "-e", "-o", "pgid=,stat="], capture_output=True, text=True, check=False).stdout
+    return any(int(g) == pgid and not s.startswith("Z") for g, s in (ln.split() for ln in out.splitlines()))
 
 
 def run_lines(tmp_path, *messages: str) -> list[str]:
