@@ -9,7 +9,7 @@ endpoint's own cost. Each N runs over HTTP (a socket, uvicorn on the engine's ev
 process (areal_kit.agent_client: vLLM's chat server on the agents' loop, only the generation on
 the engine's), in turns, against the same endpoint. A call's time is split by the CPU time of the
 agents' thread and of the engine's loop, and the endpoint's counters (render, engine). Then the
-tool task (tiny_tool) trains its step three ways: as its workflow, and as the openai agent through
+tool task (tiny_tool) trains its step three ways, each twice, in turns: as its workflow, and as the openai agent through
 the endpoint in process and over HTTP.
 
     python bench/run.py endpoint
@@ -36,6 +36,7 @@ HTTP_MAX = 1024
 CALLS = 2  # per agent: the calculator episode's ask and its answer after the tool
 MAX_TOKENS = 4
 TOOL_STEPS = 30  # per side of the tool task's step: the workflow, the agent in process and over HTTP
+TOOL_ROUNDS = 2  # runs of each side, in turns
 PATHS = ("http", "in-process")  # how the agents reach the endpoint: over a socket, or agent_client's
 
 
@@ -131,12 +132,13 @@ def tool_steps(workdir: str, model: str) -> dict[str, float]:
     sides = {"workflow": [f"exp_ctrl.total_train_steps={TOOL_STEPS}"],
              "agent, in process": [*agent, "agent.fn=areal_kit.agents.calculator:openai_agent"],
              "agent, over HTTP": [*agent, "agent.fn=bench.endpoint:http_agent"]}
-    out = {}
-    for name, args in sides.items():
-        run = engines.train_run(["tiny_tool", f"actor.path={model}", *args], workdir, name.replace(", ", "-")
-                                .replace(" ", "_"), reuse=False)
-        out[name] = engines.median(r["e2e_time"] for r in engines.steady(run["rows"], 2, tail=1))
-    return out
+    steps: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(TOOL_ROUNDS):  # the sides in turns: a swing of the machine's load falls on each
+        for name, args in sides.items():
+            slug = name.replace(", ", "-").replace(" ", "_")
+            run = engines.train_run(["tiny_tool", f"actor.path={model}", *args], workdir, f"{slug}-{r}", reuse=False)
+            steps[name] += [row["e2e_time"] for row in engines.steady(run["rows"], 2, tail=1)]
+    return {name: engines.median(v) for name, v in steps.items()}
 
 
 def run(agents: tuple[int, ...] = AGENTS, tool: bool = True) -> Result:
@@ -197,7 +199,8 @@ def run(agents: tuple[int, ...] = AGENTS, tool: bool = True) -> Result:
         wf = steps["workflow"]
         figures["tool_step_agent_over_workflow"] = steps["agent, in process"] / wf
         figures["tool_step_http_agent_over_workflow"] = steps["agent, over HTTP"] / wf
-        notes.append(f"The tool task (tiny_tool), median steady step of {TOOL_STEPS}-step runs: as its workflow "
+        notes.append(f"The tool task (tiny_tool), median steady step of {TOOL_ROUNDS} runs of {TOOL_STEPS} steps a side, "
+                     f"the sides in turns: as its workflow "
                      f"{wf:.3f} s; the openai agent through the endpoint in process {steps['agent, in process']:.3f} s "
                      f"({steps['agent, in process'] / wf:.1f}x), over HTTP {steps['agent, over HTTP']:.3f} s "
                      f"({steps['agent, over HTTP'] / wf:.1f}x).")
