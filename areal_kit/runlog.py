@@ -202,15 +202,18 @@ class RunLogger:
 
 
 def token_fields(tokens: list[str], logprobs: list[float], loss_mask: list[int] | None,
-                 versions: list[int] | None) -> dict:
+                 versions: list[int] | None, trainer: dict[str, list[float | None]] | None = None) -> dict:
     """A dumped sample's per-token fields (samples.jsonl, `areal-kit view`'s token view): each output
-    token's text, its sampling logprob (4 decimals), its loss mask (1 = trained on; absent: all 1)
-    and its weight version (absent: all the sample's `version`)."""
+    token's text, its sampling logprob (4 decimals), its loss mask (1 = trained on; absent: all 1),
+    its weight version (absent: all the sample's `version`), and what the trainer computed for it
+    (trainer: its fields by name, 4 decimals, null where a field has no value for a token)."""
     out: dict = {"tokens": tokens, "logprobs": [round(x, 4) for x in logprobs]}
     if loss_mask is not None:
         out["loss_mask"] = list(loss_mask)
     if versions is not None:
         out["versions"] = list(versions)
+    for name, values in (trainer or {}).items():
+        out[name] = [None if v is None else round(v, 4) for v in values]
     return out
 
 

@@ -263,8 +263,9 @@ class ExpCtrl:
     dump_samples_groups: int = opt(2, "Groups written each time samples are dumped.")
     dump_sample_tokens: bool = opt(True,
         "Dumped samples carry per-token fields (each token's text, sampling logprob, loss mask and weight "
-        "version) for `areal-kit view`'s token view; false writes the answer's text only, ~17 bytes a token "
-        "less (docs/view.md), and the page shows the text without colours.")
+        "version, and the trainer's logprob, ratio, reference KL and entropy) for `areal-kit view`'s token "
+        "view; false writes the answer's text only, ~50 bytes a token less (docs/view.md), and the page "
+        "shows the text without colours.")
     stop_after_failed_reward_steps: int = opt(3,
         "Stop the run (exit 1, naming the first error) when every sample's reward failed in this many "
         "steps in a row: it cannot learn. No checkpoint is written during such a streak, so the last "

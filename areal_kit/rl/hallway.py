@@ -34,3 +34,23 @@ class WorkerProbe:
 
     uuid: str
     why: str
+
+
+@dataclass(frozen=True)
+class TokenTrace:
+    """What the trainer computed for each output token of one sample, in its tokens' order:
+    its logprob before the step's update (the one the PPO ratio takes), the entropy of its train
+    forward, and the reference KL, logprob - reference logprob (None without a reference model)."""
+
+    logprobs: list[float]
+    entropy: list[float]
+    ref_kl: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """A train step's answer (TrainerWorker.train_step): its stats, summed over the ranks, and the
+    token traces of the rows the driver asked for, by their index in the rows it was given."""
+
+    stats: dict[str, float]
+    traces: dict[int, TokenTrace]

@@ -114,7 +114,7 @@ def main(zero: int, lora_rank: int, root: str, model_path: str, port: str) -> di
         phases, allocated = watch_phases(worker)
         res["phases"] = phases
     t0 = time.perf_counter()
-    res["steps"] = [worker.train_step(batch(vocab, seed=10 + i)) for i in range(2)]
+    res["steps"] = [worker.train_step(batch(vocab, seed=10 + i)).stats for i in range(2)]
     res["train_s"] = time.perf_counter() - t0
     if on_gpu:
         res["peak_reserved"] = max(phases.values())

@@ -48,7 +48,7 @@ for i in range(8):  # uneven lengths: the ranks get different shards and micro-b
                               logprobs=[-2.5] * len(out), seq_reward=float(i % 2)))
 result = {}
 with strict_collectives(label):
-    result["steps"] = [worker.train_step(shard_batch(samples, 2)[rank]) for _ in range(2)]
+    result["steps"] = [worker.train_step(shard_batch(samples, 2)[rank]).stats for _ in range(2)]
     worker.stage_weights()
     try:
         dist.all_reduce(torch.zeros(1))

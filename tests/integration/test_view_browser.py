@@ -12,6 +12,7 @@ About 60 s on CI's 2-core machine: ~30 s of training, ~15 s of browser.
 """
 
 import json
+import math
 import os
 import re
 import shutil
@@ -138,6 +139,16 @@ def test_view_from_trend_to_token_live(page, run_dir):
     assert all(c not in ("rgba(0, 0, 0, 0)", "transparent") for c in colours)
     assert {t.get_attribute("data-mask") for t in toks} == {"1"}  # a single-turn answer: every token trained on
     shot(d, "sample")
+    # The trainer's fields are offered too; coloured by the ratio, each token carries its own.
+    offered = [o.get_attribute("value") for o in d.find_elements(By.CSS_SELECTOR, "#color-by option")]
+    assert {"logprobs", "trainer_logprob", "ratio", "ref_kl", "entropy"} <= set(offered)
+    d.execute_script("const c = document.getElementById('color-by'); c.value = 'ratio'; "
+                     "c.dispatchEvent(new Event('change'))")
+    until(d, "document.getElementById('legend').textContent.includes('ratio')")
+    values = [float(t.get_attribute("data-value")) for t in d.find_elements(By.CSS_SELECTOR, "#sample-tokens .tok")]
+    assert values == sample["ratio"]
+    d.execute_script("const c = document.getElementById('color-by'); c.value = 'logprobs'; "
+                     "c.dispatchEvent(new Event('change'))")
 
     # A step written after the page opened appears without a reload: the run's own writers.
     rows = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
@@ -183,3 +194,29 @@ def test_view_from_trend_to_token_live(page, run_dir):
     assert d.find_element(By.CSS_SELECTOR, '#config tr[data-source="override"]')
     shot(d, "run")
     print(f"\nbrowser part: {time.time() - t0:.1f}s")
+
+
+def test_each_dumped_answer_carries_what_the_trainer_computed_for_its_tokens(run_dir):
+    """The run's own samples.jsonl: beside each output token's sampling logprob, the trainer's
+    logprob (before the step's update), the ratio of the two, the reference KL (tiny has a reference
+    model) and the entropy, one value per token, from the step that trained on them. The first
+    step is on-policy (vLLM and the trainer hold the same weights): the ratio is ~1 and the
+    reference, the initial model, is the policy itself, so the KL is ~0."""
+    rows = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["global_step"] <= STEPS]
+    assert {r["global_step"] for r in rows} == set(range(1, STEPS + 1))
+    first = []
+    for r in rows:
+        n = r["n_tokens"]
+        for k in ("tokens", "logprobs", "trainer_logprob", "ratio", "ref_kl", "entropy"):
+            assert len(r[k]) == n, (k, r)
+        for lp, b, ratio in zip(r["trainer_logprob"], r["logprobs"], r["ratio"]):
+            assert ratio == pytest.approx(math.exp(lp - b), rel=3e-4, abs=1e-4)  # both logprobs at 4 decimals
+        assert all(e >= 0 for e in r["entropy"])
+        if r["global_step"] == 1:
+            assert r["version"] == 0
+            first.append(r)
+    assert len(first) == 32
+    ratios = [x for r in first for x in r["ratio"]]
+    assert max(abs(x - 1) for x in ratios) < 0.05, ratios
+    assert max(abs(x) for r in first for x in r["ref_kl"]) <= 1e-4

@@ -323,10 +323,11 @@ def test_shape_rewards_skip_zero_adv_groups():
     out = shape_rewards(samples([1, 0, 1, 1, 0, 1], 2), ppo)
     assert sorted(s.id for s in out.train) == ["p0", "p0", "p2", "p2"]
     assert len(out.samples) == 6  # the dropped group keeps its rewards, for the dumps
+    assert [out.samples[i] for i in out.trained] == out.train  # where each trained sample is among them
     # all groups zero-advantage: nothing would remain, so nothing is dropped
     out = shape_rewards(samples([1, 1, 0, 0], 2), ppo)
     assert out.perc_zero_adv == 1.0
-    assert len(out.train) == 4
+    assert len(out.train) == 4 and out.trained == [0, 1, 2, 3]
 
 
 def test_shape_rewards_ppo_math_no_group_norm():

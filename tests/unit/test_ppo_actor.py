@@ -13,7 +13,7 @@ import torch
 from areal_kit.api import Completion, Trajectory, Turn
 from areal_kit.config.schema import PPOConfig
 from areal_kit.rl.algo.packing import Answers, min_bins, partition
-from areal_kit.rl.algo.ppo import PPOActor
+from areal_kit.rl.algo.ppo import PPOActor, token_traces
 from areal_kit.rl.engine.worker import _sample
 from areal_kit.rl.sample import TrainerRow, trainer_rows
 
@@ -129,7 +129,7 @@ def test_one_steps_gradient_is_the_hand_written_clipped_loss_with_kl(max_tokens)
     engine, rows = BigramEngine(), shard()
     want_loss, want = hand_loss(engine.policy, engine.ref, rows, ppo)
     (want_grad,) = torch.autograd.grad(want_loss, engine.policy.table)
-    stats = PPOActor(ppo, engine, train_tokens=max_tokens, ref_tokens=max_tokens).train_step(rows)
+    stats = PPOActor(ppo, engine, train_tokens=max_tokens, ref_tokens=max_tokens).train_step(rows).stats
     assert len(engine.grads) == 1
     torch.testing.assert_close(engine.grads[0], want_grad, atol=1e-6, rtol=1e-5)
     assert len(engine.forwards) == len(engine.micro_batches(rows, max_tokens))
@@ -146,7 +146,7 @@ def test_the_advantage_stat_is_the_mean_over_trained_tokens_after_kl_reward_and_
     over the loss mask's tokens (normalised over those same tokens, so it is ~0 but not the raw mean)."""
     ppo = PPOConfig(kl_ctl=0.5, kl_mode="reward", kl_estimator="k1", adv_norm=True)
     engine, rows = BigramEngine(), shard()
-    stats = PPOActor(ppo, engine, train_tokens=100, ref_tokens=100).train_step(rows)
+    stats = PPOActor(ppo, engine, train_tokens=100, ref_tokens=100).train_step(rows).stats
     assert stats["advantage"] == pytest.approx(0.0, abs=1e-6)
     assert stats["kl_reward"] != 0.0
     ppo = PPOConfig(kl_ctl=0.5, kl_mode="reward", kl_estimator="k1", adv_norm=False)
@@ -161,7 +161,7 @@ def test_the_advantage_stat_is_the_mean_over_trained_tokens_after_kl_reward_and_
             r[-1] += s.seq_reward
             ret = r.flip(0).cumsum(0).flip(0)  # undiscounted returns
             tok_r += [x for x, m in zip(ret.tolist(), mask.tolist()) if m]
-    stats = PPOActor(ppo, engine, train_tokens=100, ref_tokens=100).train_step(rows)
+    stats = PPOActor(ppo, engine, train_tokens=100, ref_tokens=100).train_step(rows).stats
     assert stats["advantage"] == pytest.approx(sum(tok_r) / len(tok_r), rel=1e-5)
 
 
@@ -170,12 +170,53 @@ def test_minibatches_take_one_optimizer_step_each_from_the_proximal_policy():
     minibatch's step sees the weights the one before it left."""
     ppo = PPOConfig(**{**OFF_POLICY, "ppo_n_minibatches": 2})
     engine, rows = BigramEngine(), shard()
-    stats = PPOActor(ppo, engine, train_tokens=100, ref_tokens=100).train_step(rows)
+    stats = PPOActor(ppo, engine, train_tokens=100, ref_tokens=100).train_step(rows).stats
     assert len(engine.grads) == 2
     assert sorted(r for f in engine.forwards for r in f) == list(range(len(rows)))
     assert stats["grad_norm"] == pytest.approx(sum(float(g.norm()) for g in engine.grads) / 2)
     ans = Answers([len(s.output_ids) for s in rows])
     assert stats["n_valid_tokens"] == ans.n_tokens - 1
+
+
+def test_token_traces_map_flat_tensors_back_to_each_rows_own_tokens():
+    """Flat per-token tensors in Answers' order (rows of 2, 1 and 3 tokens): each row asked for
+    gets its own tokens' values, exactly, and the KL is its logprob minus the reference's."""
+    ans = Answers([2, 1, 3])
+    lp = torch.tensor([-0.5, -1.0, -2.0, -0.25, -0.75, -3.0])
+    ent = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    ref = torch.tensor([-1.5, -1.0, -1.0, -0.5, -0.5, -0.5])
+    got = token_traces(ans, [2, 0], lp, ent, ref)
+    assert list(got) == [2, 0]
+    assert got[2].logprobs == [-0.25, -0.75, -3.0] and got[0].logprobs == [-0.5, -1.0]
+    assert got[2].entropy == pytest.approx([0.4, 0.5, 0.6]) and got[0].entropy == pytest.approx([0.1, 0.2])
+    assert got[2].ref_kl == [0.25, -0.25, -2.5] and got[0].ref_kl == [1.0, 0.0]
+    assert token_traces(ans, [1], lp, ent, None)[1].ref_kl is None
+
+
+@pytest.mark.parametrize("max_tokens,minibatches", [(100, 1), (6, 1), (6, 2)])
+def test_a_dump_steps_traces_are_each_samples_values_before_the_update(max_tokens, minibatches):
+    """The rows asked for come back with the trainer's own logprob of each answer token before the
+    optimizer step (the train forward's with one minibatch, the recomputed proximal one with two),
+    its KL to the reference, and its entropy in the train forward (as the step's entropy metric has
+    it: with two minibatches the second one's forward runs on the weights the first step left):
+    each exactly what the sequence alone gives, whatever the packing into micro-batches."""
+    ppo = PPOConfig(**{**OFF_POLICY, "ppo_n_minibatches": minibatches})
+    engine, rows = BigramEngine(), shard()
+    weights = [engine.policy.table.detach().clone()]  # before each optimizer step
+    step = engine.optimizer_step
+    engine.optimizer_step = lambda: (step(), weights.append(engine.policy.table.detach().clone()))[0]
+    reply = PPOActor(ppo, engine, train_tokens=max_tokens, ref_tokens=max_tokens).train_step(rows, [4, 1, 3])
+    assert sorted(reply.traces) == [1, 3, 4]
+    assert len(engine.grads) == minibatches and (len(engine.forwards) > minibatches) == (max_tokens == 6)
+    for i, t in reply.traces.items():
+        at = [Bigram(0) for _ in weights]
+        for m, w in zip(at, weights):
+            m.table.data.copy_(w)
+        lp = at[0].answer_logprobs(rows[i])[0]
+        assert t.logprobs == lp.tolist()
+        assert t.ref_kl == (lp - engine.ref.answer_logprobs(rows[i])[0]).tolist()
+        assert t.entropy == at[i % minibatches].answer_logprobs(rows[i])[1].tolist()  # minibatch i % n's forward
+    assert PPOActor(ppo, BigramEngine(), train_tokens=100, ref_tokens=100).train_step(rows).traces == {}
 
 
 def tool_episodes(tool_logprob: float = 0.0) -> list[TrainerRow]:
@@ -202,7 +243,7 @@ def test_a_tool_using_episode_trains_on_the_models_turns_alone():
         assert [r.loss_mask for r in shard_] == [[1, 1, 0, 0, 0, 1]] * 2
         want_loss, want = hand_loss(engine.policy, engine.ref, shard_, ppo)
         (want_grad,) = torch.autograd.grad(want_loss, engine.policy.table)
-        stats = PPOActor(ppo, engine, train_tokens=100, ref_tokens=100).train_step(shard_)
+        stats = PPOActor(ppo, engine, train_tokens=100, ref_tokens=100).train_step(shard_).stats
         torch.testing.assert_close(engine.grads[0], want_grad, atol=1e-6, rtol=1e-5)
         assert stats["n_valid_tokens"] == want["n"] == 6  # 3 model tokens an episode, 2 episodes
         got.append(engine.grads[0])

@@ -7,6 +7,7 @@ batch: a rank used to unpickle every sample and keep a 1/world of them.
 import random
 
 from areal_kit.rl.driver import groups
+from areal_kit.rl.hallway import TokenTrace, TrainReply
 from areal_kit.rl.sample import TrainerRow
 
 
@@ -37,7 +38,7 @@ class _Method:
 
     def remote(self, *args):
         self.calls.append(args)
-        return f"reply{len(self.calls)}"
+        return args  # the "object ref" _Dog.wait answers from
 
 
 class _Actor:
@@ -51,7 +52,11 @@ class _Dog:
         return refs
 
     def wait(self, call, refs):
-        return [{"rank_reply": r} for r in refs]
+        """Each rank's reply as TrainerWorker.train_step makes it: the trace of each of its shard's
+        rows asked for, by the row's place in the shard; here a trace names its row's prompt ([i])."""
+        return [TrainReply({"rank": float(n)}, {j: TokenTrace([float(shard[j].prompt_ids[0])], [])
+                                                for j in (mine or [])})
+                for n, (shard, mine) in enumerate(refs)]
 
 
 def test_train_step_sends_each_rank_its_shard_alone():
@@ -60,4 +65,14 @@ def test_train_step_sends_each_rank_its_shard_alone():
     groups.TrainerGroup(actors, _Dog()).train_step(samples)
     shards = groups.shard_batch(samples, 3)
     for rank, actor in enumerate(actors):  # one argument per rank (one object in Ray's store), its samples only
-        assert actor.calls == [(shards[rank],)]
+        assert actor.calls == [(shards[rank], None)]
+
+
+def test_traces_come_back_by_the_batch_index_from_the_rank_that_trained_each_sample():
+    actors = [_Actor() for _ in range(3)]
+    samples = _batch(10, seed=3)
+    reply = groups.TrainerGroup(actors, _Dog()).train_step(samples, [9, 0, 4, 5])
+    assert reply.stats == {"rank": 0.0}  # rank 0's stats: every rank's are the same sums
+    assert {i: t.logprobs for i, t in reply.traces.items()} == {i: [float(i)] for i in (0, 4, 5, 9)}
+    asked = [actor.calls[0][1] or [] for actor in actors]
+    assert sum(len(a) for a in asked) == 4  # each sample asked of its own rank alone

@@ -15,6 +15,7 @@ from starlette.testclient import TestClient
 
 from areal_kit import runlog
 from areal_kit.monitor import latest_run
+from areal_kit.rl.hallway import TokenTrace
 from areal_kit.view.app import RunData, make_app
 from areal_kit.view.index import SampleIndex
 from areal_kit.view.metrics import MetricsTable
@@ -338,16 +339,35 @@ def test_token_fields_can_be_turned_off(tmp_path):
             return [self.decode(x) for x in ids]
 
     s = Sample("toy-0", 0, [1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], False, 1, 1.0, seq_reward=0.5)
+    trace = TokenTrace([-0.3, -0.2, -0.1], [1.0, 0.5, 0.25], [0.1, 0.0, -0.1])
     sizes = {}
     for on in (True, False):
         cfg = load_config("tiny", [f"exp_ctrl.dump_sample_tokens={str(on).lower()}"])
         stub = SimpleNamespace(cfg=cfg, job=SimpleNamespace(tokenizer=Tok()))
-        row = Controller._readable(stub, [s])[0]
-        assert ("tokens" in row and "logprobs" in row) is on and row["answer"] == "3 4 5"
+        row = Controller._readable(stub, [(s, trace)])[0]
+        assert ("tokens" in row and "logprobs" in row and "trainer_logprob" in row) is on and row["answer"] == "3 4 5"
         sizes[on] = len(json.dumps(row))
     assert sizes[True] > sizes[False]
     data = RunData(write_run(tmp_path, 1), "x")
     assert data.step(1)["has_tokens"]
+
+
+def test_the_trainers_fields_of_a_dumped_sample():
+    """What the trainer computed, per output token, beside the sampling logprob: its logprob, the
+    ratio to the sampling one (none on a token the model did not sample), entropy and reference KL,
+    4 decimals; a sample the trainer skipped (a group without signal) has none of them."""
+    from areal_kit.rl.driver.controller import trainer_fields
+    from areal_kit.rl.sample import Sample
+
+    s = Sample("toy-0", 0, [1], [3, 4, 5], [-0.5, 0.0, -1.0], False, 1, 1.0, loss_mask=[1, 0, 1])
+    t = TokenTrace([-0.25, -2.0, -1.0], [0.123456, 0.5, 1.0], [0.1, 0.2, 0.3])
+    row = runlog.token_fields(["a", "b", "c"], s.logprobs, s.loss_mask, None, trainer_fields(s, t))
+    assert row["trainer_logprob"] == [-0.25, -2.0, -1.0]
+    assert row["ratio"] == [round(math.exp(0.25), 4), None, 1.0]
+    assert row["entropy"] == [0.1235, 0.5, 1.0] and row["ref_kl"] == [0.1, 0.2, 0.3]
+    assert "ref_kl" not in trainer_fields(s, TokenTrace([0.0] * 3, [0.0] * 3))  # no reference model
+    assert trainer_fields(s, None) == {}
+    assert json.loads(json.dumps(row)) == row  # null, not NaN: the page reads it as JSON
 
 
 # -- a cluster's run: `view RUN --cluster NAME` ----------------------------------------------------

@@ -68,6 +68,7 @@ class Shaped:
     final_reward_mean: float
     overlong_penalty: float | None = None  # the mean overlong penalty, under ppo.overlong_buffer
     overlong_masked: float | None = None  # the fraction of `train` whose loss is masked, under ppo.overlong_filter
+    trained: list[int] | None = None  # where each of `train` is in `samples` (None: train is samples)
 
 
 def episodes(samples: list[Sample]) -> list[list[Sample]]:
@@ -99,9 +100,11 @@ def shape_rewards(samples: list[Sample], ppo: PPOConfig) -> Shaped:
         seq = (reward - mean[group]) / (std[group] + 1e-6)
     shaped = [replace(s, seq_reward=r, final_reward=rr) for s, r, rr in zip(ordered, seq.tolist(), reward.tolist())]
     keep = list(zip(ep_of, shaped))
+    trained = list(range(len(shaped)))
     if ppo.skip_zero_adv_groups and not bool(zero.all()):
         drop = set(torch.nonzero(zero).flatten().tolist())
-        keep = [(e, s) for e, s in keep if e // g not in drop]
+        trained = [i for i, e in enumerate(ep_of) if e // g not in drop]
+        keep = [keep[i] for i in trained]
     penalty = masked = None
     if ppo.overlong_buffer:
         penalty = sum(overlong_penalty(sum(s.model_len for s in ep), ppo) for ep in eps) / len(eps)
@@ -111,7 +114,8 @@ def shape_rewards(samples: list[Sample], ppo: PPOConfig) -> Shaped:
         masked = len(cut & kept) / max(len(kept), 1)
         keep = [(e, replace(s, loss_mask=[0] * len(s.output_ids)) if e in cut else s) for e, s in keep]
     return Shaped(shaped, [s for _, s in keep], perc_zero_adv=float(zero.float().mean()),
-                  final_reward_mean=float(episode_reward.mean()), overlong_penalty=penalty, overlong_masked=masked)
+                  final_reward_mean=float(episode_reward.mean()), overlong_penalty=penalty, overlong_masked=masked,
+                  trained=trained)
 
 
 def _raw_reward(s: Sample, ppo: PPOConfig, model_len: int, no_eos: bool) -> float:

@@ -12,6 +12,7 @@ run, a small torch module in the unit tests:
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from areal_kit.rl.algo import advantage as A
 from areal_kit.rl.algo import functional as Fn
 from areal_kit.rl.algo.packing import Answers
+from areal_kit.rl.hallway import TokenTrace, TrainReply
 from areal_kit.rl.sample import TrainerRow
 
 if TYPE_CHECKING:
@@ -85,8 +87,9 @@ class PPOActor:
         self.train_tokens, self.ref_tokens = train_tokens, ref_tokens
         self.answer_tokens = answer_tokens or ppo.gen.max_new_tokens
 
-    def train_step(self, shard: list[TrainerRow]) -> dict[str, float]:
-        """One step on this rank's shard of the batch; its stats, summed over the ranks."""
+    def train_step(self, shard: list[TrainerRow], trace: Sequence[int] = ()) -> TrainReply:
+        """One step on this rank's shard of the batch; its stats, summed over the ranks, and the
+        token traces of the shard's rows `trace` (the samples the driver dumps this step)."""
         p, engine = self.ppo, self.engine
         # Every per-token quantity below is one flat tensor over the shard's answer tokens (ans).
         ans = Answers([len(s.output_ids) for s in shard])
@@ -97,8 +100,9 @@ class PPOActor:
             ref_lp = engine.logprob_pass(shard, ans, engine.micro_batches(shard, self.ref_tokens), reference=True)
         t_ref = time.time()
         behav = torch.tensor([x for s in shard for x in s.logprobs], dtype=torch.float32)
+        recomputed = None
         if p.use_decoupled_loss or p.ppo_n_minibatches > 1:
-            prox = engine.logprob_pass(shard, ans, bins)
+            prox = recomputed = engine.logprob_pass(shard, ans, bins)
         elif p.max_head_offpolicyness > 0:
             prox = behav  # plain PPO off-policy: the behaviour policy is the old policy
         else:
@@ -109,24 +113,34 @@ class PPOActor:
         mask = loss_masks(shard, ans)
         seq_r = torch.tensor([s.seq_reward for s in shard], dtype=torch.float32)
         adv = A.token_advantages(seq_r, ans.lens.tolist(), mask, kls, p, engine.allreduce)
-        stats = self._optimize(shard, ans, mask, adv, prox, behav, ref_lp)
+        # On a dump step, the train forwards' logprobs and entropies of the whole shard, flat (a host
+        # copy of what each micro-batch computed anyway); never on the other steps.
+        seen = (torch.full((ans.n_tokens,), float("nan")), torch.full((ans.n_tokens,), float("nan"))) if trace else None
+        stats = self._optimize(shard, ans, mask, adv, prox, behav, ref_lp, seen)
         if kls is not None and kls.numel():
             stats["kl_reward"] = -p.kl_ctl * float(kls.mean())
         # Parts of the step's time, for metrics.jsonl's per-step breakdown: the reference
         # model's logprobs and the recomputed proximal logprobs; the rest is the PPO update.
         stats["ref_logp_time"] = t_ref - t_start_ref
         stats["prox_logp_time"] = t_prox - t_ref
-        return stats
+        traces = {}
+        if seen is not None:
+            # The logprob before the update: the recomputed one where the step made one, else the
+            # train forward's (one minibatch, so every forward ran before the optimizer step).
+            traces = token_traces(ans, trace, recomputed if recomputed is not None else seen[0], seen[1], ref_lp)
+        return TrainReply(stats, traces)
 
     def _optimize(self, shard: list[TrainerRow], ans: Answers, mask: torch.Tensor, adv: torch.Tensor,
-                  prox: torch.Tensor | None, behav: torch.Tensor, ref_lp: torch.Tensor | None) -> dict[str, float]:
+                  prox: torch.Tensor | None, behav: torch.Tensor, ref_lp: torch.Tensor | None,
+                  seen: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
         """ppo.ppo_n_minibatches optimizer steps over the shard; the step's stats summed over the
-        ranks, the per-token ones (and the advantage) as means over every trained token."""
+        ranks, the per-token ones (and the advantage) as means over every trained token. seen: flat
+        tensors that take the train forwards' logprobs and entropies."""
         n_mini = self.ppo.ppo_n_minibatches
         minis = [list(range(len(shard)))[i::n_mini] for i in range(n_mini)]
         acc = dict.fromkeys((*TOKEN_STATS, "n_valid_tokens", "grad_norm"), 0.0)
         for mini in minis:
-            self._minibatch(shard, ans, mini, mask, adv, prox, behav, ref_lp, acc)
+            self._minibatch(shard, ans, mini, mask, adv, prox, behav, ref_lp, acc, seen)
         acc["advantage"] = (adv * mask).sum().item()
         total = self.engine.allreduce([acc[k] for k in acc])
         out = dict(zip(acc, total))
@@ -139,7 +153,7 @@ class PPOActor:
 
     def _minibatch(self, shard: list[TrainerRow], ans: Answers, mini: list[int], mask: torch.Tensor,
                    adv: torch.Tensor, prox: torch.Tensor | None, behav: torch.Tensor, ref_lp: torch.Tensor | None,
-                   acc: dict[str, float]) -> None:
+                   acc: dict[str, float], seen: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """One optimizer step on the shard's sequences `mini`, micro-batch by micro-batch; adds its sums to acc."""
         p, engine = self.ppo, self.engine
         sub = [shard[i] for i in mini]
@@ -156,6 +170,9 @@ class PPOActor:
                 engine.backward(logp.sum() * 0.0)
                 continue
             t = ans.index(rows)  # this micro-batch's tokens, in the packed order
+            if seen is not None:
+                seen[0][t] = logp.detach().float().cpu()
+                seen[1][t] = ent.detach().float().cpu()
 
             def cat(flat: torch.Tensor, t: torch.Tensor = t, device: torch.device = logp.device) -> torch.Tensor:
                 return flat[t].to(device)
@@ -180,6 +197,19 @@ class PPOActor:
             acc["n_valid_tokens"] += float(w.sum().item())
         gn = engine.optimizer_step()
         acc["grad_norm"] += float(gn) / p.ppo_n_minibatches if gn is not None else 0.0
+
+
+def token_traces(ans: Answers, rows: Iterable[int], logprobs: torch.Tensor, entropy: torch.Tensor,
+                 ref_logprobs: torch.Tensor | None) -> dict[int, TokenTrace]:
+    """Each of `rows`' own values out of flat per-token tensors over a shard's answers (Answers'
+    order: sequence after sequence, answer tokens only); its reference KL is logprob - ref_logprob."""
+    out = {}
+    for i in rows:
+        t = ans.index([i])
+        lp = logprobs[t]
+        out[i] = TokenTrace(lp.tolist(), entropy[t].tolist(),
+                            None if ref_logprobs is None else (lp - ref_logprobs[t]).tolist())
+    return out
 
 
 def loss_masks(shard: list[TrainerRow], ans: Answers) -> torch.Tensor:

@@ -42,6 +42,7 @@ from areal_kit.rl.driver.schedule import Every
 from areal_kit.rl.driver.turns import Turns
 from areal_kit.rl.driver.validation import Validator
 from areal_kit.rl.driver.weight_sync import WeightSync
+from areal_kit.rl.hallway import TokenTrace
 from areal_kit.rl.sample import Gathered, Generated, Sample, trainer_rows
 from areal_kit.rl.weight_sync import mode
 
@@ -162,9 +163,16 @@ class Controller:
         self._check_rewards(got.samples, got.outs)
         shaped = shape_rewards(got.train, self.cfg.ppo)
         rows = trainer_rows(shaped.train)
+        dump = self.sample_dumps.due(st.global_step + 1)
+        dumped = self._dumped(shaped.samples) if dump else []
+        # The dumped samples' per-token values from the trainer, asked by their place in its rows.
+        trained = shaped.trained if shaped.trained is not None else list(range(len(shaped.samples)))
+        wanted = set(dumped) if self.cfg.exp_ctrl.dump_sample_tokens else set()
+        trace = [k for k, i in enumerate(trained) if i in wanted]
         self.turns.before_train()  # engines on the trainer's GPUs release them (shared GPUs)
         t_train = time.time()
-        stats = self.running.trainers.train_step(rows)
+        reply = self.running.trainers.train_step(rows, trace)
+        stats = reply.stats
         train_time = time.time() - t_train
         self._check_loss(stats)  # before the engines get the new weights
         st.version += 1
@@ -182,8 +190,9 @@ class Controller:
             row.update(self.validator.run(st.global_step))
             spans.append(("driver", "eval", t_eval, time.time()))
         self._log_step(got.epoch, got.epoch_step, row)
-        if self.sample_dumps.due(st.global_step):
-            self.log.samples(st.global_step, self._readable(shaped.samples))
+        if dump:
+            by_sample = {trained[k]: t for k, t in reply.traces.items()}
+            self.log.samples(st.global_step, self._readable([(shaped.samples[i], by_sample.get(i)) for i in dumped]))
         if not self._failed_steps:  # a checkpoint in a failing streak would be resumed into it
             t_ckpt, before = time.time(), (st.last_save_time, st.last_ckpt_time)
             self.checkpoints.after_step(got.epoch, got.epoch_step)
@@ -264,20 +273,27 @@ class Controller:
         row.update(got.metrics)
         return row
 
-    def _readable(self, samples: list[Sample]) -> list[dict]:
-        """The first dump_samples_groups groups as text (special tokens shown: an answer's eos
-        matters), with what the trainer saw: task_reward and seq_reward (the shaped reward the
-        trainer credits to the last token; group-normalized for GRPO)."""
-        tok, n = self.job.tokenizer, self.cfg.exp_ctrl.dump_samples_groups
+    def _dumped(self, samples: list[Sample]) -> list[int]:
+        """The samples a dump writes (their index): those of the first dump_samples_groups groups."""
+        n = self.cfg.exp_ctrl.dump_samples_groups
         groups = set(list(dict.fromkeys((s.id, s.group) for s in samples))[:n])
+        return [i for i, s in enumerate(samples) if (s.id, s.group) in groups]
+
+    def _readable(self, dumped: list[tuple[Sample, TokenTrace | None]]) -> list[dict]:
+        """The dumped samples as text (special tokens shown: an answer's eos matters), with what the
+        trainer saw: task_reward and seq_reward (the shaped reward the trainer credits to the last
+        token; group-normalized for GRPO), and per token, unless dump_sample_tokens is off, what the
+        trainer computed for a sample it trained on (its TokenTrace; none for a group it skipped)."""
+        tok = self.job.tokenizer
         return [{"id": s.id, "group": s.group, "prompt": tok.decode(s.prompt_ids), "answer": tok.decode(s.output_ids),
                  "task_reward": s.task_reward, "seq_reward": s.seq_reward, "no_eos": s.no_eos,
                  "n_tokens": len(s.output_ids), "version": s.version, "final_reward": s.final_reward,
                  "tool_calls": s.tool_calls, "turns": s.turns,
                  **({} if s.episode is None else {"episode": s.episode}),  # one segment of it
                  **(runlog.token_fields(tok.batch_decode([[t] for t in s.output_ids]), s.logprobs, s.loss_mask,
-                                        s.versions) if self.cfg.exp_ctrl.dump_sample_tokens else {})}
-                for s in samples if (s.id, s.group) in groups]
+                                        s.versions, trainer_fields(s, trace))
+                    if self.cfg.exp_ctrl.dump_sample_tokens else {})}
+                for s, trace in dumped]
 
     def _plugin_stats(self, outs: list[Generated]) -> dict:
         """reward_failures and agent/dropped (counts this step; each new kind logged once) and reward/* means."""
@@ -324,6 +340,25 @@ class Controller:
 def start_ray(cfg: TrainConfig) -> None:
     """Join (or start) the Ray cluster the run's workers go on; before Controller.start."""
     raystart.start_ray(cfg)
+
+
+def trainer_fields(s: Sample, trace: TokenTrace | None) -> dict[str, list[float | None]]:
+    """A dumped sample's trainer fields, per output token: trainer_logprob (before the step's
+    update), ratio = exp(trainer_logprob - the sampling logprob) (null on a token the model did
+    not sample: a workflow's inserted tokens, loss mask 0, have no sampling logprob), entropy, and
+    ref_kl = trainer_logprob - the reference's (with a reference model only)."""
+    if trace is None:
+        return {}
+    mask = s.loss_mask if s.loss_mask is not None else [1] * len(s.output_ids)
+    # A token the sampler found far likelier than the trainer (or the reverse) is what a ratio shows;
+    # the cap only keeps exp from overflowing.
+    ratio: list[float | None] = [math.exp(min(lp - b, 80.0)) if m else None
+                                 for lp, b, m in zip(trace.logprobs, s.logprobs, mask)]
+    out: dict[str, list[float | None]] = {"trainer_logprob": list(trace.logprobs), "ratio": ratio,
+                                          "entropy": list(trace.entropy)}
+    if trace.ref_kl is not None:
+        out["ref_kl"] = list(trace.ref_kl)
+    return out
 
 
 def _round(d: dict) -> dict:

@@ -27,7 +27,7 @@ from areal_kit.rl.driver import placement
 from areal_kit.rl.driver.client import Group
 from areal_kit.rl.driver.watchdog import Watchdog
 from areal_kit.rl.engine.worker import RolloutWorker
-from areal_kit.rl.hallway import RecoverLoad
+from areal_kit.rl.hallway import RecoverLoad, TrainReply
 from areal_kit.rl.sample import Generated, TrainerRow
 from areal_kit.rl.trainer.worker import TrainerWorker
 from areal_kit.rl.weight_sync import ipc
@@ -47,8 +47,13 @@ def worker_env(cfg: TrainConfig, cache_root: str) -> dict[str, str]:
 def shard_batch(samples: list[TrainerRow], world: int) -> list[list[TrainerRow]]:
     """Each trainer rank's samples: round-robin over the samples sorted by answer length, longest
     first, so every rank gets a similar token count."""
+    return [[samples[i] for i in idx] for idx in shard_indices(samples, world)]
+
+
+def shard_indices(samples: list[TrainerRow], world: int) -> list[list[int]]:
+    """Which samples (their index in the batch) each rank's shard holds, in the shard's order."""
     order = sorted(range(len(samples)), key=lambda i: -len(samples[i].output_ids))
-    return [[samples[i] for i in order[rank::world]] for rank in range(world)]
+    return [order[rank::world] for rank in range(world)]
 
 
 class TrainerGroup(Group[TrainerWorker]):
@@ -61,11 +66,19 @@ class TrainerGroup(Group[TrainerWorker]):
     def attention(self) -> str:
         return ray.get(self.one(0, TrainerWorker.attention))
 
-    def train_step(self, samples: list[TrainerRow]) -> dict[str, float]:
+    def train_step(self, samples: list[TrainerRow], trace: list[int] | None = None) -> TrainReply:
         """One step on the batch: each rank gets its own shard, one object in the store each, so
-        no rank unpickles the samples of the others."""
-        refs = [self.one(r, TrainerWorker.train_step, shard) for r, shard in enumerate(shard_batch(samples, len(self)))]
-        return self.watchdog.wait("train_step", refs)[0]
+        no rank unpickles the samples of the others. trace: the samples (their index in the batch)
+        whose per-token values the reply carries, each from the rank that trained it, by that index."""
+        shards = shard_indices(samples, len(self))
+        want = set(trace or ())
+        refs = []
+        for r, idx in enumerate(shards):
+            mine = [j for j, i in enumerate(idx) if i in want]
+            refs.append(self.one(r, TrainerWorker.train_step, [samples[i] for i in idx], mine or None))
+        replies = self.watchdog.wait("train_step", refs)
+        traces = {idx[j]: t for idx, reply in zip(shards, replies) for j, t in reply.traces.items()}
+        return TrainReply(replies[0].stats, traces)
 
     def save_hf(self, path: str, merged: bool | None = None) -> None:
         """merged: under LoRA, the merged model rather than the adapter (None: actor.lora.save_merged)."""

@@ -6,7 +6,7 @@ created with vLLM's sleep mode (`enable_sleep_mode`, hardware.vllm_kwargs) and, 
 
     turns = Turns(workers.engines, sharing.shares_gpus(cfg), cfg.actor.lora, workers.trainers)
     turns.before_train()                 # engines sleep: their weights and KV cache leave the GPU
-    stats = trainers.train_step(rows)    # the trainer has the GPU (its states stay resident: rl/memory.py)
+    reply = trainers.train_step(rows)    # the trainer has the GPU (its states stay resident: rl/memory.py)
     sync_time = turns.after_train(lambda: weights.push(version, wait_engines=turns.active))
         # the trainer ranks return their cached memory, engines wake_up(tags=["weights"]), the
         # weight sync fills those weights, the ranks return what it cached, wake_up(tags=["kv_cache"])

@@ -36,7 +36,7 @@ from areal_kit.rl.algo.ppo import PPOActor, answer_budget
 from areal_kit.rl.checkpoint import rng
 from areal_kit.rl.common import heap, testhooks
 from areal_kit.rl.common.stacks import StackDumps
-from areal_kit.rl.hallway import RecoverLoad
+from areal_kit.rl.hallway import RecoverLoad, TrainReply
 from areal_kit.rl.sample import TrainerRow
 from areal_kit.rl.trainer.deepspeed_zero import deepspeed_config, gathered_state, ranks_written, universal_tag
 from areal_kit.rl.trainer.weight_send import IpcSender, WeightSender
@@ -240,16 +240,17 @@ class TrainerWorker(WeightSender, IpcSender, StackDumps):
         return self.scheduler.get_last_lr()[0] if self.scheduler else self.cfg.actor.lr
 
     # ---------------------------------------------------------------- train
-    def train_step(self, shard: list[TrainerRow]) -> dict[str, float]:
-        """One PPO step on this rank's shard of the batch (groups.shard_batch): rl/algo/ppo.py's PPOActor."""
+    def train_step(self, shard: list[TrainerRow], trace: list[int] | None = None) -> TrainReply:
+        """One PPO step on this rank's shard of the batch (groups.shard_batch): rl/algo/ppo.py's PPOActor;
+        trace: the shard's rows whose per-token values come back with the stats (a dump step's samples)."""
         t0 = time.time()
         testhooks.before_train_step(self.rank, self.version + 1)
         self.send_wait = 0.0  # seconds the optimizer steps waited for a weight send
-        stats = self.actor.train_step(shard)
+        reply = self.actor.train_step(shard, trace or ())
         self.version += 1
-        stats["train_time"] = time.time() - t0
-        stats["send_wait_time"] = self.send_wait
-        return stats
+        reply.stats["train_time"] = time.time() - t0
+        reply.stats["send_wait_time"] = self.send_wait
+        return reply
 
     # ---------------------------------------------------------------- weights
     def full_state(self, adapter_only: bool = False, every_rank: bool = False) -> dict[str, torch.Tensor]:

@@ -276,12 +276,17 @@ async function openSample(g, i) {
   const fields = Object.keys(S.sample).filter((k) => k !== "tokens" && k !== "loss_mask" && Array.isArray(S.sample[k]) && S.sample[k].length === n);
   if (!("versions" in S.sample) && n) fields.push("version");
   const keep = sel.value;
-  sel.replaceChildren(...fields.map((k) => el("option", { value: k, text: k === "logprobs" ? "sampling logprob" : k })),
+  sel.replaceChildren(...fields.map((k) => el("option", { value: k, text: FIELD_NAMES[k] || k })),
     el("option", { value: "loss_mask", text: "loss mask" }));
   if ([...sel.options].some((o) => o.value === keep)) sel.value = keep;
   drawSample();
   showTab("sample");
 }
+
+// What the token picker calls a sample's per-token fields (any other is offered under its own name).
+const FIELD_NAMES = { logprobs: "sampling logprob", trainer_logprob: "trainer logprob",
+  ratio: "ratio (trainer / sampler)", ref_kl: "reference KL", entropy: "entropy", versions: "weight version" };
+const LOGPROBS = ["logprobs", "trainer_logprob"];  // coloured as p = exp(logprob)
 
 function scale(t) {  // 0 -> red, 1 -> green
   const h = 120 * Math.max(0, Math.min(1, t));
@@ -307,7 +312,7 @@ function drawSample() {
   let vals = field === "version" ? toks.map(() => s.version) : field === "loss_mask" ? mask : s[field];
   let lo = Infinity, hi = -Infinity;
   vals.forEach((v) => { if (typeof v === "number") { lo = Math.min(lo, v); hi = Math.max(hi, v); } });
-  const norm = field === "logprobs" ? (v) => Math.exp(v) : (v) => (hi > lo ? (v - lo) / (hi - lo) : 1);
+  const norm = LOGPROBS.includes(field) ? (v) => Math.exp(v) : (v) => (hi > lo ? (v - lo) / (hi - lo) : 1);
   const spans = toks.map((t, j) => {
     const v = vals[j];
     const tip = [`token ${JSON.stringify(t)}`];
@@ -320,7 +325,7 @@ function drawSample() {
     return sp;
   });
   box.replaceChildren(...spans);
-  const what = field === "logprobs" ? "p = exp(logprob): 0 → 1" : `${field}: ${fmt(lo)} → ${fmt(hi)}`;
+  const what = LOGPROBS.includes(field) ? `${FIELD_NAMES[field]}, p = exp(logprob): 0 → 1` : `${FIELD_NAMES[field] || field}: ${fmt(lo)} → ${fmt(hi)}`;
   const sw = el("span", { class: "swatch" });
   sw.style.background = `linear-gradient(to right, ${scale(0)}, ${scale(0.5)}, ${scale(1)})`;
   $("#legend").replaceChildren(el("span", { text: what }), sw,
