@@ -6,6 +6,7 @@ samples appended chunk by chunk. A rename is only durable once its folder is fsy
 
     append_lines(path, [json.dumps(r) + "\\n" for r in rows])
     replace_lines(path, lines)            # a temporary file, fsynced, renamed over path
+    replace_bytes(path, data)             # the same, of bytes
     fsync_tree(tmp); os.replace(tmp, final); fsync_dir(parent)
 """
 
@@ -48,8 +49,16 @@ def append_lines(path: AnyPath, lines: Iterable[str]) -> None:
 
 def replace_lines(path: AnyPath, lines: Iterable[str]) -> None:
     """path holds exactly lines, or (after a crash) what it held before: never a mix."""
+    replace_bytes(path, "".join(lines).encode("utf-8"))
+
+
+def replace_bytes(path: AnyPath, data: bytes) -> None:
+    """path holds exactly data, or (after a crash) what it held before: never a mix."""
     tmp = f"{path}.tmp"
-    _write(tmp, "w", lines)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 

@@ -256,13 +256,8 @@ def cut_samples_after(samples_file: str, index_file: str, global_step: int) -> b
             f.seek(offset)
             if not f.read(40).startswith(b'{"global_step": %d,' % step):
                 return False
-    if later:
-        tmp = index_file + ".tmp"  # the index first: a crash before the cut leaves it short, never past the file
-        with open(tmp, "wb") as f:
-            f.write(b"".join(INDEX_RECORD.pack(*r) for r in kept))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, index_file)
+    if later:  # the index first: a crash before the cut leaves it short, never past the file
+        durable.replace_bytes(index_file, b"".join(INDEX_RECORD.pack(*r) for r in kept))
         os.truncate(samples_file, later[0][1])
     return True
 

@@ -161,7 +161,7 @@ def test_mix_entries_take_unset_keys_from_dataset():
 def test_step_stats_report_each_sources_task_reward():
     ss = [sample("a", 0, 1.0, 2, source="math"), sample("a", 0, 0.0, 2, source="math"),
           sample("b", 1, 1.0, 2, source="code")]
-    row = step_stats(ss, Shaped(ss, ss, perc_zero_adv=0.0, final_reward_mean=0.0), {})
+    row = step_stats(ss, Shaped(ss, ss, list(range(len(ss))), perc_zero_adv=0.0, final_reward_mean=0.0), {})
     assert row["task_reward/math"] == 0.5 and row["task_reward/code"] == 1.0
 
 

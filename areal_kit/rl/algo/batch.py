@@ -20,6 +20,7 @@ batch, its advantage its own reward against its group's episodes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import torch
@@ -64,11 +65,11 @@ class Shaped:
 
     samples: list[Sample]  # every sample given, with final_reward and seq_reward, each group contiguous
     train: list[Sample]  # the ones to train on: all, or those of groups with a signal under skip_zero_adv_groups
+    trained: list[int]  # where each of `train` is in `samples`
     perc_zero_adv: float  # the fraction of groups whose rewards are all equal
     final_reward_mean: float
     overlong_penalty: float | None = None  # the mean overlong penalty, under ppo.overlong_buffer
     overlong_masked: float | None = None  # the fraction of `train` whose loss is masked, under ppo.overlong_filter
-    trained: list[int] | None = None  # where each of `train` is in `samples` (None: train is samples)
 
 
 def episodes(samples: list[Sample]) -> list[list[Sample]]:
@@ -90,7 +91,7 @@ def shape_rewards(samples: list[Sample], ppo: PPOConfig) -> Shaped:
     ep_of = [i for i, ep in enumerate(eps) for _ in ep]
     raw = [_raw_reward(s, ppo, sum(x.model_len for x in ep), ep[-1].no_eos) for ep in eps for s in ep]
     reward = torch.tensor(raw, dtype=torch.float32) * ppo.reward_output_scaling + ppo.reward_output_bias
-    last = torch.tensor([i for i, (e, nxt) in enumerate(zip(ep_of, [*ep_of[1:], -1])) if e != nxt], dtype=torch.long)
+    last = torch.tensor(list(accumulate(len(ep) for ep in eps)), dtype=torch.long) - 1
     episode_reward = reward[last]  # an episode's reward: its last segment's
     zero = A.zero_adv_groups(episode_reward, g)
     seq = reward
@@ -113,9 +114,8 @@ def shape_rewards(samples: list[Sample], ppo: PPOConfig) -> Shaped:
         kept = {e for e, _ in keep}
         masked = len(cut & kept) / max(len(kept), 1)
         keep = [(e, replace(s, loss_mask=[0] * len(s.output_ids)) if e in cut else s) for e, s in keep]
-    return Shaped(shaped, [s for _, s in keep], perc_zero_adv=float(zero.float().mean()),
-                  final_reward_mean=float(episode_reward.mean()), overlong_penalty=penalty, overlong_masked=masked,
-                  trained=trained)
+    return Shaped(shaped, [s for _, s in keep], trained, perc_zero_adv=float(zero.float().mean()),
+                  final_reward_mean=float(episode_reward.mean()), overlong_penalty=penalty, overlong_masked=masked)
 
 
 def _raw_reward(s: Sample, ppo: PPOConfig, model_len: int, no_eos: bool) -> float:

@@ -166,9 +166,8 @@ class Controller:
         dump = self.sample_dumps.due(st.global_step + 1)
         dumped = self._dumped(shaped.samples) if dump else []
         # The dumped samples' per-token values from the trainer, asked by their place in its rows.
-        trained = shaped.trained if shaped.trained is not None else list(range(len(shaped.samples)))
         wanted = set(dumped) if self.cfg.exp_ctrl.dump_sample_tokens else set()
-        trace = [k for k, i in enumerate(trained) if i in wanted]
+        trace = [k for k, i in enumerate(shaped.trained) if i in wanted]
         self.turns.before_train()  # engines on the trainer's GPUs release them (shared GPUs)
         t_train = time.time()
         reply = self.running.trainers.train_step(rows, trace)
@@ -191,7 +190,7 @@ class Controller:
             spans.append(("driver", "eval", t_eval, time.time()))
         self._log_step(got.epoch, got.epoch_step, row)
         if dump:
-            by_sample = {trained[k]: t for k, t in reply.traces.items()}
+            by_sample = {shaped.trained[k]: t for k, t in reply.traces.items()}
             self.log.samples(st.global_step, self._readable([(shaped.samples[i], by_sample.get(i)) for i in dumped]))
         if not self._failed_steps:  # a checkpoint in a failing streak would be resumed into it
             t_ckpt, before = time.time(), (st.last_save_time, st.last_ckpt_time)
